@@ -1,0 +1,110 @@
+// The client library that worker processes link: one BudgetClient per process, one TenantBudget
+// handle per tenant the process retries against.
+//
+//   auto client = retrybudget::BudgetClient::Create({.target = "127.0.0.1:50051"});
+//   if (!client.ok()) return client.status();
+//   retrybudget::TenantBudget* budget = (*client)->Tenant("payments-db").value();
+//   ...
+//   if (call failed && budget->TryAcquire()) { retry(); } else { fail now; }
+//   if (call succeeded) budget->RecordSuccess();
+//
+// The hot path (TryAcquire, RecordSuccess) is local: one atomic operation, no RPC, no lock, no
+// allocation. A background refresher (one thread per BudgetClient, whatever the number of
+// tenants) leases tokens from the server with one Sync RPC for all tenants, reports successes,
+// returns unspent tokens, and is woken at once when a worker finds its lease empty.
+#ifndef RETRYBUDGET_CLIENT_H_
+#define RETRYBUDGET_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "retrybudget/clock.h"
+
+namespace retrybudget {
+
+namespace v1 {
+class RetryBudgetService;
+}  // namespace v1
+
+// Counters of one tenant in this process, cumulative since the client was created.
+struct TenantStats {
+  uint64_t successes = 0;
+  uint64_t retries_allowed = 0;   // TryAcquire() returned true (lease and fallback)
+  uint64_t retries_denied = 0;    // TryAcquire() returned false
+  uint64_t fallback_allowed = 0;  // of retries_allowed, from the local fallback bucket
+  uint64_t tokens_received = 0;   // granted by the server and received
+  uint64_t tokens_returned = 0;   // given back unspent
+  int64_t tokens_held = 0;        // in the lease right now
+};
+
+// A tenant's budget as seen from this process. Thread-safe; owned by its BudgetClient and valid
+// until the client is destroyed.
+class TenantBudget {
+ public:
+  virtual ~TenantBudget() = default;
+
+  // Asks for one retry. Returns true when a token was taken (the retry may be sent), false when
+  // none is available (the retry must not be sent: fail the call now). Never blocks, never
+  // performs I/O; on false it wakes the refresher so a grant arrives within one round trip.
+  virtual bool TryAcquire() = 0;
+
+  // Gives back a token taken by TryAcquire() for a retry that was then never sent (for example
+  // cancelled during backoff). Call at most once per successful TryAcquire().
+  virtual void Refund() = 0;
+
+  // Records one successful logical call; it earns the budget `success_credit`.
+  virtual void RecordSuccess() = 0;
+
+  virtual const std::string& tenant() const = 0;
+
+  // A snapshot of this process's counters for the tenant (not a hot-path call).
+  virtual TenantStats Stats() const = 0;
+};
+
+struct ClientOptions {
+  // gRPC target of the budget server, e.g. "127.0.0.1:50051" or "dns:///budget:50051".
+  std::string target = "127.0.0.1:50051";
+  // Random if empty. 1-128 printable ASCII characters.
+  std::string instance_id;
+  // How often the refresher syncs when nothing wakes it earlier (the server may ask for less).
+  absl::Duration refresh_period = absl::Milliseconds(200);
+  // Never sync more often than this, even when woken (protects the server from a hot loop).
+  absl::Duration min_sync_interval = absl::Milliseconds(5);
+  // Deadline of one Sync RPC.
+  absl::Duration sync_timeout = absl::Seconds(1);
+  // Tokens asked for on top of the estimated spend of one refresh period.
+  uint64_t lease_burst = 2;
+  // Time source; Clock::Real() if null. Not owned.
+  Clock* clock = nullptr;
+};
+
+// Thread-safe. Destroying it stops the refresher after a final Sync that reports every counter
+// and returns every unspent token (bounded by `sync_timeout`).
+class BudgetClient {
+ public:
+  // Creates a client with its own channel to `options.target` and starts the refresher. Does not
+  // wait for the server: until a lease arrives, TryAcquire() denies. Returns INVALID_ARGUMENT for
+  // bad options (naming the field and value).
+  static absl::StatusOr<std::unique_ptr<BudgetClient>> Create(ClientOptions options);
+
+  virtual ~BudgetClient() = default;
+
+  // The handle for `tenant` (created on first call; later calls return the same pointer).
+  // INVALID_ARGUMENT for a malformed tenant name.
+  virtual absl::StatusOr<TenantBudget*> Tenant(absl::string_view tenant) = 0;
+
+  // Reports everything and returns all unspent tokens now, then stops the refresher; after it,
+  // TryAcquire() denies. Idempotent. Returns the status of the final Sync.
+  virtual absl::Status Shutdown() = 0;
+
+  virtual const std::string& instance_id() const = 0;
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_CLIENT_H_

@@ -1,0 +1,620 @@
+#include "server/budget_core.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "retrybudget/names.h"
+#include "server/token_bucket.h"
+
+namespace retrybudget {
+
+// Where a tenant's policy came from: a reload keeps admin-set policies and re-applies the others.
+enum class PolicySource { kDefault, kFile, kAdmin };
+
+struct BudgetCore::Tenant {
+  Tenant(std::string n, const ResolvedPolicy& p, PolicySource s, absl::Time now)
+      : name(std::move(n)),
+        policy(p),
+        source(s),
+        bucket(p.capacity, p.refill_per_second, p.initial_tokens, now),
+        last_sweep(now) {}
+
+  struct Active {
+    uint64_t want = 0;
+    absl::Time last_seen;
+  };
+
+  const std::string name;
+  absl::Mutex mu;
+  ResolvedPolicy policy ABSL_GUARDED_BY(mu);
+  PolicySource source ABSL_GUARDED_BY(mu);
+  TokenBucket bucket ABSL_GUARDED_BY(mu);
+  // Instances that synced within the last lease TTL, with the want they last sent. `want_sum` is
+  // their sum, kept incrementally; stale entries are swept at most every 100 ms.
+  absl::flat_hash_map<std::string, Active> active ABSL_GUARDED_BY(mu);
+  uint64_t want_sum ABSL_GUARDED_BY(mu) = 0;
+  absl::Time last_sweep ABSL_GUARDED_BY(mu);
+  BudgetTotals totals ABSL_GUARDED_BY(mu);
+  // Set when DeleteBudget removed it from the map; a request holding it looks it up again.
+  bool deleted ABSL_GUARDED_BY(mu) = false;
+
+  void SetActive(const std::string& instance, uint64_t want, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    Active& a = active[instance];
+    want_sum = want_sum - a.want + want;
+    a.want = want;
+    a.last_seen = now;
+  }
+
+  void RemoveActive(const std::string& instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = active.find(instance);
+    if (it == active.end()) return;
+    want_sum -= it->second.want;
+    active.erase(it);
+  }
+
+  void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (now - last_sweep < absl::Milliseconds(100)) return;
+    last_sweep = now;
+    const absl::Time cutoff = now - policy.lease_ttl;
+    for (auto it = active.begin(); it != active.end();) {
+      if (it->second.last_seen < cutoff) {
+        want_sum -= it->second.want;
+        active.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const absl::Time cutoff = now - policy.lease_ttl;
+    uint32_t n = 0;
+    for (const auto& [id, a] : active) n += a.last_seen >= cutoff ? 1 : 0;
+    return n;
+  }
+};
+
+// What the server last applied for one instance and tenant: the client's cumulative counters,
+// and how many tokens the server granted it in all.
+struct BudgetCore::InstanceTenant {
+  uint64_t successes = 0;
+  uint64_t retries_spent = 0;
+  uint64_t retries_denied = 0;
+  uint64_t tokens_returned = 0;
+  uint64_t tokens_received = 0;
+  uint64_t fallback_spent = 0;
+  uint64_t granted_total = 0;
+};
+
+struct BudgetCore::Instance {
+  absl::Mutex mu;
+  // Last time a request of this instance arrived, for eviction (read without `mu`).
+  std::atomic<int64_t> last_seen_ns{0};
+  // True when the server has seen this instance since its first request (seq 1): then a tenant
+  // it reports for the first time has a known, all-zero history. Otherwise (the server forgot
+  // the instance, or restarted) a first report is taken as a baseline and credits nothing.
+  bool complete_history ABSL_GUARDED_BY(mu) = false;
+  uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
+  size_t last_fingerprint ABSL_GUARDED_BY(mu) = 0;
+  v1::SyncResponse last_response ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, InstanceTenant> tenants ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+
+// Identifies a request's content, to tell a retry (same seq, same content) from a client bug
+// (same seq, different content).
+size_t Fingerprint(const v1::SyncRequest& r) {
+  size_t h = absl::HashOf(r.seq(), r.final());
+  for (const auto& t : r.tenants()) {
+    h = absl::HashOf(h, t.tenant(), t.successes(), t.retries_spent(), t.retries_denied(),
+                     t.tokens_returned(), t.tokens_received(), t.want(), t.fallback_spent());
+  }
+  return h;
+}
+
+absl::Status Backwards(int index, absl::string_view tenant, absl::string_view counter,
+                       uint64_t sent, uint64_t applied) {
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "tenants[%d].%s = %d for tenant %s is lower than %d already applied; counters are "
+      "cumulative and never go backwards",
+      index, counter, sent, QuoteForError(tenant), applied));
+}
+
+// Whole tokens to grant one instance that wants `want` when the active instances want `want_sum`
+// in all (this one included) and the bucket holds `level`. When demand exceeds supply each gets
+// its proportional share, at least one token while any is left, so nothing strands.
+uint64_t GrantFor(uint64_t want, uint64_t want_sum, double level) {
+  const double whole = std::floor(level + 1e-9);
+  if (want == 0 || whole < 1) return 0;
+  const uint64_t available = static_cast<uint64_t>(whole);
+  if (want_sum <= available) return std::min(want, available);
+  const double share = std::floor(whole * static_cast<double>(want) /
+                                  static_cast<double>(std::max(want_sum, want)));
+  const uint64_t cap = std::min(want, available);
+  return std::clamp<uint64_t>(static_cast<uint64_t>(share), 1, cap);
+}
+
+}  // namespace
+
+absl::Status BudgetCore::CheckAgainstApplied(int index, const v1::TenantSync& sent,
+                                             const InstanceTenant* rec) {
+  if (rec == nullptr) return absl::OkStatus();
+  const std::string& t = sent.tenant();
+  if (sent.successes() < rec->successes)
+    return Backwards(index, t, "successes", sent.successes(), rec->successes);
+  if (sent.retries_spent() < rec->retries_spent)
+    return Backwards(index, t, "retries_spent", sent.retries_spent(), rec->retries_spent);
+  if (sent.retries_denied() < rec->retries_denied)
+    return Backwards(index, t, "retries_denied", sent.retries_denied(), rec->retries_denied);
+  if (sent.tokens_returned() < rec->tokens_returned)
+    return Backwards(index, t, "tokens_returned", sent.tokens_returned(), rec->tokens_returned);
+  if (sent.tokens_received() < rec->tokens_received)
+    return Backwards(index, t, "tokens_received", sent.tokens_received(), rec->tokens_received);
+  if (sent.fallback_spent() < rec->fallback_spent)
+    return Backwards(index, t, "fallback_spent", sent.fallback_spent(), rec->fallback_spent);
+  if (sent.tokens_received() > rec->granted_total) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tenants[%d].tokens_received = %d for tenant %s exceeds the %d tokens granted to this "
+        "instance",
+        index, sent.tokens_received(), QuoteForError(t), rec->granted_total));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BudgetCore>> BudgetCore::Create(CoreOptions options) {
+  if (auto p = ResolvePolicy(options.policy.default_policy(), "default_policy"); !p.ok()) {
+    return p.status();
+  }
+  std::unique_ptr<BudgetCore> core(new BudgetCore(std::move(options)));
+  if (auto s = core->ReplacePolicy(core->options_.policy); !s.ok()) return s;
+  return core;
+}
+
+BudgetCore::BudgetCore(CoreOptions options)
+    : options_(std::move(options)), clock_(options_.clock ? options_.clock : Clock::Real()) {}
+
+BudgetCore::~BudgetCore() = default;
+
+absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
+  // Validate everything first: an invalid config changes nothing.
+  auto default_policy = ResolvePolicy(config.default_policy(), "default_policy");
+  if (!default_policy.ok()) return default_policy.status();
+  absl::flat_hash_map<std::string, ResolvedPolicy> listed;
+  for (int i = 0; i < config.tenants_size(); ++i) {
+    const auto& t = config.tenants(i);
+    const std::string field = absl::StrCat("tenants[", i, "]");
+    if (auto s = ValidateTenantName(t.tenant(), field + ".tenant"); !s.ok()) return s;
+    auto p = ResolvePolicy(t.policy(), field + ".policy");
+    if (!p.ok()) return p.status();
+    if (!listed.emplace(t.tenant(), *p).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".tenant ", QuoteForError(t.tenant()), " is listed twice"));
+    }
+  }
+  const absl::Time now = clock_->Now();
+  absl::MutexLock policy_lock(&policy_mu_);
+  policy_ = config;
+  default_policy_ = *default_policy;
+  absl::MutexLock tenants_lock(&tenants_mu_);
+  for (auto& [name, tenant] : tenants_) {
+    absl::MutexLock lock(&tenant->mu);
+    if (tenant->source == PolicySource::kAdmin) continue;
+    auto it = listed.find(name);
+    const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
+    tenant->bucket.Refill(now);
+    tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
+    tenant->policy = p;
+    tenant->source = it != listed.end() ? PolicySource::kFile : PolicySource::kDefault;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BudgetCore::ValidateRequest(const v1::SyncRequest& request) const {
+  if (auto s = ValidateInstanceId(request.instance_id()); !s.ok()) return s;
+  if (request.seq() == 0) {
+    return absl::InvalidArgumentError("seq = 0 is invalid: seq starts at 1 and increases");
+  }
+  if (static_cast<size_t>(request.tenants_size()) > options_.max_tenants_per_request) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tenants has %d entries; at most %d are allowed in one request", request.tenants_size(),
+        options_.max_tenants_per_request));
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  for (int i = 0; i < request.tenants_size(); ++i) {
+    const v1::TenantSync& t = request.tenants(i);
+    if (auto s = ValidateTenantName(t.tenant(), absl::StrCat("tenants[", i, "].tenant"));
+        !s.ok()) {
+      return s;
+    }
+    if (!seen.insert(t.tenant()).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].tenant %s appears more than once in the request", i,
+          QuoteForError(t.tenant())));
+    }
+    if (t.want() > options_.max_want) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].want = %d for tenant %s is over the limit of %d tokens", i, t.want(),
+          QuoteForError(t.tenant()), options_.max_want));
+    }
+    if (t.fallback_spent() > t.retries_spent()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].fallback_spent = %d exceeds retries_spent = %d for tenant %s", i,
+          t.fallback_spent(), t.retries_spent(), QuoteForError(t.tenant())));
+    }
+    // Tokens spent from leases plus tokens given back can never exceed tokens received: a
+    // client returning what it never had would create tokens.
+    const uint64_t lease_spent = t.retries_spent() - t.fallback_spent();
+    if (lease_spent > t.tokens_received() ||
+        t.tokens_returned() > t.tokens_received() - lease_spent) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d] for tenant %s: retries spent from leases (%d) + tokens_returned (%d) "
+          "exceed tokens_received (%d)",
+          i, QuoteForError(t.tenant()), lease_spent, t.tokens_returned(), t.tokens_received()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
+  absl::ReaderMutexLock lock(&tenants_mu_);
+  auto it = tenants_.find(name);
+  return it == tenants_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
+                                                                   v1::TenantError* error) {
+  if (auto t = FindTenant(name)) return t;
+  const absl::Time now = clock_->Now();
+  absl::MutexLock policy_lock(&policy_mu_);
+  ResolvedPolicy policy = default_policy_;
+  PolicySource source = PolicySource::kDefault;
+  bool listed = false;
+  for (const auto& t : policy_.tenants()) {
+    if (t.tenant() == name) {
+      // Validated by ReplacePolicy.
+      policy = *ResolvePolicy(t.policy());
+      source = PolicySource::kFile;
+      listed = true;
+      break;
+    }
+  }
+  if (!listed && policy_.strict()) {
+    error->set_code(static_cast<int>(absl::StatusCode::kNotFound));
+    error->set_message(absl::StrCat("tenant ", QuoteForError(name),
+                                    " has no budget and the server is strict"));
+    return nullptr;
+  }
+  absl::MutexLock lock(&tenants_mu_);
+  auto it = tenants_.find(name);
+  if (it != tenants_.end()) return it->second;
+  if (tenants_.size() >= options_.max_tenants) {
+    error->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+    error->set_message(absl::StrFormat("tenant %s cannot be created: the server holds %d "
+                                       "tenants, its limit",
+                                       QuoteForError(name), tenants_.size()));
+    return nullptr;
+  }
+  auto tenant = std::make_shared<Tenant>(std::string(name), policy, source, now);
+  tenants_.emplace(tenant->name, tenant);
+  return tenant;
+}
+
+std::shared_ptr<BudgetCore::Instance> BudgetCore::FindOrCreateInstance(absl::string_view id,
+                                                                       bool* created) {
+  {
+    absl::ReaderMutexLock lock(&instances_mu_);
+    auto it = instances_.find(id);
+    if (it != instances_.end()) {
+      *created = false;
+      return it->second;
+    }
+  }
+  absl::MutexLock lock(&instances_mu_);
+  auto [it, inserted] = instances_.try_emplace(id, nullptr);
+  if (inserted) {
+    it->second = std::make_shared<Instance>();
+    EvictInstancesIfFull();
+  }
+  *created = inserted;
+  return instances_.find(id)->second;
+}
+
+void BudgetCore::EvictInstancesIfFull() {
+  if (instances_.size() <= options_.max_instances) return;
+  // Forget the least recently seen ~1% (at least one) in one pass, so eviction is amortised.
+  // A forgotten instance that comes back is taken as a baseline: forgetting never credits.
+  const size_t excess = instances_.size() - options_.max_instances;
+  const size_t evict = std::min(instances_.size() - 1,
+                                std::max(excess, options_.max_instances / 100));
+  std::vector<std::pair<int64_t, std::string>> by_age;
+  by_age.reserve(instances_.size());
+  for (const auto& [id, inst] : instances_) {
+    by_age.emplace_back(inst->last_seen_ns.load(std::memory_order_relaxed), id);
+  }
+  std::nth_element(by_age.begin(), by_age.begin() + evict, by_age.end());
+  for (size_t i = 0; i < evict; ++i) instances_.erase(by_age[i].second);
+}
+
+void BudgetCore::ForgetInstance(absl::string_view id) {
+  absl::MutexLock lock(&instances_mu_);
+  instances_.erase(id);
+}
+
+absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request) {
+  if (auto s = ValidateRequest(request); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  const size_t fingerprint = Fingerprint(request);
+
+  bool created = false;
+  std::shared_ptr<Instance> instance = FindOrCreateInstance(request.instance_id(), &created);
+  absl::MutexLock instance_lock(&instance->mu);
+  instance->last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+
+  if (instance->last_seq != 0) {
+    if (request.seq() < instance->last_seq) {
+      v1::SyncResponse stale;
+      stale.set_stale(true);
+      return stale;
+    }
+    if (request.seq() == instance->last_seq) {
+      if (fingerprint == instance->last_fingerprint) return instance->last_response;
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "seq = %d was already used by instance %s for a different request; a retry must "
+          "repeat the request unchanged and a new request must use a higher seq",
+          request.seq(), QuoteForError(request.instance_id())));
+    }
+  } else {
+    instance->complete_history = request.seq() == 1;
+  }
+
+  // Phase 1: check the counters against what was applied. Nothing changes before all pass.
+  // `known[i]` is false for a baseline: history the server does not know credits nothing.
+  const InstanceTenant zero;
+  std::vector<bool> known(request.tenants_size(), false);
+  for (int i = 0; i < request.tenants_size(); ++i) {
+    const v1::TenantSync& t = request.tenants(i);
+    const InstanceTenant* applied = nullptr;
+    auto it = instance->tenants.find(t.tenant());
+    if (it != instance->tenants.end()) {
+      applied = &it->second;
+    } else if (instance->complete_history) {
+      applied = &zero;
+    }
+    known[i] = applied != nullptr;
+    if (auto s = CheckAgainstApplied(i, t, applied); !s.ok()) {
+      if (created) ForgetInstance(request.instance_id());
+      return s;
+    }
+  }
+
+  // Phase 2: apply each tenant under its own lock, and grant.
+  v1::SyncResponse response;
+  for (int i = 0; i < request.tenants_size(); ++i) {
+    const v1::TenantSync& sent = request.tenants(i);
+    v1::TenantGrant* out = response.add_tenants();
+    out->set_tenant(sent.tenant());
+
+    std::shared_ptr<Tenant> tenant;
+    for (int attempt = 0; attempt < 3 && tenant == nullptr; ++attempt) {
+      tenant = FindOrCreateTenant(sent.tenant(), out->mutable_error());
+      if (tenant == nullptr) break;
+      bool deleted;
+      {
+        absl::MutexLock lock(&tenant->mu);
+        deleted = tenant->deleted;
+      }
+      if (deleted) tenant = nullptr;  // deleted meanwhile: look it up again
+    }
+    if (tenant == nullptr) {
+      if (!out->has_error()) {
+        out->mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        out->mutable_error()->set_message("tenant was deleted while this request ran");
+      }
+      continue;
+    }
+
+    InstanceTenant& rec = instance->tenants[sent.tenant()];
+    absl::MutexLock lock(&tenant->mu);
+    Tenant& tb = *tenant;
+    tb.bucket.Refill(now);
+    if (known[i]) {
+      // Known history: apply only the difference. `rec` may be a fresh zero record here.
+      const uint64_t d_success = sent.successes() - rec.successes;
+      const uint64_t d_spent = sent.retries_spent() - rec.retries_spent;
+      const uint64_t d_denied = sent.retries_denied() - rec.retries_denied;
+      const uint64_t d_returned = sent.tokens_returned() - rec.tokens_returned;
+      // Granted but never received: the response was lost, so those tokens were never spent.
+      const uint64_t reclaimed = rec.granted_total - sent.tokens_received();
+      tb.bucket.Deposit(tb.policy.success_credit * static_cast<double>(d_success) +
+                        static_cast<double>(d_returned + reclaimed));
+      tb.totals.successes += d_success;
+      tb.totals.retries += d_spent;
+      tb.totals.retries_denied += d_denied;
+      tb.totals.returned += d_returned;
+      tb.totals.reclaimed += reclaimed;
+    }
+    // Baseline or not, the record now holds the client's totals.
+    rec.successes = sent.successes();
+    rec.retries_spent = sent.retries_spent();
+    rec.retries_denied = sent.retries_denied();
+    rec.tokens_returned = sent.tokens_returned();
+    rec.tokens_received = sent.tokens_received();
+    rec.fallback_spent = sent.fallback_spent();
+    rec.granted_total = sent.tokens_received();
+
+    uint64_t granted = 0;
+    const absl::Duration ttl = tb.policy.lease_ttl;
+    absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
+    if (request.final()) {
+      tb.RemoveActive(request.instance_id());
+    } else {
+      tb.SetActive(request.instance_id(), sent.want(), now);
+      tb.SweepActive(now);
+      granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
+      const uint64_t taken = tb.bucket.Take(granted);
+      granted = taken;
+      rec.granted_total += granted;
+      tb.totals.granted += granted;
+      tb.totals.wanted += sent.want();
+      if (granted < sent.want()) {
+        // The bucket is dry: come back when refill has made about one token of this instance's
+        // share, not before (an empty lease must not turn into a hot loop of Syncs).
+        const double share_rate = tb.policy.refill_per_second * static_cast<double>(sent.want()) /
+                                  static_cast<double>(std::max(tb.want_sum, sent.want()));
+        const absl::Duration dry_cap = std::min(next_sync, absl::Milliseconds(250));
+        next_sync = share_rate > 0 ? absl::Seconds(1.0 / share_rate) : dry_cap;
+        next_sync = std::clamp(next_sync, options_.min_next_sync, dry_cap);
+      }
+    }
+    const uint32_t active = std::max<uint32_t>(1, tb.ActiveCount(now));
+    out->set_granted(granted);
+    out->set_lease_ttl_ms(absl::ToInt64Milliseconds(ttl));
+    out->set_next_sync_ms(absl::ToInt64Milliseconds(next_sync));
+    out->mutable_safe_share()->set_capacity(tb.policy.capacity / active);
+    out->mutable_safe_share()->set_refill_per_second(tb.policy.refill_per_second / active);
+    out->set_bucket_tokens(tb.bucket.tokens());
+    out->set_capacity(tb.policy.capacity);
+    out->set_active_instances(active);
+  }
+
+  instance->last_seq = request.seq();
+  instance->last_fingerprint = fingerprint;
+  instance->last_response = response;
+  if (request.final()) ForgetInstance(request.instance_id());
+  return response;
+}
+
+v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
+  absl::MutexLock lock(&tenant.mu);
+  tenant.bucket.Refill(now);
+  v1::BudgetStatus s;
+  s.set_tenant(tenant.name);
+  *s.mutable_policy() = tenant.policy.ToProto();
+  s.set_tokens(tenant.bucket.tokens());
+  s.set_active_instances(tenant.ActiveCount(now));
+  s.set_granted_total(tenant.totals.granted);
+  s.set_successes_total(tenant.totals.successes);
+  s.set_retries_total(tenant.totals.retries);
+  s.set_retries_denied_total(tenant.totals.retries_denied);
+  s.set_returned_total(tenant.totals.returned);
+  s.set_reclaimed_total(tenant.totals.reclaimed);
+  s.set_wanted_total(tenant.totals.wanted);
+  s.set_explicit_policy(tenant.source != PolicySource::kDefault);
+  return s;
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::GetBudget(absl::string_view tenant) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  auto t = FindTenant(tenant);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+  }
+  return StatusOf(*t, clock_->Now());
+}
+
+absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
+    const v1::ListBudgetsRequest& request) {
+  constexpr uint32_t kMaxPage = 1000;
+  const uint32_t page = request.page_size() == 0 ? kMaxPage : std::min(request.page_size(), kMaxPage);
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    absl::ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) {
+      if (request.page_token().empty() || name > request.page_token()) tenants.push_back(t);
+    }
+  }
+  std::sort(tenants.begin(), tenants.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  v1::ListBudgetsResponse response;
+  const absl::Time now = clock_->Now();
+  for (size_t i = 0; i < tenants.size() && i < page; ++i) {
+    *response.add_budgets() = StatusOf(*tenants[i], now);
+  }
+  if (tenants.size() > page) response.set_next_page_token(tenants[page - 1]->name);
+  return response;
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
+                                                       const v1::BudgetPolicy& policy) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  auto resolved = ResolvePolicy(policy, "policy");
+  if (!resolved.ok()) return resolved.status();
+  const absl::Time now = clock_->Now();
+  std::shared_ptr<Tenant> t;
+  {
+    absl::MutexLock lock(&tenants_mu_);
+    auto it = tenants_.find(tenant);
+    if (it != tenants_.end()) {
+      t = it->second;
+    } else {
+      if (tenants_.size() >= options_.max_tenants) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "tenant %s cannot be created: the server holds %d tenants, its limit",
+            QuoteForError(tenant), tenants_.size()));
+      }
+      t = std::make_shared<Tenant>(std::string(tenant), *resolved, PolicySource::kAdmin, now);
+      tenants_.emplace(t->name, t);
+      return StatusOf(*t, now);
+    }
+  }
+  {
+    absl::MutexLock lock(&t->mu);
+    t->bucket.Refill(now);  // time so far counts at the old rate
+    t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
+    t->policy = *resolved;
+    t->source = PolicySource::kAdmin;
+  }
+  return StatusOf(*t, now);
+}
+
+absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  std::shared_ptr<Tenant> t;
+  {
+    absl::MutexLock lock(&tenants_mu_);
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) {
+      return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+    }
+    t = it->second;
+    tenants_.erase(it);
+  }
+  absl::MutexLock lock(&t->mu);
+  t->deleted = true;
+  return absl::OkStatus();
+}
+
+std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
+  std::vector<v1::BudgetStatus> out;
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    absl::ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+  }
+  std::sort(tenants.begin(), tenants.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  const absl::Time now = clock_->Now();
+  out.reserve(tenants.size());
+  for (auto& t : tenants) out.push_back(StatusOf(*t, now));
+  return out;
+}
+
+size_t BudgetCore::tenant_count() {
+  absl::ReaderMutexLock lock(&tenants_mu_);
+  return tenants_.size();
+}
+
+size_t BudgetCore::instance_count() {
+  absl::ReaderMutexLock lock(&instances_mu_);
+  return instances_.size();
+}
+
+}  // namespace retrybudget

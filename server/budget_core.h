@@ -1,0 +1,133 @@
+// The authoritative budgets of a server: one token bucket per tenant, the per-instance
+// accounting that makes Sync idempotent, and proportional sharing among active instances.
+// No gRPC here: the service layer (service.h) translates RPCs into these calls.
+//
+//   auto core = BudgetCore::Create({.policy = config, .clock = &clock});
+//   absl::StatusOr<v1::SyncResponse> response = (*core)->Sync(request);
+#ifndef RETRYBUDGET_SERVER_BUDGET_CORE_H_
+#define RETRYBUDGET_SERVER_BUDGET_CORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "retrybudget/clock.h"
+#include "retrybudget/v1/budget.pb.h"
+#include "server/policy.h"
+
+namespace retrybudget {
+
+struct CoreOptions {
+  // Default policy, explicit tenants, strict mode. Must be valid (see ParsePolicyConfig).
+  v1::PolicyConfig policy;
+  // Most tenants with a budget; auto-creating one more is refused with RESOURCE_EXHAUSTED.
+  size_t max_tenants = 10'000;
+  // Most instances tracked; past it the least recently seen are forgotten (they are taken as a
+  // baseline when they come back: forgetting never credits anything).
+  size_t max_instances = 100'000;
+  // Most tenant entries in one SyncRequest.
+  size_t max_tenants_per_request = 256;
+  // Largest `want` of one tenant entry.
+  uint64_t max_want = 1'000'000;
+  // Bounds of the next_sync_ms hint.
+  absl::Duration min_next_sync = absl::Milliseconds(10);
+  absl::Duration max_next_sync = absl::Seconds(1);
+  // Time source; Clock::Real() if null. Not owned.
+  Clock* clock = nullptr;
+};
+
+// Totals of one budget since it was created (for GetBudget and metrics).
+struct BudgetTotals {
+  uint64_t granted = 0;
+  uint64_t wanted = 0;
+  uint64_t successes = 0;
+  uint64_t retries = 0;
+  uint64_t retries_denied = 0;
+  uint64_t returned = 0;
+  uint64_t reclaimed = 0;
+};
+
+// Thread-safe. Tenants are locked one at a time (never all behind one lock); requests of the same
+// instance are serialised by that instance's lock.
+class BudgetCore {
+ public:
+  // INVALID_ARGUMENT if the policy config is invalid.
+  static absl::StatusOr<std::unique_ptr<BudgetCore>> Create(CoreOptions options);
+
+  BudgetCore(const BudgetCore&) = delete;
+  BudgetCore& operator=(const BudgetCore&) = delete;
+  ~BudgetCore();
+
+  // Applies one Sync (DESIGN.md "Accounting"). Whole-request errors (INVALID_ARGUMENT naming the
+  // field and value) change no state. A tenant refused on its own (NOT_FOUND on a strict server,
+  // RESOURCE_EXHAUSTED at the tenant limit) gets an error entry; the other tenants are applied.
+  // A request repeating the last applied seq with identical content gets the same response
+  // again; an older seq gets `stale = true` and changes nothing.
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
+
+  // NOT_FOUND if the tenant has no budget.
+  absl::StatusOr<v1::BudgetStatus> GetBudget(absl::string_view tenant);
+  absl::StatusOr<v1::ListBudgetsResponse> ListBudgets(const v1::ListBudgetsRequest& request);
+  // Creates the budget or changes its policy, keeping the level (capped at the new capacity).
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
+                                             const v1::BudgetPolicy& policy);
+  // NOT_FOUND if the tenant has no budget.
+  absl::Status DeleteBudget(absl::string_view tenant);
+
+  // Replaces the default policy, strict flag and explicit tenants (a policy reload). Existing
+  // buckets keep their level; a tenant no longer listed falls back to the default policy.
+  // INVALID_ARGUMENT (and nothing changes) if `config` is invalid.
+  absl::Status ReplacePolicy(const v1::PolicyConfig& config);
+
+  // Every budget's status, in name order (for metrics and snapshots).
+  std::vector<v1::BudgetStatus> Snapshot();
+
+  size_t tenant_count();
+  size_t instance_count();
+
+ private:
+  struct Tenant;
+  struct Instance;
+  struct InstanceTenant;
+
+  explicit BudgetCore(CoreOptions options);
+
+  // Checks `sent` against what was applied before; `applied` is null for a baseline.
+  static absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
+                                          const InstanceTenant* applied);
+  // Checks what can be checked without state. Never changes state.
+  absl::Status ValidateRequest(const v1::SyncRequest& request) const;
+  // Finds the budget, creating it with the default policy unless strict or full. Sets *error.
+  std::shared_ptr<Tenant> FindOrCreateTenant(absl::string_view name, v1::TenantError* error);
+  std::shared_ptr<Tenant> FindTenant(absl::string_view name);
+  std::shared_ptr<Instance> FindOrCreateInstance(absl::string_view id, bool* created);
+  void ForgetInstance(absl::string_view id);
+  void EvictInstancesIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(instances_mu_);
+  v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
+
+  const CoreOptions options_;
+  Clock* const clock_;
+
+  absl::Mutex policy_mu_;
+  v1::PolicyConfig policy_ ABSL_GUARDED_BY(policy_mu_);
+  ResolvedPolicy default_policy_ ABSL_GUARDED_BY(policy_mu_);
+
+  absl::Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(tenants_mu_);
+
+  absl::Mutex instances_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances_
+      ABSL_GUARDED_BY(instances_mu_);
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_SERVER_BUDGET_CORE_H_

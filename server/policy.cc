@@ -1,0 +1,150 @@
+#include "server/policy.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "retrybudget/names.h"
+
+namespace retrybudget {
+namespace {
+
+constexpr double kMaxCapacity = 1e12;
+constexpr double kMaxRate = 1e9;
+constexpr int64_t kMinLeaseTtlMs = 100;
+constexpr int64_t kMaxLeaseTtlMs = 600'000;
+
+absl::Status BadField(absl::string_view field, absl::string_view name, double value,
+                      absl::string_view rule) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s.%s = %g is invalid: %s", field, name, value, rule));
+}
+
+// Collects text-format parse errors with their line and column.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrFormat("line %d, column %d: %s", line + 1, column + 1, message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+}  // namespace
+
+v1::BudgetPolicy ResolvedPolicy::ToProto() const {
+  v1::BudgetPolicy p;
+  p.set_capacity(capacity);
+  p.set_refill_per_second(refill_per_second);
+  p.set_success_credit(success_credit);
+  p.set_initial_tokens(initial_tokens);
+  p.set_lease_ttl_ms(absl::ToInt64Milliseconds(lease_ttl));
+  return p;
+}
+
+absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::BudgetPolicy& policy,
+                                             absl::string_view field) {
+  ResolvedPolicy r;
+  if (policy.has_capacity()) {
+    const double v = policy.capacity();
+    if (!std::isfinite(v) || v <= 0 || v > kMaxCapacity) {
+      return BadField(field, "capacity", v, "must be in (0, 1e12]");
+    }
+    r.capacity = v;
+  }
+  if (policy.has_refill_per_second()) {
+    const double v = policy.refill_per_second();
+    if (!std::isfinite(v) || v < 0 || v > kMaxRate) {
+      return BadField(field, "refill_per_second", v, "must be in [0, 1e9]");
+    }
+    r.refill_per_second = v;
+  }
+  if (policy.has_success_credit()) {
+    const double v = policy.success_credit();
+    if (!std::isfinite(v) || v < 0 || v > kMaxRate) {
+      return BadField(field, "success_credit", v, "must be in [0, 1e9]");
+    }
+    r.success_credit = v;
+  }
+  r.initial_tokens = r.capacity;
+  if (policy.has_initial_tokens()) {
+    const double v = policy.initial_tokens();
+    if (!std::isfinite(v) || v < 0 || v > r.capacity) {
+      return BadField(field, "initial_tokens", v,
+                      absl::StrFormat("must be in [0, capacity = %g]", r.capacity));
+    }
+    r.initial_tokens = v;
+  }
+  if (policy.has_lease_ttl_ms()) {
+    const int64_t v = policy.lease_ttl_ms();
+    if (v < kMinLeaseTtlMs || v > kMaxLeaseTtlMs) {
+      return BadField(field, "lease_ttl_ms", static_cast<double>(v),
+                      absl::StrFormat("must be in [%d, %d]", kMinLeaseTtlMs, kMaxLeaseTtlMs));
+    }
+    r.lease_ttl = absl::Milliseconds(v);
+  }
+  return r;
+}
+
+absl::StatusOr<v1::PolicyConfig> ParsePolicyConfig(absl::string_view contents) {
+  v1::PolicyConfig config;
+  const size_t first = contents.find_first_not_of(" \t\r\n");
+  if (first != absl::string_view::npos && contents[first] == '{') {
+    google::protobuf::util::JsonParseOptions options;
+    const auto status = google::protobuf::util::JsonStringToMessage(
+        google::protobuf::StringPiece(contents.data(), contents.size()), &config, options);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy (JSON) does not parse: ", status.message().as_string()));
+    }
+  } else {
+    google::protobuf::TextFormat::Parser parser;
+    ErrorCollector errors;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(std::string(contents), &config)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy (text format) does not parse: ", errors.first()));
+    }
+  }
+  if (auto p = ResolvePolicy(config.default_policy(), "default_policy"); !p.ok()) {
+    return p.status();
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (int i = 0; i < config.tenants_size(); ++i) {
+    const auto& t = config.tenants(i);
+    const std::string field = absl::StrCat("tenants[", i, "]");
+    if (auto s = ValidateTenantName(t.tenant(), field + ".tenant"); !s.ok()) return s;
+    if (!seen.insert(t.tenant()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".tenant ", QuoteForError(t.tenant()), " is listed twice"));
+    }
+    if (auto p = ResolvePolicy(t.policy(), field + ".policy"); !p.ok()) return p.status();
+  }
+  return config;
+}
+
+absl::StatusOr<v1::PolicyConfig> LoadPolicyFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("policy file ", path, " cannot be read"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  auto config = ParsePolicyConfig(buf.str());
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  return config;
+}
+
+}  // namespace retrybudget

@@ -1,0 +1,49 @@
+#include "server/token_bucket.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace retrybudget {
+
+TokenBucket::TokenBucket(double capacity, double refill_per_second, double initial_tokens,
+                         absl::Time now)
+    : capacity_(capacity),
+      refill_per_second_(refill_per_second),
+      tokens_(std::clamp(initial_tokens, 0.0, capacity)),
+      last_(now) {}
+
+void TokenBucket::Refill(absl::Time now) {
+  if (now <= last_) return;
+  const double dt = absl::ToDoubleSeconds(now - last_);
+  tokens_ = std::min(capacity_, tokens_ + refill_per_second_ * dt);
+  last_ = now;
+}
+
+void TokenBucket::Deposit(double tokens) {
+  if (tokens <= 0) return;
+  tokens_ = std::min(capacity_, tokens_ + tokens);
+}
+
+uint64_t TokenBucket::Take(uint64_t max_tokens) {
+  // Whole tokens only, and never below zero. A tiny epsilon absorbs floating error from sums
+  // of credits like 0.1 * 10 (which is 0.9999999999999999).
+  const double whole = std::floor(tokens_ + 1e-9);
+  if (whole < 1) return 0;
+  const uint64_t taken =
+      whole >= static_cast<double>(max_tokens) ? max_tokens : static_cast<uint64_t>(whole);
+  tokens_ = std::max(0.0, tokens_ - static_cast<double>(taken));
+  return taken;
+}
+
+void TokenBucket::Reconfigure(double capacity, double refill_per_second) {
+  capacity_ = capacity;
+  refill_per_second_ = refill_per_second;
+  tokens_ = std::min(tokens_, capacity_);
+}
+
+void TokenBucket::Restore(double tokens, absl::Time at) {
+  tokens_ = std::clamp(tokens, 0.0, capacity_);
+  last_ = at;
+}
+
+}  // namespace retrybudget
