@@ -319,12 +319,14 @@ std::shared_ptr<BudgetCore::Instance> BudgetCore::FindOrCreateInstance(absl::str
   }
   absl::MutexLock lock(&instances_mu_);
   auto [it, inserted] = instances_.try_emplace(id, nullptr);
-  if (inserted) {
-    it->second = std::make_shared<Instance>();
-    EvictInstancesIfFull();
-  }
   *created = inserted;
-  return instances_.find(id)->second;
+  if (!inserted) return it->second;
+  auto instance = std::make_shared<Instance>();
+  // Seen now, so the eviction below takes older instances, never this one.
+  instance->last_seen_ns.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed);
+  it->second = instance;
+  EvictInstancesIfFull();
+  return instance;
 }
 
 void BudgetCore::EvictInstancesIfFull() {
@@ -403,8 +405,9 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
     out->set_tenant(sent.tenant());
 
     std::shared_ptr<Tenant> tenant;
+    v1::TenantError refusal;
     for (int attempt = 0; attempt < 3 && tenant == nullptr; ++attempt) {
-      tenant = FindOrCreateTenant(sent.tenant(), out->mutable_error());
+      tenant = FindOrCreateTenant(sent.tenant(), &refusal);
       if (tenant == nullptr) break;
       bool deleted;
       {
@@ -414,10 +417,11 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       if (deleted) tenant = nullptr;  // deleted meanwhile: look it up again
     }
     if (tenant == nullptr) {
-      if (!out->has_error()) {
-        out->mutable_error()->set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-        out->mutable_error()->set_message("tenant was deleted while this request ran");
+      if (refusal.code() == 0) {
+        refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        refusal.set_message("tenant was deleted while this request ran");
       }
+      *out->mutable_error() = refusal;
       continue;
     }
 

@@ -1,0 +1,496 @@
+#include "server/budget_core.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace retrybudget {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Cumulative counters of one tenant as a client would send them.
+struct Counters {
+  uint64_t successes = 0;
+  uint64_t spent = 0;
+  uint64_t denied = 0;
+  uint64_t returned = 0;
+  uint64_t received = 0;
+  uint64_t want = 0;
+  uint64_t fallback = 0;
+};
+
+v1::TenantSync Entry(const std::string& tenant, const Counters& c) {
+  v1::TenantSync t;
+  t.set_tenant(tenant);
+  t.set_successes(c.successes);
+  t.set_retries_spent(c.spent);
+  t.set_retries_denied(c.denied);
+  t.set_tokens_returned(c.returned);
+  t.set_tokens_received(c.received);
+  t.set_want(c.want);
+  t.set_fallback_spent(c.fallback);
+  return t;
+}
+
+v1::SyncRequest Request(const std::string& instance, uint64_t seq, const std::string& tenant,
+                        const Counters& c) {
+  v1::SyncRequest r;
+  r.set_instance_id(instance);
+  r.set_seq(seq);
+  *r.add_tenants() = Entry(tenant, c);
+  return r;
+}
+
+class BudgetCoreTest : public ::testing::Test {
+ protected:
+  // A budget of `capacity` tokens, full at start, refilling `refill`/s, crediting `credit`.
+  void MakeCore(double capacity, double refill, double credit, double initial = -1,
+                CoreOptions options = {}) {
+    v1::BudgetPolicy* p = options.policy.mutable_default_policy();
+    p->set_capacity(capacity);
+    p->set_refill_per_second(refill);
+    p->set_success_credit(credit);
+    if (initial >= 0) p->set_initial_tokens(initial);
+    p->set_lease_ttl_ms(5000);
+    options.clock = &clock_;
+    auto core = BudgetCore::Create(std::move(options));
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = std::move(*core);
+  }
+
+  v1::TenantGrant SyncOne(const std::string& instance, uint64_t seq, const Counters& c,
+                          const std::string& tenant = "t") {
+    auto r = core_->Sync(Request(instance, seq, tenant, c));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok() || r->tenants_size() != 1) return v1::TenantGrant();
+    return r->tenants(0);
+  }
+
+  double Tokens(const std::string& tenant = "t") {
+    auto s = core_->GetBudget(tenant);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->tokens() : -1;
+  }
+
+  v1::BudgetStatus Status(const std::string& tenant = "t") { return *core_->GetBudget(tenant); }
+
+  FakeClock clock_;
+  std::unique_ptr<BudgetCore> core_;
+};
+
+TEST_F(BudgetCoreTest, FirstSyncGrantsWhatIsWantedFromAFullBucket) {
+  MakeCore(100, 1, 0.1);
+  auto g = SyncOne("a", 1, {.want = 10});
+  EXPECT_EQ(g.granted(), 10u);
+  EXPECT_EQ(g.lease_ttl_ms(), 5000);
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  EXPECT_FALSE(g.has_error());
+}
+
+TEST_F(BudgetCoreTest, GrantsOnlyWholeTokensAndNeverBelowZero) {
+  MakeCore(10, 0, 0, 3.5);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 3u);
+  EXPECT_NEAR(Tokens(), 0.5, 1e-9);
+  EXPECT_EQ(SyncOne("a", 2, {.received = 3, .want = 10}).granted(), 0u);
+  EXPECT_GE(Tokens(), 0);
+}
+
+TEST_F(BudgetCoreTest, RefillFollowsTheClock) {
+  MakeCore(100, 2, 0, 0);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 50}).granted(), 0u);
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(SyncOne("a", 2, {.want = 50}).granted(), 6u);
+  clock_.Advance(absl::Hours(1));
+  EXPECT_DOUBLE_EQ(Tokens(), 100);  // capped
+}
+
+TEST_F(BudgetCoreTest, SuccessesEarnTheirCredit) {
+  MakeCore(100, 0, 0.1, 0);
+  SyncOne("a", 1, {.successes = 50});
+  EXPECT_NEAR(Tokens(), 5, 1e-9);
+  SyncOne("a", 2, {.successes = 70});  // cumulative: 20 new
+  EXPECT_NEAR(Tokens(), 7, 1e-9);
+  EXPECT_EQ(Status().successes_total(), 70u);
+}
+
+TEST_F(BudgetCoreTest, DuplicateRequestGetsTheSameResponseAndChangesNothing) {
+  MakeCore(100, 0, 0.1);
+  auto req = Request("a", 1, "t", {.successes = 10, .want = 20});
+  auto first = core_->Sync(req);
+  ASSERT_TRUE(first.ok());
+  const double after_first = Tokens();
+  auto again = core_->Sync(req);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+  EXPECT_DOUBLE_EQ(Tokens(), after_first);
+  EXPECT_EQ(Status().granted_total(), 20u);
+  EXPECT_EQ(Status().successes_total(), 10u);
+}
+
+TEST_F(BudgetCoreTest, SameSeqWithDifferentContentIsRefused) {
+  MakeCore(100, 0, 0.1);
+  SyncOne("a", 1, {.want = 5});
+  auto r = core_->Sync(Request("a", 1, "t", {.successes = 99, .want = 5}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("seq = 1"));
+  EXPECT_DOUBLE_EQ(Tokens(), 95);
+}
+
+TEST_F(BudgetCoreTest, StaleSeqIsIgnored) {
+  MakeCore(100, 0, 0.1);
+  SyncOne("a", 1, {.want = 5});
+  SyncOne("a", 3, {.successes = 10, .received = 5, .want = 5});
+  const double level = Tokens();
+  // A delayed request from before seq 3: must not undo or redo anything.
+  auto r = core_->Sync(Request("a", 2, "t", {.successes = 5, .received = 5, .want = 50}));
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->stale());
+  EXPECT_EQ(r->tenants_size(), 0);
+  EXPECT_DOUBLE_EQ(Tokens(), level);
+  EXPECT_EQ(Status().successes_total(), 10u);
+}
+
+TEST_F(BudgetCoreTest, LostResponseIsReclaimedOnTheNextSeq) {
+  MakeCore(100, 0, 0);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 10u);  // response lost
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  // The client never received those 10: its tokens_received is still 0.
+  auto g = SyncOne("a", 2, {.received = 0, .want = 0});
+  EXPECT_EQ(g.granted(), 0u);
+  EXPECT_DOUBLE_EQ(Tokens(), 100);
+  EXPECT_EQ(Status().reclaimed_total(), 10u);
+  // And it is not reclaimed twice.
+  SyncOne("a", 3, {.received = 0, .want = 0});
+  EXPECT_DOUBLE_EQ(Tokens(), 100);
+}
+
+TEST_F(BudgetCoreTest, PartiallyReceivedGrantsReclaimOnlyTheMissingPart) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 10});                             // received
+  SyncOne("a", 2, {.received = 10, .want = 7});              // lost
+  SyncOne("a", 3, {.spent = 4, .received = 10, .want = 0});  // reports 10 received, not 17
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  EXPECT_EQ(Status().reclaimed_total(), 7u);
+}
+
+TEST_F(BudgetCoreTest, UnknownInstanceIsTakenAsABaseline) {
+  MakeCore(100, 0, 0.1, 50);
+  // The server has never seen "ghost" but it is at seq 40: its history is unknown.
+  auto g = SyncOne("ghost", 40, {.successes = 1000, .spent = 10, .returned = 15, .received = 30});
+  EXPECT_DOUBLE_EQ(Tokens(), 50);  // nothing credited
+  EXPECT_EQ(g.granted(), 0u);
+  // From then on only differences count.
+  SyncOne("ghost", 41, {.successes = 1010, .spent = 10, .returned = 20, .received = 30});
+  EXPECT_NEAR(Tokens(), 50 + 1 + 5, 1e-9);
+}
+
+TEST_F(BudgetCoreTest, InstanceSeenFromSeqOneHasAKnownHistory) {
+  MakeCore(100, 0, 0.1, 0);
+  SyncOne("a", 1, {.successes = 30});
+  EXPECT_NEAR(Tokens(), 3, 1e-9);
+  // A tenant it reports later starts from zero too: the server saw all of its requests.
+  SyncOne("a", 2, {.successes = 40}, "u");
+  EXPECT_NEAR(Tokens("u"), 4, 1e-9);  // created at initial 0, +4
+}
+
+TEST_F(BudgetCoreTest, CountersGoingBackwardsAreRefusedAndChangeNothing) {
+  MakeCore(100, 0, 0.1);
+  SyncOne("a", 1, {.successes = 10, .want = 10});
+  const v1::BudgetStatus before = Status();
+  auto r = core_->Sync(Request("a", 2, "t", {.successes = 9, .received = 10, .want = 10}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("tenants[0].successes = 9"));
+  EXPECT_EQ(Status().SerializeAsString(), before.SerializeAsString());
+  // The instance's seq did not move either: seq 2 is still usable.
+  EXPECT_EQ(SyncOne("a", 2, {.successes = 10, .received = 10, .want = 1}).granted(), 1u);
+}
+
+TEST_F(BudgetCoreTest, OneBadTenantRefusesTheWholeRequest) {
+  MakeCore(100, 0, 0.1);
+  SyncOne("a", 1, {.successes = 10}, "u");
+  v1::SyncRequest r = Request("a", 2, "t", {.want = 10});
+  *r.add_tenants() = Entry("u", {.successes = 1});
+  auto resp = core_->Sync(r);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_THAT(std::string(resp.status().message()), HasSubstr("tenants[1].successes = 1"));
+  EXPECT_FALSE(core_->GetBudget("t").ok());  // "t" was not even created
+}
+
+TEST_F(BudgetCoreTest, ClaimingMoreReceivedThanGrantedIsRefused) {
+  MakeCore(100, 0, 0.1);
+  SyncOne("a", 1, {.want = 5});
+  auto r = core_->Sync(Request("a", 2, "t", {.received = 6}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("tokens_received = 6"));
+  EXPECT_DOUBLE_EQ(Tokens(), 95);
+}
+
+TEST_F(BudgetCoreTest, ReturningMoreThanReceivedIsRefused) {
+  MakeCore(100, 0, 0.1);
+  auto r = core_->Sync(Request("a", 1, "t", {.spent = 3, .returned = 8, .received = 10}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("tokens_returned (8)"));
+  EXPECT_EQ(core_->tenant_count(), 0u);
+  EXPECT_EQ(core_->instance_count(), 0u);
+}
+
+TEST_F(BudgetCoreTest, ReturnedTokensGoBackIntoTheBucket) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 30});
+  EXPECT_DOUBLE_EQ(Tokens(), 70);
+  SyncOne("a", 2, {.spent = 10, .returned = 20, .received = 30});
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  EXPECT_EQ(Status().returned_total(), 20u);
+  EXPECT_EQ(Status().retries_total(), 10u);
+}
+
+TEST_F(BudgetCoreTest, ScarceTokensAreSharedInProportionToWants) {
+  auto grant_of_first = [&](const std::string& first, uint64_t first_want,
+                            uint64_t other_want) {
+    MakeCore(100, 20, 0, 0);
+    // Both register their wants while the bucket is empty.
+    SyncOne(first, 1, {.want = first_want});
+    SyncOne("other", 1, {.want = other_want});
+    clock_.Advance(absl::Seconds(1));  // 20 tokens for wants of 40
+    return SyncOne(first, 2, {.want = first_want}).granted();
+  };
+  EXPECT_EQ(grant_of_first("big", 30, 10), 15u);
+  EXPECT_EQ(grant_of_first("small", 10, 30), 5u);
+}
+
+TEST_F(BudgetCoreTest, EveryActiveInstanceGetsAtLeastOneTokenWhileAnyIsLeft) {
+  MakeCore(100, 3, 0, 0);
+  SyncOne("big", 1, {.want = 1000});
+  clock_.Advance(absl::Seconds(1));  // 3 tokens; "small" is owed 3 * 1/1001 of them
+  EXPECT_EQ(SyncOne("small", 1, {.want = 1}).granted(), 1u);
+}
+
+TEST_F(BudgetCoreTest, InstancesSilentForALeaseTtlLeaveTheShare) {
+  MakeCore(100, 10, 0, 0);
+  SyncOne("gone", 1, {.want = 90});
+  SyncOne("here", 1, {.want = 10});
+  clock_.Advance(absl::Seconds(6));  // > lease TTL of 5 s: "gone" is no longer active
+  auto g = SyncOne("here", 2, {.want = 10});
+  EXPECT_EQ(g.granted(), 10u);
+  EXPECT_EQ(g.active_instances(), 1u);
+}
+
+TEST_F(BudgetCoreTest, SafeShareSplitsCapacityAndRefillAmongActiveInstances) {
+  MakeCore(100, 8, 0);
+  SyncOne("a", 1, {.want = 1});
+  auto g = SyncOne("b", 1, {.want = 1});
+  EXPECT_EQ(g.active_instances(), 2u);
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 50);
+  EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 4);
+}
+
+TEST_F(BudgetCoreTest, ADryBucketAsksTheClientToComeBackLater) {
+  MakeCore(100, 4, 0, 0);
+  auto g = SyncOne("a", 1, {.want = 1});
+  EXPECT_EQ(g.granted(), 0u);
+  EXPECT_EQ(g.next_sync_ms(), 250);  // one token at 4/s, capped at 250 ms
+  MakeCore(100, 1000, 0, 0);
+  g = SyncOne("a", 1, {.want = 1});
+  EXPECT_EQ(g.next_sync_ms(), 10);  // one token in 1 ms, raised to the 10 ms floor
+}
+
+TEST_F(BudgetCoreTest, FinalRequestReturnsEverythingOnceAndForgetsTheInstance) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 40});
+  v1::SyncRequest final_req = Request("a", 2, "t", {.spent = 10, .returned = 30, .received = 40});
+  final_req.set_final(true);
+  ASSERT_TRUE(core_->Sync(final_req).ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  EXPECT_EQ(core_->instance_count(), 0u);
+  EXPECT_EQ(Status().active_instances(), 0u);
+  // A retry of the final request after the server forgot the instance credits nothing again.
+  ASSERT_TRUE(core_->Sync(final_req).ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+}
+
+TEST_F(BudgetCoreTest, StrictServerRefusesUnknownTenantsOneByOne) {
+  CoreOptions options;
+  options.policy.set_strict(true);
+  auto* listed = options.policy.add_tenants();
+  listed->set_tenant("known");
+  listed->mutable_policy()->set_capacity(10);
+  MakeCore(100, 0, 0, -1, options);
+  v1::SyncRequest r = Request("a", 1, "known", {.want = 3});
+  *r.add_tenants() = Entry("unknown", {.want = 3});
+  auto resp = core_->Sync(r);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->tenants(0).granted(), 3u);
+  EXPECT_EQ(resp->tenants(0).capacity(), 10);
+  EXPECT_EQ(resp->tenants(1).error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  EXPECT_THAT(resp->tenants(1).error().message(), HasSubstr("\"unknown\""));
+  EXPECT_EQ(resp->tenants(1).granted(), 0u);
+  EXPECT_FALSE(core_->GetBudget("unknown").ok());
+}
+
+TEST_F(BudgetCoreTest, TenantLimitRefusesNewTenantsWithResourceExhausted) {
+  CoreOptions options;
+  options.max_tenants = 2;
+  MakeCore(100, 0, 0, -1, options);
+  SyncOne("a", 1, {.want = 1}, "t1");
+  SyncOne("a", 2, {.want = 1}, "t2");
+  auto g = SyncOne("a", 3, {.want = 1}, "t3");
+  EXPECT_EQ(g.error().code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(core_->tenant_count(), 2u);
+}
+
+TEST_F(BudgetCoreTest, ForgottenInstancesComeBackAsABaseline) {
+  CoreOptions options;
+  options.max_instances = 2;
+  MakeCore(100, 0, 0.1, 0, options);
+  SyncOne("old", 1, {});
+  clock_.Advance(absl::Seconds(1));
+  SyncOne("b", 1, {});
+  clock_.Advance(absl::Seconds(1));
+  SyncOne("c", 1, {});  // evicts "old", the least recently seen
+  EXPECT_EQ(core_->instance_count(), 2u);
+  SyncOne("old", 2, {.successes = 1000});
+  EXPECT_DOUBLE_EQ(Tokens(), 0);  // the forgotten history earns nothing
+}
+
+struct BadRequestCase {
+  const char* name;
+  std::function<void(v1::SyncRequest&)> mutate;
+  const char* expected;
+};
+
+class BadSyncRequestTest : public BudgetCoreTest,
+                           public ::testing::WithParamInterface<BadRequestCase> {};
+
+TEST_P(BadSyncRequestTest, IsRefusedWithInvalidArgumentNamingTheFieldAndChangesNothing) {
+  MakeCore(100, 1, 0.1);
+  SyncOne("a", 1, {.successes = 5, .want = 10});
+  const std::string before = Status().SerializeAsString();
+  v1::SyncRequest r = Request("a", 2, "t", {.successes = 6, .received = 10, .want = 1});
+  GetParam().mutate(r);
+  auto resp = core_->Sync(r);
+  ASSERT_FALSE(resp.ok());
+  EXPECT_EQ(resp.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(resp.status().message()), HasSubstr(GetParam().expected));
+  EXPECT_EQ(Status().SerializeAsString(), before);
+  EXPECT_EQ(core_->tenant_count(), 1u);
+  EXPECT_EQ(core_->instance_count(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Table, BadSyncRequestTest,
+    ::testing::Values(
+        BadRequestCase{"EmptyTenant", [](auto& r) { r.mutable_tenants(0)->set_tenant(""); },
+                       "tenants[0].tenant is empty"},
+        BadRequestCase{"LongTenant",
+                       [](auto& r) { r.mutable_tenants(0)->set_tenant(std::string(129, 'x')); },
+                       "has 129 characters"},
+        BadRequestCase{"BadCharacter",
+                       [](auto& r) { r.mutable_tenants(0)->set_tenant("a b"); },
+                       "tenants[0].tenant \"a b\" has character 0x20"},
+        BadRequestCase{"TooManyTenants",
+                       [](auto& r) {
+                         for (int i = 0; i < 300; ++i) {
+                           *r.add_tenants() = Entry("x" + std::to_string(i), {});
+                         }
+                       },
+                       "tenants has 301 entries"},
+        BadRequestCase{"DuplicateTenant",
+                       [](auto& r) { *r.add_tenants() = r.tenants(0); },
+                       "appears more than once"},
+        BadRequestCase{"AbsurdWant",
+                       [](auto& r) { r.mutable_tenants(0)->set_want(1'000'000'000'000); },
+                       "tenants[0].want = 1000000000000"},
+        BadRequestCase{"SeqZero", [](auto& r) { r.set_seq(0); }, "seq = 0"},
+        BadRequestCase{"EmptyInstance", [](auto& r) { r.set_instance_id(""); },
+                       "instance_id is empty"},
+        BadRequestCase{"InstanceWithSpace", [](auto& r) { r.set_instance_id("a b"); },
+                       "instance_id \"a b\" has character 0x20"},
+        BadRequestCase{"FallbackOverSpent",
+                       [](auto& r) { r.mutable_tenants(0)->set_fallback_spent(3); },
+                       "fallback_spent = 3 exceeds retries_spent = 0"},
+        BadRequestCase{"Backwards",
+                       [](auto& r) { r.mutable_tenants(0)->set_successes(4); },
+                       "tenants[0].successes = 4"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST_F(BudgetCoreTest, PutPolicyKeepsTheLevelCappedAtTheNewCapacity) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 20});
+  v1::BudgetPolicy p;
+  p.set_capacity(50);
+  p.set_refill_per_second(5);
+  auto s = core_->PutPolicy("t", p);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_DOUBLE_EQ(s->tokens(), 50);
+  EXPECT_TRUE(s->explicit_policy());
+  EXPECT_EQ(s->policy().refill_per_second(), 5);
+}
+
+TEST_F(BudgetCoreTest, PutPolicyRefusesAnInvalidPolicyAndKeepsTheOld) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 20});
+  v1::BudgetPolicy p;
+  p.set_capacity(-5);
+  auto s = core_->PutPolicy("t", p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("policy.capacity = -5"));
+  EXPECT_EQ(Status().policy().capacity(), 100);
+}
+
+TEST_F(BudgetCoreTest, AdminCallsOnMissingTenantsAreNotFound) {
+  MakeCore(100, 0, 0);
+  EXPECT_EQ(core_->GetBudget("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->DeleteBudget("nope").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(core_->GetBudget("bad name").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(BudgetCoreTest, ListBudgetsPagesInNameOrder) {
+  MakeCore(100, 0, 0);
+  for (const char* t : {"c", "a", "b"}) ASSERT_TRUE(core_->PutPolicy(t, {}).ok());
+  v1::ListBudgetsRequest req;
+  req.set_page_size(2);
+  auto page1 = core_->ListBudgets(req);
+  ASSERT_TRUE(page1.ok());
+  ASSERT_EQ(page1->budgets_size(), 2);
+  EXPECT_EQ(page1->budgets(0).tenant(), "a");
+  EXPECT_EQ(page1->budgets(1).tenant(), "b");
+  req.set_page_token(page1->next_page_token());
+  auto page2 = core_->ListBudgets(req);
+  ASSERT_EQ(page2->budgets_size(), 1);
+  EXPECT_EQ(page2->budgets(0).tenant(), "c");
+  EXPECT_TRUE(page2->next_page_token().empty());
+}
+
+TEST_F(BudgetCoreTest, PolicyReloadKeepsLevelsAndAdminPolicies) {
+  MakeCore(100, 0, 0);
+  SyncOne("a", 1, {.want = 30}, "auto");
+  v1::BudgetPolicy admin;
+  admin.set_capacity(7);
+  ASSERT_TRUE(core_->PutPolicy("admin", admin).ok());
+  v1::PolicyConfig next;
+  next.mutable_default_policy()->set_capacity(200);
+  ASSERT_TRUE(core_->ReplacePolicy(next).ok());
+  EXPECT_DOUBLE_EQ(Tokens("auto"), 70);
+  EXPECT_EQ(Status("auto").policy().capacity(), 200);
+  EXPECT_EQ(Status("admin").policy().capacity(), 7);
+  // An invalid reload changes nothing.
+  next.mutable_default_policy()->set_capacity(-1);
+  EXPECT_FALSE(core_->ReplacePolicy(next).ok());
+  EXPECT_EQ(Status("auto").policy().capacity(), 200);
+}
+
+TEST_F(BudgetCoreTest, DeletedBudgetIsRecreatedOnNextUse) {
+  MakeCore(10, 0, 0);
+  SyncOne("a", 1, {.want = 10});
+  ASSERT_TRUE(core_->DeleteBudget("t").ok());
+  EXPECT_FALSE(core_->GetBudget("t").ok());
+  EXPECT_EQ(SyncOne("a", 2, {.received = 10, .want = 4}).granted(), 4u);
+}
+
+}  // namespace
+}  // namespace retrybudget

@@ -1,0 +1,131 @@
+#include "server/policy.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace retrybudget {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(PolicyTest, EmptyPolicyGetsTheDocumentedDefaults) {
+  auto p = ResolvePolicy(v1::BudgetPolicy());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->capacity, 100);
+  EXPECT_EQ(p->refill_per_second, 1);
+  EXPECT_EQ(p->success_credit, 0.1);
+  EXPECT_EQ(p->initial_tokens, 100);
+  EXPECT_EQ(p->lease_ttl, absl::Seconds(5));
+}
+
+TEST(PolicyTest, InitialTokensDefaultToCapacityAndExplicitZeroIsKept) {
+  v1::BudgetPolicy in;
+  in.set_capacity(40);
+  auto p = ResolvePolicy(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->initial_tokens, 40);
+  in.set_initial_tokens(0);
+  in.set_refill_per_second(0);
+  p = ResolvePolicy(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->initial_tokens, 0);
+  EXPECT_EQ(p->refill_per_second, 0);
+}
+
+TEST(PolicyTest, OutOfRangeFieldsAreNamedWithTheirValue) {
+  struct Case {
+    v1::BudgetPolicy policy;
+    const char* expected;
+  };
+  std::vector<Case> cases(5);
+  cases[0].policy.set_capacity(0);
+  cases[0].expected = "p.capacity = 0";
+  cases[1].policy.set_refill_per_second(-1);
+  cases[1].expected = "p.refill_per_second = -1";
+  cases[2].policy.set_success_credit(std::numeric_limits<double>::quiet_NaN());
+  cases[2].expected = "p.success_credit = nan";
+  cases[3].policy.set_capacity(10);
+  cases[3].policy.set_initial_tokens(11);
+  cases[3].expected = "p.initial_tokens = 11";
+  cases[4].policy.set_lease_ttl_ms(5);
+  cases[4].expected = "p.lease_ttl_ms = 5";
+  for (const auto& c : cases) {
+    auto p = ResolvePolicy(c.policy, "p");
+    ASSERT_FALSE(p.ok()) << c.expected;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(p.status().message()), HasSubstr(c.expected));
+  }
+}
+
+TEST(PolicyTest, ParsesTextFormat) {
+  auto config = ParsePolicyConfig(R"(
+    default_policy { capacity: 50 refill_per_second: 2 }
+    strict: true
+    tenants { tenant: "payments" policy { capacity: 10 success_credit: 0.5 } }
+  )");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->strict());
+  EXPECT_EQ(config->default_policy().capacity(), 50);
+  ASSERT_EQ(config->tenants_size(), 1);
+  EXPECT_EQ(config->tenants(0).policy().success_credit(), 0.5);
+}
+
+TEST(PolicyTest, ParsesJson) {
+  auto config = ParsePolicyConfig(R"({
+    "defaultPolicy": {"capacity": 50},
+    "tenants": [{"tenant": "search", "policy": {"refillPerSecond": 3, "leaseTtlMs": "2000"}}]
+  })");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->tenants(0).policy().refill_per_second(), 3);
+  EXPECT_EQ(config->tenants(0).policy().lease_ttl_ms(), 2000);
+}
+
+TEST(PolicyTest, TextSyntaxErrorNamesLineAndField) {
+  auto config = ParsePolicyConfig("default_policy {\n  capacity: 5\n  capasity: 3\n}\n");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("line 3"));
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("capasity"));
+}
+
+TEST(PolicyTest, JsonErrorIsReported) {
+  auto config = ParsePolicyConfig(R"({"defaultPolicy": {"capacity": "lots"}})");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()), HasSubstr("JSON"));
+}
+
+TEST(PolicyTest, InvalidTenantPolicyIsNamedByIndex) {
+  auto config = ParsePolicyConfig(
+      "tenants { tenant: \"a\" }\ntenants { tenant: \"b\" policy { capacity: -3 } }");
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr("tenants[1].policy.capacity = -3"));
+}
+
+TEST(PolicyTest, DuplicateAndMalformedTenantNamesAreRefused) {
+  auto dup = ParsePolicyConfig("tenants { tenant: \"a\" }\ntenants { tenant: \"a\" }");
+  ASSERT_FALSE(dup.ok());
+  EXPECT_THAT(std::string(dup.status().message()), HasSubstr("listed twice"));
+  auto bad = ParsePolicyConfig("tenants { tenant: \"has space\" }");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("tenants[0].tenant"));
+}
+
+TEST(PolicyTest, LoadPolicyFileNamesThePath) {
+  auto missing = LoadPolicyFile("/nonexistent/policy.txtpb");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/policy.txtpb"));
+
+  const std::string path = ::testing::TempDir() + "/policy_test.txtpb";
+  std::ofstream(path) << "default_policy { capacity: -1 }\n";
+  auto bad = LoadPolicyFile(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(path));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("default_policy.capacity = -1"));
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace retrybudget
