@@ -1,0 +1,32 @@
+# The two commands of the README's Quick start:
+#   make run    builds and starts the server on its embedded default (127.0.0.1:50051)
+#   make test   builds and runs the whole test suite
+# Both install the Debian packages they need when missing.
+
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+LISTEN ?= 127.0.0.1:50051
+DATA_DIR ?= $(CURDIR)/data
+CMAKE_FLAGS ?=
+
+.PHONY: deps build run test clean
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD_DIR)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j$(JOBS)
+
+run: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server
+	$(BUILD_DIR)/server/retry-budget-server --listen=$(LISTEN)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j$(JOBS)
+
+clean:
+	rm -rf $(BUILD_DIR)

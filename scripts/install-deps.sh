@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages retry-budget needs, only those missing. Used by `make run`,
+# `make test` and CI, so a fresh Debian bookworm machine needs nothing done by hand.
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  prometheus-cpp-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  redis-server prometheus openssl python3-grpcio
+)
+if [ "${1:-}" = "--runtime-only" ]; then
+  packages=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
+            protobuf-compiler libabsl-dev prometheus-cpp-dev libspdlog-dev
+            libgtest-dev libgmock-dev libbenchmark-dev)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing missing packages: ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
