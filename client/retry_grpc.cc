@@ -5,10 +5,16 @@
 #include <cstdint>
 #include <string>
 
+#include <grpc/grpc.h>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace retrybudget {
+
+void DisableGrpcBuiltInRetries(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+}
 
 absl::Status StatusFromGrpc(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();

@@ -68,7 +68,7 @@ struct RetryPolicy {
   // Optional further filter: when set, a failure is retried only if its code is in
   // `retryable_codes` AND this returns true (e.g. to refuse errors that carry a "permanent"
   // payload). Called on the calling thread.
-  std::function<bool(const absl::Status&)> is_retryable;
+  std::function<bool(const absl::Status&)> is_retryable = nullptr;
 };
 
 // OK, or INVALID_ARGUMENT naming the first bad field and its value.
@@ -79,7 +79,7 @@ absl::Status ValidateRetryPolicy(const RetryPolicy& policy);
 struct CallControl {
   // Requesting stop cancels the call: an attempt in flight sees it through Attempt::stop, a
   // backoff wakes at once, no further attempt starts. Default: never stopped.
-  std::stop_token stop;
+  std::stop_token stop = {};
   // The overall deadline of the logical call: no attempt starts and no backoff ends at or after
   // it. Default: none.
   absl::Time deadline = absl::InfiniteFuture();
@@ -87,10 +87,10 @@ struct CallControl {
   Clock* clock = nullptr;
   // Jitter source: returns a value in [0, 1) (out-of-range values are clamped). Called once per
   // retry. Empty: a thread-local absl::BitGen.
-  std::function<double()> random;
+  std::function<double()> random = nullptr;
   // The idempotency (dedup) key of this logical call, the same for all its attempts. Empty: a
   // fresh random key (NewIdempotencyKey()).
-  std::string idempotency_key;
+  std::string idempotency_key = {};
 };
 
 // What an attempt is told about itself, and what it may tell the loop back.
@@ -98,9 +98,9 @@ struct Attempt {
   // 1 for the first attempt, 2 for the first retry, ...
   int number = 1;
   // Same for every attempt of one logical call; pass it to the server as the dedup key.
-  std::string_view idempotency_key;
+  std::string_view idempotency_key = {};
   // The call's stop token: pass it on (e.g. a std::stop_callback that cancels the RPC).
-  std::stop_token stop;
+  std::stop_token stop = {};
   // The overall deadline of the logical call.
   absl::Time deadline = absl::InfiniteFuture();
   // This attempt's deadline: min(deadline, start of attempt + policy.per_attempt_timeout).
@@ -111,7 +111,7 @@ struct Attempt {
   // OUT, optional, set by a failed attempt when the server asked for a delay (e.g. gRPC's
   // `grpc-retry-pushback-ms`): a value >= 0 replaces the computed backoff (it still needs a
   // budget token and must end before the deadline); a negative value means "do not retry".
-  std::optional<absl::Duration> pushback;
+  std::optional<absl::Duration> pushback = std::nullopt;
 
   int previous_attempts() const { return number - 1; }
 };

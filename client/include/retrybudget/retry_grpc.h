@@ -1,7 +1,10 @@
 // The retry helper for gRPC unary calls: Retry() (retry.h) with one fresh grpc::ClientContext
 // per attempt.
 //
-//   std::unique_ptr<Echo::Stub> stub = Echo::NewStub(channel);
+//   grpc::ChannelArguments args;
+//   retrybudget::DisableGrpcBuiltInRetries(args);
+//   std::unique_ptr<Echo::Stub> stub = Echo::NewStub(
+//       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
 //   retrybudget::CallControl control{.stop = stop_token,
 //                                    .deadline = absl::Now() + absl::Seconds(2)};
 //   absl::StatusOr<EchoReply> reply = retrybudget::RetryUnary(
@@ -14,7 +17,10 @@
 //  * metadata `x-idempotency-key`: the call's idempotency key, identical on every attempt;
 //  * metadata `grpc-previous-rpc-attempts`: the number of attempts made before this one, sent on
 //    retries only ("1" on the first retry, "2" on the second, ...) and ABSENT on the first
-//    attempt, as gRPC's own retry implementation does (gRFC A6);
+//    attempt, as gRPC's own retry implementation does (gRFC A6). gRPC owns this header: a
+//    channel with its built-in retries enabled (gRPC's default) REMOVES it before sending. Build
+//    the channel with DisableGrpcBuiltInRetries(), which you want anyway: gRPC's retries would
+//    be a second retry layer that multiplies attempts and spends no budget token;
 //  * cancellation: a std::stop_callback on CallControl::stop calls ClientContext::TryCancel(),
 //    so a stop requested mid-RPC ends the RPC at once (CANCELLED).
 // After a failed attempt the server's trailing metadata `grpc-retry-pushback-ms` is honoured:
@@ -36,6 +42,7 @@
 #include <type_traits>
 
 #include <grpcpp/client_context.h>
+#include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/support/status.h>
 #include <grpcpp/support/string_ref.h>
 
@@ -52,6 +59,13 @@ inline constexpr char kIdempotencyKeyHeader[] = "x-idempotency-key";
 inline constexpr char kPreviousAttemptsHeader[] = "grpc-previous-rpc-attempts";
 inline constexpr char kRetryPushbackHeader[] = "grpc-retry-pushback-ms";
 
+// Turns off gRPC's own (per-channel, budget-blind) retries on a channel meant for RetryUnary():
+//
+//   grpc::ChannelArguments args;
+//   retrybudget::DisableGrpcBuiltInRetries(args);
+//   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+void DisableGrpcBuiltInRetries(grpc::ChannelArguments& args);
+
 // Same code and message; gRPC's binary error details are not carried over.
 absl::Status StatusFromGrpc(const grpc::Status& status);
 grpc::Status StatusToGrpc(const absl::Status& status);
@@ -66,7 +80,7 @@ std::optional<absl::Duration> ParseRetryPushback(
 struct UnaryRetryOptions {
   // Called on each attempt's fresh context after the helper set its deadline and metadata, e.g.
   // to add credentials or set wait_for_ready. Must not change the deadline.
-  std::function<void(grpc::ClientContext&, const Attempt&)> configure_context;
+  std::function<void(grpc::ClientContext&, const Attempt&)> configure_context = nullptr;
 };
 
 namespace retry_grpc_internal {
