@@ -41,6 +41,9 @@ struct BudgetCore::Tenant {
   uint64_t want_sum ABSL_GUARDED_BY(mu) = 0;
   absl::Time last_sweep ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
+  // With a durable store: grants may reach this cumulative total (totals.granted) without
+  // another reservation on disk.
+  uint64_t grant_limit ABSL_GUARDED_BY(mu) = 0;
   // Set when DeleteBudget removed it from the map; a request holding it looks it up again.
   bool deleted ABSL_GUARDED_BY(mu) = false;
 
@@ -463,8 +466,8 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       tb.SetActive(request.instance_id(), sent.want(), now);
       tb.SweepActive(now);
       granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
-      const uint64_t taken = tb.bucket.Take(granted);
-      granted = taken;
+      if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
+      granted = tb.bucket.Take(granted);
       rec.granted_total += granted;
       tb.totals.granted += granted;
       tb.totals.wanted += sent.want();
@@ -609,6 +612,191 @@ std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
   out.reserve(tenants.size());
   for (auto& t : tenants) out.push_back(StatusOf(*t, now));
   return out;
+}
+
+uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
+  const uint64_t need = t.totals.granted + granted;
+  if (need <= t.grant_limit) return granted;
+  // Reserve a block ahead, so the fdatasync is paid once per block of grants, not per grant.
+  // A crash forfeits at most one block per tenant: the safe direction.
+  const uint64_t block =
+      std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.capacity / 8), 8, 1'000'000);
+  const uint64_t limit = need + block;
+  if (options_.store->Reserve(t.name, limit).ok()) {
+    t.grant_limit = limit;
+    return granted;
+  }
+  store_errors_.fetch_add(1, std::memory_order_relaxed);
+  return t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
+}
+
+namespace {
+
+int32_t SourceToProto(PolicySource s) { return static_cast<int32_t>(s); }
+
+PolicySource SourceFromProto(int32_t v) {
+  switch (v) {
+    case 1:
+      return PolicySource::kFile;
+    case 2:
+      return PolicySource::kAdmin;
+    default:
+      return PolicySource::kDefault;
+  }
+}
+
+}  // namespace
+
+v1::ServerState BudgetCore::ExportState(bool clean) {
+  const absl::Time now = clock_->Now();
+  v1::ServerState state;
+  state.set_clean(clean);
+  state.set_written_at_unix_nanos(absl::ToUnixNanos(now));
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    absl::ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+  }
+  for (auto& t : tenants) {
+    absl::MutexLock lock(&t->mu);
+    t->bucket.Refill(now);
+    if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
+    v1::TenantState* ts = state.add_tenants();
+    ts->set_tenant(t->name);
+    *ts->mutable_policy() = t->policy.ToProto();
+    ts->set_policy_source(SourceToProto(t->source));
+    ts->set_level(t->bucket.tokens());
+    ts->set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
+    ts->set_granted_total(t->totals.granted);
+    ts->set_grant_limit(std::max(t->grant_limit, t->totals.granted));
+    ts->set_wanted_total(t->totals.wanted);
+    ts->set_successes_total(t->totals.successes);
+    ts->set_retries_total(t->totals.retries);
+    ts->set_retries_denied_total(t->totals.retries_denied);
+    ts->set_returned_total(t->totals.returned);
+    ts->set_reclaimed_total(t->totals.reclaimed);
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<Instance>>> instances;
+  {
+    absl::ReaderMutexLock lock(&instances_mu_);
+    for (const auto& [id, inst] : instances_) instances.emplace_back(id, inst);
+  }
+  for (auto& [id, inst] : instances) {
+    absl::MutexLock lock(&inst->mu);
+    v1::InstanceState* is = state.add_instances();
+    is->set_instance_id(id);
+    is->set_complete_history(inst->complete_history);
+    is->set_last_seq(inst->last_seq);
+    is->set_last_fingerprint(inst->last_fingerprint);
+    *is->mutable_last_response() = inst->last_response;
+    is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
+    for (const auto& [tenant, rec] : inst->tenants) {
+      v1::InstanceTenantState* r = is->add_tenants();
+      r->set_tenant(tenant);
+      r->set_successes(rec.successes);
+      r->set_retries_spent(rec.retries_spent);
+      r->set_retries_denied(rec.retries_denied);
+      r->set_tokens_returned(rec.tokens_returned);
+      r->set_tokens_received(rec.tokens_received);
+      r->set_fallback_spent(rec.fallback_spent);
+      r->set_granted_total(rec.granted_total);
+    }
+  }
+  return state;
+}
+
+absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
+  const absl::Time now = clock_->Now();
+  const bool clean =
+      recovered.snapshot.has_value() && recovered.snapshot->clean() && recovered.reservations.empty();
+  absl::MutexLock policy_lock(&policy_mu_);
+  absl::flat_hash_map<std::string, ResolvedPolicy> listed;
+  for (const auto& t : policy_.tenants()) listed.emplace(t.tenant(), *ResolvePolicy(t.policy()));
+  // The current configuration decides the policy of every tenant an admin did not set.
+  auto current_policy = [&](const std::string& name, PolicySource* source) {
+    auto it = listed.find(name);
+    *source = it != listed.end() ? PolicySource::kFile : PolicySource::kDefault;
+    return it != listed.end() ? it->second : default_policy_;
+  };
+
+  absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> restored;
+  if (recovered.snapshot.has_value()) {
+    for (const v1::TenantState& ts : recovered.snapshot->tenants()) {
+      if (auto s = ValidateTenantName(ts.tenant(), "snapshot tenant"); !s.ok()) return s;
+      PolicySource source = SourceFromProto(ts.policy_source());
+      ResolvedPolicy policy;
+      if (source == PolicySource::kAdmin) {
+        auto p = ResolvePolicy(ts.policy(), absl::StrCat("snapshot tenant ", ts.tenant()));
+        if (!p.ok()) return p.status();
+        policy = *p;
+      } else {
+        policy = current_policy(ts.tenant(), &source);
+      }
+      const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
+      auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, at);
+      absl::MutexLock lock(&t->mu);
+      uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
+      if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
+        limit = std::max(limit, it->second);
+      }
+      // After a crash, every token up to the durable limit may have been granted.
+      const uint64_t granted = clean ? ts.granted_total() : limit;
+      t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()), at);
+      t->grant_limit = limit;
+      t->totals = BudgetTotals{.granted = granted,
+                               .wanted = ts.wanted_total(),
+                               .successes = ts.successes_total(),
+                               .retries = ts.retries_total(),
+                               .retries_denied = ts.retries_denied_total(),
+                               .returned = ts.returned_total(),
+                               .reclaimed = ts.reclaimed_total()};
+      restored.emplace(ts.tenant(), std::move(t));
+    }
+  }
+  // Tenants created after the last snapshot that had reserved grants: recreated now, in debt by
+  // everything they may have granted.
+  for (const auto& [name, limit] : recovered.reservations) {
+    if (restored.contains(name)) continue;
+    if (auto s = ValidateTenantName(name, "journal tenant"); !s.ok()) return s;
+    PolicySource source;
+    const ResolvedPolicy policy = current_policy(name, &source);
+    auto t = std::make_shared<Tenant>(name, policy, source, now);
+    absl::MutexLock lock(&t->mu);
+    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit), now);
+    t->grant_limit = limit;
+    t->totals.granted = limit;
+    restored.emplace(name, std::move(t));
+  }
+
+  absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances;
+  if (clean) {
+    for (const v1::InstanceState& is : recovered.snapshot->instances()) {
+      auto inst = std::make_shared<Instance>();
+      absl::MutexLock lock(&inst->mu);
+      inst->complete_history = is.complete_history();
+      inst->last_seq = is.last_seq();
+      inst->last_fingerprint = is.last_fingerprint();
+      inst->last_response = is.last_response();
+      inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
+      for (const v1::InstanceTenantState& r : is.tenants()) {
+        inst->tenants[r.tenant()] = InstanceTenant{.successes = r.successes(),
+                                                   .retries_spent = r.retries_spent(),
+                                                   .retries_denied = r.retries_denied(),
+                                                   .tokens_returned = r.tokens_returned(),
+                                                   .tokens_received = r.tokens_received(),
+                                                   .fallback_spent = r.fallback_spent(),
+                                                   .granted_total = r.granted_total()};
+      }
+      instances.emplace(is.instance_id(), std::move(inst));
+    }
+  }
+  {
+    absl::MutexLock lock(&tenants_mu_);
+    tenants_ = std::move(restored);
+  }
+  absl::MutexLock lock(&instances_mu_);
+  instances_ = std::move(instances);
+  return absl::OkStatus();
 }
 
 size_t BudgetCore::tenant_count() {

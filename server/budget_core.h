@@ -7,6 +7,7 @@
 #ifndef RETRYBUDGET_SERVER_BUDGET_CORE_H_
 #define RETRYBUDGET_SERVER_BUDGET_CORE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,8 @@
 #include "absl/time/time.h"
 #include "retrybudget/clock.h"
 #include "retrybudget/v1/budget.pb.h"
+#include "retrybudget/v1/state.pb.h"
+#include "server/durable_store.h"
 #include "server/policy.h"
 
 namespace retrybudget {
@@ -42,6 +45,10 @@ struct CoreOptions {
   absl::Duration max_next_sync = absl::Seconds(1);
   // Time source; Clock::Real() if null. Not owned.
   Clock* clock = nullptr;
+  // Where grant reservations are made durable; null for a purely in-memory server. Not owned.
+  // With a store, no token is granted beyond a limit the store has on disk, so a crash cannot
+  // create tokens (DESIGN.md "Persistence").
+  DurableStore* store = nullptr;
 };
 
 // Totals of one budget since it was created (for GetBudget and metrics).
@@ -90,6 +97,18 @@ class BudgetCore {
   // Every budget's status, in name order (for metrics and snapshots).
   std::vector<v1::BudgetStatus> Snapshot();
 
+  // The whole state, for a snapshot. `clean` (a shutdown: no Sync may run after it) gives
+  // back every unused reservation, so the snapshot is exact.
+  v1::ServerState ExportState(bool clean);
+
+  // Loads what a data directory held; call before serving. A clean snapshot restores exact
+  // levels and instances. Otherwise (a crash) every reserved token is taken as granted and
+  // instances are forgotten (they come back as a baseline). Levels refill for the downtime.
+  absl::Status Restore(const RecoveredState& recovered);
+
+  // Counts of store errors (reservations that could not be made durable; grants were cut).
+  uint64_t store_errors() const { return store_errors_.load(std::memory_order_relaxed); }
+
   size_t tenant_count();
   size_t instance_count();
 
@@ -112,6 +131,9 @@ class BudgetCore {
   void ForgetInstance(absl::string_view id);
   void EvictInstancesIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(instances_mu_);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
+  // Cuts `granted` to what the tenant's durable limit allows, extending the limit first when
+  // needed. Returns the grant that may be taken. Requires tenant.mu held.
+  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted);
 
   const CoreOptions options_;
   Clock* const clock_;
@@ -122,6 +144,8 @@ class BudgetCore {
 
   absl::Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(tenants_mu_);
+
+  std::atomic<uint64_t> store_errors_{0};
 
   absl::Mutex instances_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances_

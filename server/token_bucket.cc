@@ -42,7 +42,7 @@ void TokenBucket::Reconfigure(double capacity, double refill_per_second) {
 }
 
 void TokenBucket::Restore(double tokens, absl::Time at) {
-  tokens_ = std::clamp(tokens, 0.0, capacity_);
+  tokens_ = std::min(tokens, capacity_);
   last_ = at;
 }
 

@@ -32,7 +32,8 @@ class TokenBucket {
   double refill_per_second() const { return refill_per_second_; }
   absl::Time last_refill() const { return last_; }
 
-  // Restores a persisted level (capped at capacity) as of `at`.
+  // Restores a persisted level as of `at`, capped at capacity. A negative level is kept: it is a
+  // debt (tokens that may have been granted before a crash) that refill pays off first.
   void Restore(double tokens, absl::Time at);
 
  private:

@@ -1,0 +1,278 @@
+#include "server/durable_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
+
+namespace retrybudget {
+namespace {
+
+constexpr char kSnapshotName[] = "state.snapshot";
+constexpr uint32_t kMagic = 0x52425331;  // "RBS1"
+constexpr size_t kHeaderSize = 12;       // magic, length, crc: 3 x u32 little-endian
+constexpr uint32_t kMaxRecord = 1u << 30;
+
+std::array<uint32_t, 256> MakeCrcTable() {
+  std::array<uint32_t, 256> table{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    table[i] = c;
+  }
+  return table;
+}
+
+void PutU32(std::string* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint32_t GetU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string Frame(const std::string& payload) {
+  std::string out;
+  out.reserve(kHeaderSize + payload.size());
+  PutU32(&out, kMagic);
+  PutU32(&out, static_cast<uint32_t>(payload.size()));
+  PutU32(&out, Crc32(payload));
+  out += payload;
+  return out;
+}
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Errno("cannot write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, " cannot be read"));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+// Splits `data` into framed payloads. `torn_tail_ok`: a last record cut short is dropped
+// instead of being an error.
+absl::StatusOr<std::vector<std::string>> Unframe(const std::string& data, const std::string& path,
+                                                 bool torn_tail_ok) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos < data.size()) {
+    const size_t left = data.size() - pos;
+    if (left < kHeaderSize) {
+      if (torn_tail_ok) break;
+      return absl::DataLossError(absl::StrFormat(
+          "%s is truncated: %d bytes at offset %d are too few for a record header", path, left, pos));
+    }
+    const uint32_t magic = GetU32(data.data() + pos);
+    const uint32_t len = GetU32(data.data() + pos + 4);
+    const uint32_t crc = GetU32(data.data() + pos + 8);
+    if (magic != kMagic || len > kMaxRecord) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s is corrupt: no valid record header at offset %d", path, pos));
+    }
+    if (left - kHeaderSize < len) {
+      if (torn_tail_ok) break;
+      return absl::DataLossError(absl::StrFormat(
+          "%s is truncated: the record at offset %d declares %d bytes but only %d follow", path,
+          pos, len, left - kHeaderSize));
+    }
+    std::string payload = data.substr(pos + kHeaderSize, len);
+    if (Crc32(payload) != crc) {
+      // A torn write can leave a full-length record with garbage only at the very end.
+      if (torn_tail_ok && pos + kHeaderSize + len == data.size()) break;
+      return absl::DataLossError(absl::StrFormat(
+          "%s is corrupt: the record at offset %d fails its checksum", path, pos));
+    }
+    out.push_back(std::move(payload));
+    pos += kHeaderSize + len;
+  }
+  return out;
+}
+
+std::string JournalName(uint64_t n) { return absl::StrCat("journal.", n, ".log"); }
+
+// Journal numbers present in `dir`, ascending.
+std::vector<uint64_t> ListJournals(const std::string& dir) {
+  std::vector<uint64_t> numbers;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      absl::string_view name(e->d_name);
+      if (!absl::StartsWith(name, "journal.") || !absl::EndsWith(name, ".log")) continue;
+      name.remove_prefix(8);
+      name.remove_suffix(4);
+      uint64_t n;
+      if (absl::SimpleAtoi(name, &n)) numbers.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(numbers.begin(), numbers.end());
+  return numbers;
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Errno("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+uint32_t Crc32(absl::string_view data) {
+  static const std::array<uint32_t, 256> table = MakeCrcTable();
+  uint32_t c = 0xFFFFFFFFu;
+  for (char ch : data) c = table[(c ^ static_cast<unsigned char>(ch)) & 0xff] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+DurableStore::DurableStore(std::string dir) : dir_(std::move(dir)) {}
+
+DurableStore::~DurableStore() {
+  absl::MutexLock lock(&mu_);
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("data_dir is empty");
+  const std::string path = dir;
+  // mkdir -p
+  for (size_t i = 1; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      const std::string prefix = path.substr(0, i);
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Errno("cannot create data_dir", prefix);
+      }
+    }
+  }
+  if (::access(path.c_str(), W_OK) != 0) return Errno("data_dir is not writable:", path);
+  return std::unique_ptr<DurableStore>(new DurableStore(path));
+}
+
+absl::StatusOr<RecoveredState> DurableStore::Load() {
+  RecoveredState recovered;
+  const std::string snapshot_path = absl::StrCat(dir_, "/", kSnapshotName);
+  uint64_t journal_start = 0;
+  if (::access(snapshot_path.c_str(), F_OK) == 0) {
+    auto data = ReadFile(snapshot_path);
+    if (!data.ok()) return data.status();
+    auto records = Unframe(*data, snapshot_path, /*torn_tail_ok=*/false);
+    if (!records.ok()) return records.status();
+    if (records->size() != 1) {
+      return absl::DataLossError(absl::StrFormat("%s holds %d records; a snapshot holds exactly 1",
+                                                 snapshot_path, records->size()));
+    }
+    v1::ServerState state;
+    if (!state.ParseFromString((*records)[0])) {
+      return absl::DataLossError(absl::StrCat(snapshot_path, " does not parse as a ServerState"));
+    }
+    journal_start = state.journal_start();
+    recovered.snapshot = std::move(state);
+  }
+  const std::vector<uint64_t> journals = ListJournals(dir_);
+  for (size_t i = 0; i < journals.size(); ++i) {
+    if (journals[i] < journal_start) continue;  // superseded by the snapshot
+    const std::string path = absl::StrCat(dir_, "/", JournalName(journals[i]));
+    auto data = ReadFile(path);
+    if (!data.ok()) return data.status();
+    auto records = Unframe(*data, path, /*torn_tail_ok=*/i + 1 == journals.size());
+    if (!records.ok()) return records.status();
+    for (const std::string& payload : *records) {
+      v1::Reservation r;
+      if (!r.ParseFromString(payload)) {
+        return absl::DataLossError(absl::StrCat(path, " holds a record that is no Reservation"));
+      }
+      uint64_t& limit = recovered.reservations[r.tenant()];
+      limit = std::max(limit, r.grant_limit());
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    journal_number_ = journals.empty() ? journal_start : std::max(journal_start, journals.back());
+  }
+  return recovered;
+}
+
+absl::Status DurableStore::OpenJournal(uint64_t number) {
+  const std::string path = absl::StrCat(dir_, "/", JournalName(number));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot open journal", path);
+  if (journal_fd_ >= 0) ::close(journal_fd_);
+  journal_fd_ = fd;
+  journal_number_ = number;
+  return SyncDir(dir_);
+}
+
+absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limit) {
+  v1::Reservation r;
+  r.set_tenant(std::string(tenant));
+  r.set_grant_limit(grant_limit);
+  const std::string record = Frame(r.SerializeAsString());
+  absl::MutexLock lock(&mu_);
+  if (journal_fd_ < 0) {
+    if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
+  }
+  const std::string path = absl::StrCat(dir_, "/", JournalName(journal_number_));
+  if (auto s = WriteAll(journal_fd_, record, path); !s.ok()) return s;
+  if (::fdatasync(journal_fd_) != 0) return Errno("cannot fdatasync", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> DurableStore::RotateJournal() {
+  absl::MutexLock lock(&mu_);
+  if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
+  return journal_number_;
+}
+
+absl::Status DurableStore::WriteSnapshot(const v1::ServerState& state) {
+  const std::string path = absl::StrCat(dir_, "/", kSnapshotName);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  absl::Status s = WriteAll(fd, Frame(state.SerializeAsString()), tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync", tmp);
+  ::close(fd);
+  if (!s.ok()) return s;
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return Errno("cannot rename to", path);
+  if (auto d = SyncDir(dir_); !d.ok()) return d;
+  for (uint64_t n : ListJournals(dir_)) {
+    if (n < state.journal_start()) {
+      ::unlink(absl::StrCat(dir_, "/", JournalName(n)).c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace retrybudget

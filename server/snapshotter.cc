@@ -1,0 +1,73 @@
+#include "server/snapshotter.h"
+
+namespace retrybudget {
+
+absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Start(BudgetCore* core,
+                                                                DurableStore* store,
+                                                                absl::Duration interval) {
+  auto recovered = store->Load();
+  if (!recovered.ok()) return recovered.status();
+  if (auto s = core->Restore(*recovered); !s.ok()) return s;
+  std::unique_ptr<Snapshotter> s(new Snapshotter(core, store, interval));
+  // From here on the state on disk is "running": a crash is recovered as one.
+  if (auto st = s->SnapshotNow(/*clean=*/false); !st.ok()) return st;
+  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+Snapshotter::Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration interval)
+    : core_(core), store_(store), interval_(interval) {}
+
+Snapshotter::~Snapshotter() { (void)Stop(); }
+
+absl::Status Snapshotter::SnapshotNow(bool clean) {
+  absl::MutexLock one_at_a_time(&snapshot_mu_);
+  // Rotate first: reservations made from now on land in the new journal, which the snapshot
+  // names as its start; everything in older journals is covered by the state exported below.
+  absl::Status status;
+  auto journal = store_->RotateJournal();
+  if (!journal.ok()) {
+    status = journal.status();
+  } else {
+    v1::ServerState state = core_->ExportState(clean);
+    state.set_journal_start(*journal);
+    status = store_->WriteSnapshot(state);
+  }
+  absl::MutexLock lock(&mu_);
+  (status.ok() ? written_ : failed_) += 1;
+  return status;
+}
+
+void Snapshotter::Loop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    const bool stop = mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval_);
+    if (stop) break;
+    mu_.Unlock();
+    (void)SnapshotNow(/*clean=*/false);  // counted in failed_; the next interval tries again
+    mu_.Lock();
+  }
+}
+
+absl::Status Snapshotter::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return absl::OkStatus();
+    stopping_ = true;
+    stopped_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  return SnapshotNow(/*clean=*/true);
+}
+
+uint64_t Snapshotter::written() {
+  absl::MutexLock lock(&mu_);
+  return written_;
+}
+
+uint64_t Snapshotter::failed() {
+  absl::MutexLock lock(&mu_);
+  return failed_;
+}
+
+}  // namespace retrybudget

@@ -1,0 +1,229 @@
+// The durable store and recovery: a clean restart is exact, a crash never creates tokens, and
+// damaged files are refused. Real files in a temporary directory; a fake clock.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/budget_core.h"
+#include "server/durable_store.h"
+#include "server/snapshotter.h"
+
+namespace retrybudget {
+namespace {
+
+using ::testing::HasSubstr;
+
+class PersistenceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/persistence_test_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A server process: store + core + snapshotter over dir_. Returns false if recovery failed.
+  absl::Status Boot() {
+    snapshotter_.reset();
+    core_.reset();
+    store_.reset();
+    auto store = DurableStore::Open(dir_);
+    if (!store.ok()) return store.status();
+    store_ = std::move(*store);
+    CoreOptions options;
+    options.clock = &clock_;
+    auto* p = options.policy.mutable_default_policy();
+    p->set_capacity(100);
+    p->set_refill_per_second(1);
+    p->set_success_credit(0);
+    options.store = store_.get();
+    core_ = std::move(*BudgetCore::Create(options));
+    auto snapshotter = Snapshotter::Start(core_.get(), store_.get(), absl::Hours(1));
+    if (!snapshotter.ok()) return snapshotter.status();
+    snapshotter_ = std::move(*snapshotter);
+    return absl::OkStatus();
+  }
+
+  // kill -9: nothing more is written; the objects are dropped without Stop().
+  void Crash() {
+    snapshotter_.release();  // NOLINT: a crashed process runs no destructor
+    core_.reset();
+    store_.reset();
+  }
+
+  uint64_t Grant(const std::string& instance, uint64_t seq, uint64_t want, uint64_t received = 0,
+                 uint64_t returned = 0, uint64_t spent = 0) {
+    v1::SyncRequest r;
+    r.set_instance_id(instance);
+    r.set_seq(seq);
+    auto* t = r.add_tenants();
+    t->set_tenant("t");
+    t->set_want(want);
+    t->set_tokens_received(received);
+    t->set_tokens_returned(returned);
+    t->set_retries_spent(spent);
+    auto resp = core_->Sync(r);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->tenants(0).granted() : 0;
+  }
+
+  double Tokens() { return core_->GetBudget("t")->tokens(); }
+
+  std::string dir_;
+  FakeClock clock_;
+  std::unique_ptr<DurableStore> store_;
+  std::unique_ptr<BudgetCore> core_;
+  std::unique_ptr<Snapshotter> snapshotter_;
+};
+
+TEST_F(PersistenceTest, CleanRestartRestoresExactLevelsRefilledForTheDowntime) {
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 30), 30u);
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  clock_.Advance(absl::Seconds(7));  // down for 7 s at 1 token/s
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 77);
+  EXPECT_EQ(core_->GetBudget("t")->granted_total(), 30u);
+  // The instance's history survived too: returning its tokens is credited exactly once.
+  Grant("a", 2, 0, /*received=*/30, /*returned=*/30);
+  EXPECT_DOUBLE_EQ(Tokens(), 100);
+}
+
+TEST_F(PersistenceTest, CleanRestartReplaysTheLastResponseToARetriedSync) {
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 10), 10u);
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 10), 10u);  // the same response again, not a new grant
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+}
+
+TEST_F(PersistenceTest, CrashNeverCreatesTokens) {
+  ASSERT_TRUE(Boot().ok());
+  uint64_t granted = 0;
+  uint64_t received = 0;
+  for (int seq = 1; seq <= 9; ++seq) {
+    const uint64_t g = Grant("a", seq, 11, received, 0, received);
+    granted += g;
+    received += g;
+  }
+  EXPECT_EQ(granted, 99u);
+  Crash();
+  ASSERT_TRUE(Boot().ok());
+  // Everything granted before the crash stays spent: at most 1 token (what was never granted)
+  // is left, never the 100 of a fresh bucket.
+  EXPECT_LE(Tokens(), 1.0);
+  // A fresh instance after the restart gets nothing beyond that.
+  EXPECT_LE(Grant("b", 1, 50), 1u);
+}
+
+TEST_F(PersistenceTest, CrashForfeitsAtMostTheUnusedReservation) {
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 5), 5u);  // reserves a block of 12.5 -> 12 ahead: limit 17
+  Crash();
+  ASSERT_TRUE(Boot().ok());
+  // Taken as granted: the whole limit (5 + 12). Never more, never less.
+  EXPECT_DOUBLE_EQ(Tokens(), 100 - 17);
+}
+
+TEST_F(PersistenceTest, CrashedInstancesComeBackAsABaseline) {
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 20), 20u);
+  Crash();
+  ASSERT_TRUE(Boot().ok());
+  const double level = Tokens();
+  // The instance returns all 20 tokens; its history was lost with the crash, so nothing is
+  // credited (the safe direction), and the request is not refused either.
+  Grant("a", 2, 0, /*received=*/20, /*returned=*/20);
+  EXPECT_DOUBLE_EQ(Tokens(), level);
+}
+
+TEST_F(PersistenceTest, CrashAfterTenantCreatedSinceTheSnapshotKeepsItsDebt) {
+  ASSERT_TRUE(Boot().ok());  // first snapshot: no tenant yet
+  EXPECT_EQ(Grant("a", 1, 60), 60u);
+  Crash();
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_LE(Tokens(), 40.0);
+}
+
+TEST_F(PersistenceTest, TruncatedSnapshotIsRefused) {
+  ASSERT_TRUE(Boot().ok());
+  Grant("a", 1, 30);
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  const std::string path = dir_ + "/state.snapshot";
+  const auto size = std::filesystem::file_size(path);
+  std::filesystem::resize_file(path, size - 5);
+  absl::Status s = Boot();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("state.snapshot is truncated"));
+}
+
+TEST_F(PersistenceTest, CorruptSnapshotIsRefused) {
+  ASSERT_TRUE(Boot().ok());
+  Grant("a", 1, 30);
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  const std::string path = dir_ + "/state.snapshot";
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(20);
+  f.put('\x7f');
+  f.close();
+  absl::Status s = Boot();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("fails its checksum"));
+}
+
+TEST_F(PersistenceTest, TornLastJournalRecordIsIgnored) {
+  auto store = DurableStore::Open(dir_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 20).ok());
+  store->reset();
+  // Cut the last record in half, as a crash in the middle of an append would.
+  std::string journal;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) journal = e.path();
+  std::filesystem::resize_file(journal, std::filesystem::file_size(journal) - 3);
+  auto reopened = DurableStore::Open(dir_);
+  auto recovered = (*reopened)->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 10u);
+}
+
+TEST_F(PersistenceTest, DamagedJournalRecordBeforeTheEndIsRefused) {
+  auto store = DurableStore::Open(dir_);
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 20).ok());
+  store->reset();
+  std::string journal;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) journal = e.path();
+  std::fstream f(journal, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(13);  // inside the first record's payload
+  f.put('\x55');
+  f.close();
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_FALSE(recovered.ok());
+  EXPECT_EQ(recovered.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(recovered.status().message()), HasSubstr("fails its checksum"));
+}
+
+TEST_F(PersistenceTest, SnapshotDropsJournalsItCovers) {
+  ASSERT_TRUE(Boot().ok());
+  for (int seq = 1; seq <= 5; ++seq) Grant("a", seq, 20, 20 * (seq - 1), 0, 20 * (seq - 1));
+  ASSERT_TRUE(snapshotter_->SnapshotNow(false).ok());
+  int journals = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    journals += e.path().filename().string().rfind("journal.", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(journals, 1);  // only the current, empty one
+}
+
+}  // namespace
+}  // namespace retrybudget
