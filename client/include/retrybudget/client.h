@@ -34,12 +34,17 @@ class RetryBudgetService;
 // Counters of one tenant in this process, cumulative since the client was created.
 struct TenantStats {
   uint64_t successes = 0;
-  uint64_t retries_allowed = 0;   // TryAcquire() returned true (lease and fallback)
+  uint64_t retries_allowed = 0;   // TryAcquire() returned true, minus Refund() (lease + fallback)
   uint64_t retries_denied = 0;    // TryAcquire() returned false
   uint64_t fallback_allowed = 0;  // of retries_allowed, from the local fallback bucket
   uint64_t tokens_received = 0;   // granted by the server and received
   uint64_t tokens_returned = 0;   // given back unspent
   int64_t tokens_held = 0;        // in the lease right now
+  uint64_t refunds = 0;           // Refund() calls (already deducted from retries_allowed)
+  bool lease_active = false;      // a lease from the server is in force (tokens may be taken)
+  // Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict server);
+  // OK when the last answer for the tenant was a grant or none came yet.
+  absl::Status error;
 };
 
 // A tenant's budget as seen from this process. Thread-safe; owned by its BudgetClient and valid

@@ -1,0 +1,107 @@
+// The tokens this process holds for one tenant: the only state the hot path touches.
+#ifndef RETRYBUDGET_CLIENT_LEASE_H_
+#define RETRYBUDGET_CLIENT_LEASE_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+namespace retrybudget::client_internal {
+
+// One 64-bit atomic word, so that taking a token is a single compare-and-swap loop that never
+// lets the count go below zero:
+//
+//   bits  0-31  tokens held (a count, never negative)
+//   bits 32-62  low-water mark: the take that brings the count down to it reports kTakenLow, so
+//               the refresher is woken to refresh early (the mark is ~20% of the last grant)
+//   bit  63     closed: no lease is in force (none yet, expired, refused, shut down); tokens
+//               that sit in a closed word (a Refund() racing with a withdrawal) cannot be taken
+//
+// Packing the mark and the closed bit into the counter keeps TryTake() at exactly one atomic
+// operation: no second load to learn whether to wake the refresher or whether the lease is live.
+//
+// Thread-safe: every method may be called from any thread at any time. In practice TryTake()
+// and Refund() are called by workers, Deposit() and WithdrawAndClose() by the refresher.
+class alignas(64) Lease {
+ public:
+  // Most tokens a lease holds; a deposit beyond it is cut (see Deposit()). A grant is at most
+  // 1,000,000 tokens and the client asks only for what it lacks, so this is never reached.
+  static constexpr uint64_t kMaxTokens = (uint64_t{1} << 31) - 1;
+  static constexpr uint64_t kMaxMark = (uint64_t{1} << 31) - 1;
+
+  enum class Take {
+    kTaken,     // a token was taken
+    kTakenLow,  // a token was taken and the count fell to the low-water mark (or to 0)
+    kEmpty,     // no token: the count is 0 or the lease is closed
+  };
+
+  Lease() = default;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+
+  // Takes one token if the lease is open and holds one. Lock-free: one CAS loop, no allocation,
+  // no clock read.
+  Take TryTake() noexcept {
+    uint64_t word = word_.load(std::memory_order_relaxed);
+    while (Spendable(word)) {
+      if (word_.compare_exchange_weak(word, word - 1, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed)) {
+        return Tokens(word - 1) == Mark(word) ? Take::kTakenLow : Take::kTaken;
+      }
+    }
+    return Take::kEmpty;
+  }
+
+  // Puts back one token taken by TryTake(). One atomic add. If the lease was closed in the
+  // meantime the token stays unspendable until the refresher withdraws it.
+  void Refund() noexcept { word_.fetch_add(1, std::memory_order_acq_rel); }
+
+  // Adds up to `tokens` tokens (the count is capped at kMaxTokens), sets the low-water mark to
+  // `mark` and opens the lease. Returns how many tokens were actually added; the caller must
+  // account for the rest as given back.
+  uint64_t Deposit(uint64_t tokens, uint64_t mark) noexcept {
+    mark = std::min(mark, kMaxMark);
+    uint64_t word = word_.load(std::memory_order_relaxed);
+    uint64_t added = 0;
+    uint64_t next = 0;
+    do {
+      const uint64_t held = Tokens(word);
+      added = held >= kMaxTokens ? 0 : std::min(tokens, kMaxTokens - held);
+      next = (held + added) | (mark << kMarkShift);
+    } while (!word_.compare_exchange_weak(word, next, std::memory_order_acq_rel,
+                                          std::memory_order_relaxed));
+    return added;
+  }
+
+  // Closes the lease and takes every token out of it (one atomic exchange). Returns the number
+  // of tokens taken out.
+  uint64_t WithdrawAndClose() noexcept {
+    return Tokens(word_.exchange(kClosedBit, std::memory_order_acq_rel));
+  }
+
+  // Tokens in the lease right now (spendable or not).
+  uint64_t Held() const noexcept { return Tokens(word_.load(std::memory_order_acquire)); }
+
+  // True when a lease is in force (tokens in it may be taken).
+  bool IsOpen() const noexcept {
+    return (word_.load(std::memory_order_acquire) & kClosedBit) == 0;
+  }
+
+ private:
+  static constexpr int kMarkShift = 32;
+  static constexpr uint64_t kTokenMask = (uint64_t{1} << kMarkShift) - 1;
+  static constexpr uint64_t kClosedBit = uint64_t{1} << 63;
+
+  static constexpr uint64_t Tokens(uint64_t word) { return word & kTokenMask; }
+  static constexpr uint64_t Mark(uint64_t word) { return (word & ~kClosedBit) >> kMarkShift; }
+  static constexpr bool Spendable(uint64_t word) {
+    return (word & kClosedBit) == 0 && Tokens(word) != 0;
+  }
+
+  // Starts closed: no lease until the first grant arrives.
+  std::atomic<uint64_t> word_{kClosedBit};
+};
+
+}  // namespace retrybudget::client_internal
+
+#endif  // RETRYBUDGET_CLIENT_LEASE_H_

@@ -1,0 +1,236 @@
+#include "client/refresher.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include <grpc/support/log.h>
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace retrybudget::client_internal {
+namespace {
+
+// The thread never sleeps longer than this in one go, so a far-away (or infinite) deadline
+// never reaches the clock's arithmetic.
+constexpr absl::Duration kMaxIdleSleep = absl::Minutes(1);
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("Sync to the budget server failed: ", status.error_message()));
+}
+
+// Sends one Sync attempt with its own deadline. The deadline is wall-clock time (it is gRPC's),
+// never the injected Clock.
+grpc::Status CallSync(v1::RetryBudgetService::StubInterface& stub, const v1::SyncRequest& request,
+                      absl::Duration timeout, v1::SyncResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  return stub.Sync(&context, request, response);
+}
+
+}  // namespace
+
+Refresher::Refresher(RefresherOptions options,
+                     std::unique_ptr<v1::RetryBudgetService::StubInterface> stub, Clock* clock,
+                     TenantRegistry* tenants)
+    : options_(std::move(options)), stub_(std::move(stub)), clock_(clock), tenants_(tenants) {}
+
+Refresher::~Refresher() { StopThread(); }
+
+void Refresher::Start() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (thread_.joinable()) return;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Refresher::StopThread() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    stopping_ = true;
+    if (sleep_stop_ != nullptr) sleep_stop_->request_stop();
+  }
+  absl::MutexLock lock(&shutdown_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+void Refresher::Wake() {
+  absl::MutexLock lock(&wake_mu_);
+  wake_pending_ = true;
+  if (sleep_stop_ != nullptr) sleep_stop_->request_stop();
+}
+
+bool Refresher::wake_requested() const {
+  absl::MutexLock lock(&wake_mu_);
+  return wake_pending_;
+}
+
+uint64_t Refresher::last_seq() const {
+  absl::MutexLock lock(&mu_);
+  return seq_;
+}
+
+absl::Status Refresher::last_sync_status() const {
+  absl::MutexLock lock(&mu_);
+  return last_status_;
+}
+
+void Refresher::Loop() {
+  while (true) {
+    const absl::Time next = RunOnce();
+    // A fresh stop_source per sleep: Wake() stops it, and the next sleep starts un-stopped.
+    std::stop_source wake;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      if (stopping_) return;
+      // Woken while the step ran: plan again before sleeping.
+      if (wake_pending_) continue;
+      sleep_stop_ = &wake;
+    }
+    clock_->SleepUntil(std::min(next, clock_->Now() + kMaxIdleSleep), wake.get_token());
+    absl::MutexLock lock(&wake_mu_);
+    sleep_stop_ = nullptr;
+    if (stopping_) return;
+  }
+}
+
+absl::Time Refresher::RunOnce() {
+  {
+    absl::MutexLock lock(&wake_mu_);
+    wake_pending_ = false;
+  }
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::InfiniteFuture();
+  const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
+  absl::Time now = clock_->Now();
+  for (TenantBudgetImpl* tenant : tenants) tenant->ExpireLeaseIfDue(now);
+  if (!tenants.empty() && SyncDueLocked(tenants) <= now) {
+    SyncLocked(tenants, now);
+    now = clock_->Now();
+  }
+  // A response may carry a lease that already ended (the RPC outlived the TTL): expire it now.
+  absl::Time next = SyncDueLocked(tenants);
+  for (TenantBudgetImpl* tenant : tenants) next = std::min(next, tenant->ExpireLeaseIfDue(now));
+  return next;
+}
+
+absl::Time Refresher::SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const {
+  if (pending_.has_value()) return retry_at_;
+  if (tenants.empty()) return absl::InfiniteFuture();
+  absl::Time due = absl::InfiniteFuture();
+  for (const TenantBudgetImpl* tenant : tenants) due = std::min(due, tenant->SyncDueAt());
+  if (due == absl::InfiniteFuture()) return due;
+  return std::max(due, last_send_ + options_.policy.min_sync_interval);
+}
+
+void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now) {
+  if (!pending_.has_value()) {
+    // A new request: new seq, counters as of now. It is kept until a response arrives, so a
+    // retry resends exactly these bytes (the server then answers it the same way).
+    Pending& pending = pending_.emplace();
+    pending.request.set_instance_id(options_.instance_id);
+    pending.request.set_seq(++seq_);
+    for (TenantBudgetImpl* tenant : tenants) {
+      tenant->FillSync(now, options_.policy, pending.request.add_tenants());
+    }
+    pending.tenants = tenants;
+    pending.first_sent = now;
+  }
+  last_send_ = now;
+  v1::SyncResponse response;
+  const grpc::Status status = CallSync(*stub_, pending_->request, options_.sync_timeout, &response);
+  const absl::Time received = clock_->Now();
+  last_status_ = ToAbsl(status);
+  if (!status.ok()) {
+    ++failures_;
+    retry_at_ = received + RetryBackoff(failures_, options_.policy);
+    if (failures_ == 1) {
+      gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu failed, retrying with the same seq: %s",
+              static_cast<unsigned long long>(pending_->request.seq()),
+              last_status_.ToString().c_str());
+    }
+    return;
+  }
+  if (failures_ > 0) {
+    gpr_log(GPR_INFO, "retrybudget: Sync seq %llu succeeded after %d failed attempts",
+            static_cast<unsigned long long>(pending_->request.seq()), failures_);
+  }
+  failures_ = 0;
+  const Pending done = std::move(*pending_);
+  pending_.reset();
+  if (response.stale()) {
+    // The server has applied a newer seq of this instance: nothing here was applied or granted.
+    gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu answered as stale; ignored",
+            static_cast<unsigned long long>(done.request.seq()));
+    return;
+  }
+  ApplyResponseLocked(done, response, received);
+}
+
+void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
+                                    absl::Time received) {
+  if (response.tenants_size() != pending.request.tenants_size()) {
+    gpr_log(GPR_ERROR, "retrybudget: Sync response has %d tenant entries for %d in the request",
+            response.tenants_size(), pending.request.tenants_size());
+  }
+  const int n = std::min(response.tenants_size(), pending.request.tenants_size());
+  for (int i = 0; i < n; ++i) {
+    const v1::TenantGrant& grant = response.tenants(i);
+    const v1::TenantSync& sent = pending.request.tenants(i);
+    if (grant.tenant() != sent.tenant()) {
+      // Not this tenant's answer: take nothing. A grant dropped here is never counted as
+      // received, so the server reclaims it; the tenant asks again on its schedule.
+      gpr_log(GPR_ERROR, "retrybudget: Sync response entry %d is for tenant \"%s\", not \"%s\"",
+              i, grant.tenant().c_str(), sent.tenant().c_str());
+      continue;
+    }
+    if (grant.has_error() && grant.error().code() != 0) {
+      gpr_log(GPR_ERROR, "retrybudget: budget server refused tenant \"%s\" (code %d): %s",
+              sent.tenant().c_str(), grant.error().code(), grant.error().message().c_str());
+      pending.tenants[i]->ApplyRefusal(grant.error(), received, options_.policy);
+      continue;
+    }
+    pending.tenants[i]->ApplyGrant(grant, sent, pending.first_sent, received, options_.policy);
+  }
+}
+
+absl::Status Refresher::Shutdown() {
+  StopThread();
+  tenants_->Close();
+  absl::MutexLock lock(&mu_);
+  if (!shut_down_) {
+    shut_down_ = true;
+    final_status_ = FinalSyncLocked();
+  }
+  return final_status_;
+}
+
+absl::Status Refresher::FinalSyncLocked() {
+  const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
+  v1::SyncRequest request;
+  request.set_instance_id(options_.instance_id);
+  // A new seq even if a request is still unanswered: if the server applied it, its grant is
+  // reclaimed from our tokens_received; if not, the cumulative counters here cover it.
+  request.set_seq(++seq_);
+  request.set_final(true);
+  for (TenantBudgetImpl* tenant : tenants) tenant->FillFinal(request.add_tenants());
+  pending_.reset();
+  if (tenants.empty()) return absl::OkStatus();
+  grpc::Status status;
+  for (int attempt = 1; attempt <= kFinalSyncAttempts; ++attempt) {
+    v1::SyncResponse response;
+    status = CallSync(*stub_, request, options_.sync_timeout, &response);
+    last_status_ = ToAbsl(status);
+    if (status.ok() || attempt == kFinalSyncAttempts) break;
+    clock_->SleepUntil(clock_->Now() + RetryBackoff(attempt, options_.policy), std::stop_token());
+  }
+  if (!status.ok()) {
+    gpr_log(GPR_ERROR, "retrybudget: final Sync failed; unspent tokens are forfeited: %s",
+            last_status_.ToString().c_str());
+  }
+  return last_status_;
+}
+
+}  // namespace retrybudget::client_internal

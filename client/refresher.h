@@ -1,0 +1,125 @@
+// The refresher: one Sync RPC for all the tenants of a client, on a schedule, on demand, and a
+// final one at shutdown.
+#ifndef RETRYBUDGET_CLIENT_REFRESHER_H_
+#define RETRYBUDGET_CLIENT_REFRESHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/refresh_policy.h"
+#include "client/tenant_budget_impl.h"
+#include "client/tenant_registry.h"
+#include "retrybudget/clock.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+
+namespace retrybudget::client_internal {
+
+struct RefresherOptions {
+  std::string instance_id;
+  RefreshPolicy policy;
+  absl::Duration sync_timeout = absl::Seconds(1);
+};
+
+// Thread-safe. RunOnce() is the whole protocol step; Start() runs it on a background thread
+// that sleeps (through the Clock) until the next step is due or Wake() interrupts it. Tests call
+// RunOnce() themselves instead of Start(), with a FakeClock and a mock stub.
+//
+// Protocol rules kept here:
+//  * One request carries every tenant. A NEW request gets seq + 1 (the first is 1). A request
+//    that failed (any non-OK status, deadline included) is resent unchanged, same seq, after a
+//    backoff (RetryBackoff); only a response (status OK) lets the next request have a new seq.
+//  * A response marked `stale` is dropped. Grants of a response apply to the tenants of the
+//    request that produced it (same order), leases ending at that request's FIRST send + TTL.
+//  * Syncs are never closer than min_sync_interval.
+class Refresher final : public SyncWaker {
+ public:
+  // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher.
+  Refresher(RefresherOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+            Clock* clock, TenantRegistry* tenants);
+  // Stops the thread if Shutdown() was not called (without a final Sync).
+  ~Refresher() override;
+
+  Refresher(const Refresher&) = delete;
+  Refresher& operator=(const Refresher&) = delete;
+
+  // Starts the background thread. Call at most once.
+  void Start();
+
+  // One step at clock->Now(): ends expired leases, then sends one Sync attempt if one is due
+  // (blocking for at most sync_timeout). Returns when the next step is due (a sync, a retry or a
+  // lease expiry); InfiniteFuture when nothing is scheduled (no tenants, or shut down).
+  absl::Time RunOnce();
+
+  // Interrupts the thread's sleep so that it re-plans at once (a worker found a lease low or
+  // empty, or a tenant was created). Cheap; callable from any thread.
+  void Wake() override;
+
+  // Stops the thread, then sends the final Sync (final=true, every counter, every unspent token
+  // returned, want 0), at most kFinalSyncAttempts times with the same seq, each bounded by
+  // sync_timeout. Returns the status of the final Sync (OK when there was no tenant to report).
+  // Idempotent: later calls return the first result.
+  absl::Status Shutdown();
+
+  // For tests: whether Wake() was called since the last RunOnce() began.
+  bool wake_requested() const;
+  // For tests: the seq of the last request built (0 before the first).
+  uint64_t last_seq() const;
+  // For tests: status of the last Sync attempt (OK before the first).
+  absl::Status last_sync_status() const;
+
+ private:
+  struct Pending {
+    v1::SyncRequest request;
+    std::vector<TenantBudgetImpl*> tenants;  // request.tenants(i) belongs to tenants[i]
+    absl::Time first_sent;
+  };
+
+  void Loop();
+  absl::Time SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
+                           absl::Time received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinalSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopThread();
+
+  const RefresherOptions options_;
+  const std::unique_ptr<v1::RetryBudgetService::StubInterface> stub_;
+  Clock* const clock_;
+  TenantRegistry* const tenants_;
+
+  // Held for a whole step (including its RPC): steps never overlap.
+  mutable absl::Mutex mu_;
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);  // sent, no response yet
+  absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int failures_ ABSL_GUARDED_BY(mu_) = 0;  // consecutive failed attempts
+  absl::Status last_status_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status final_status_ ABSL_GUARDED_BY(mu_);
+
+  // Sleep / wake of the thread.
+  mutable absl::Mutex wake_mu_;
+  bool wake_pending_ ABSL_GUARDED_BY(wake_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
+  std::stop_source* sleep_stop_ ABSL_GUARDED_BY(wake_mu_) = nullptr;  // the sleep in progress
+
+  // Serialises Shutdown() callers (the thread is joined under it).
+  absl::Mutex shutdown_mu_;
+  std::thread thread_ ABSL_GUARDED_BY(shutdown_mu_);
+};
+
+}  // namespace retrybudget::client_internal
+
+#endif  // RETRYBUDGET_CLIENT_REFRESHER_H_
