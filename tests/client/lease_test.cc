@@ -1,0 +1,86 @@
+#include "client/lease.h"
+
+#include <cstdint>
+
+#include "gtest/gtest.h"
+
+namespace retrybudget::client_internal {
+namespace {
+
+using Take = Lease::Take;
+
+TEST(LeaseTest, StartsClosedAndEmpty) {
+  Lease lease;
+  EXPECT_FALSE(lease.IsOpen());
+  EXPECT_EQ(lease.Held(), 0u);
+  EXPECT_EQ(lease.TryTake(), Take::kEmpty);
+}
+
+TEST(LeaseTest, DepositOpensAndTokensCanBeTakenUntilZero) {
+  Lease lease;
+  EXPECT_EQ(lease.Deposit(3, 0), 3u);
+  EXPECT_TRUE(lease.IsOpen());
+  EXPECT_EQ(lease.TryTake(), Take::kTaken);
+  EXPECT_EQ(lease.TryTake(), Take::kTaken);
+  // The last token reports "low": the lease is now empty (mark 0).
+  EXPECT_EQ(lease.TryTake(), Take::kTakenLow);
+  EXPECT_EQ(lease.TryTake(), Take::kEmpty);
+  EXPECT_EQ(lease.Held(), 0u);
+}
+
+TEST(LeaseTest, ReportsLowExactlyWhenCountFallsToMark) {
+  Lease lease;
+  lease.Deposit(10, 2);
+  int low = 0;
+  for (int i = 0; i < 10; ++i) {
+    const Take take = lease.TryTake();
+    ASSERT_NE(take, Take::kEmpty);
+    if (take == Take::kTakenLow) {
+      ++low;
+      EXPECT_EQ(lease.Held(), 2u);
+    }
+  }
+  EXPECT_EQ(low, 1);
+}
+
+TEST(LeaseTest, WithdrawTakesEverythingAndCloses) {
+  Lease lease;
+  lease.Deposit(5, 1);
+  lease.TryTake();
+  EXPECT_EQ(lease.WithdrawAndClose(), 4u);
+  EXPECT_FALSE(lease.IsOpen());
+  EXPECT_EQ(lease.TryTake(), Take::kEmpty);
+}
+
+TEST(LeaseTest, RefundIntoClosedLeaseIsNotSpendable) {
+  Lease lease;
+  lease.Deposit(1, 0);
+  ASSERT_NE(lease.TryTake(), Take::kEmpty);
+  lease.WithdrawAndClose();
+  lease.Refund();
+  EXPECT_EQ(lease.Held(), 1u);
+  EXPECT_EQ(lease.TryTake(), Take::kEmpty);
+  // A new lease makes it spendable again.
+  lease.Deposit(0, 0);
+  EXPECT_NE(lease.TryTake(), Take::kEmpty);
+}
+
+TEST(LeaseTest, RefundPutsTokenBack) {
+  Lease lease;
+  lease.Deposit(1, 0);
+  ASSERT_NE(lease.TryTake(), Take::kEmpty);
+  lease.Refund();
+  EXPECT_EQ(lease.Held(), 1u);
+  EXPECT_NE(lease.TryTake(), Take::kEmpty);
+}
+
+TEST(LeaseTest, DepositIsCappedAndReportsWhatWentIn) {
+  Lease lease;
+  EXPECT_EQ(lease.Deposit(Lease::kMaxTokens - 1, 0), Lease::kMaxTokens - 1);
+  EXPECT_EQ(lease.Deposit(10, 0), 1u);
+  EXPECT_EQ(lease.Held(), Lease::kMaxTokens);
+  EXPECT_EQ(lease.Deposit(10, 0), 0u);
+}
+
+}  // namespace
+}  // namespace retrybudget::client_internal
