@@ -58,7 +58,9 @@ grpc::Status FlakyEchoService::Echo(grpc::ServerContext* context, const EchoRequ
   }
 
   // A slow backend: hold the call, but give up as soon as the client does.
-  const absl::Time until = absl::Now() + options.hold;
+  const absl::Time until =
+      absl::Now() + (static_cast<int>(index) < options.hold_calls ? options.hold
+                                                                  : absl::ZeroDuration());
   while (absl::Now() < until) {
     if (context->IsCancelled()) {
       absl::MutexLock lock(&mu_);

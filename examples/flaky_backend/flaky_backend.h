@@ -12,6 +12,7 @@
 #define RETRYBUDGET_EXAMPLES_FLAKY_BACKEND_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -40,6 +41,8 @@ struct FlakyOptions {
   // Each call waits this long before answering, or until the client cancels it (then it ends
   // with CANCELLED), whichever comes first.
   absl::Duration hold = absl::ZeroDuration();
+  // Only the first `hold_calls` calls are held (the default: all of them).
+  int hold_calls = std::numeric_limits<int>::max();
   // Seed of the failure draws.
   uint64_t seed = 1;
 };

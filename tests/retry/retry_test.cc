@@ -550,8 +550,11 @@ TEST_F(RetryTest, ConcurrentCallsShareOneBudget) {
     std::vector<std::jthread> threads;
     for (int t = 0; t < 8; ++t) {
       threads.emplace_back([&] {
+        FakeClock clock;  // one per thread: the shared state under test is the budget
+        CallControl control = Control();
+        control.clock = &clock;
         for (int i = 0; i < 20; ++i) {
-          absl::Status s = Retry(budget, TestPolicy(), Control(), [&](const Attempt&) {
+          absl::Status s = Retry(budget, TestPolicy(), control, [&](const Attempt&) {
             ++attempts;
             return absl::UnavailableError("down");
           });
