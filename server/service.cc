@@ -1,0 +1,224 @@
+#include "server/service.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "grpcpp/alarm.h"
+
+namespace retrybudget {
+namespace {
+
+class AllowAllAuthorizer final : public RequestAuthorizer {
+ public:
+  absl::Status Authorize(const grpc::ServerContextBase&, Rpc,
+                         absl::Span<const absl::string_view>) override {
+    return absl::OkStatus();
+  }
+};
+
+class NoOpMetrics final : public ServiceMetrics {
+ public:
+  void RpcFinished(Rpc, absl::StatusCode, absl::Duration) override {}
+};
+
+ServiceOptions WithDefaults(ServiceOptions options) {
+  if (options.authorizer == nullptr) options.authorizer = RequestAuthorizer::AllowAll();
+  if (options.metrics == nullptr) options.metrics = ServiceMetrics::NoOp();
+  if (options.clock == nullptr) options.clock = Clock::Real();
+  return options;
+}
+
+// A unary reactor that tells InFlightRpcs when its RPC is done (after the status was sent or
+// the call was cancelled). Deletes itself.
+class TrackedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit TrackedReactor(InFlightRpcs* in_flight) : in_flight_(in_flight) {}
+
+  void OnDone() override {
+    if (in_flight_ != nullptr) in_flight_->End();
+    delete this;
+  }
+
+ private:
+  InFlightRpcs* const in_flight_;  // null when not tracked
+};
+
+// One RPC's bookkeeping: started at construction, Finish() records the outcome and finishes the
+// reactor. Every handler has the same shape: Admit, call the core, Finish.
+class Call {
+ public:
+  Call(const ServiceOptions& options, grpc::CallbackServerContext* context, Rpc rpc)
+      : options_(options),
+        context_(context),
+        rpc_(rpc),
+        start_(options.clock->Now()),
+        admitted_(options.in_flight == nullptr || options.in_flight->Begin()),
+        reactor_(options.in_flight == nullptr
+                     ? context->DefaultReactor()
+                     : new TrackedReactor(admitted_ ? options.in_flight : nullptr)) {}
+
+  // Whether the RPC may proceed: the server is not draining and the authorizer allows the
+  // caller to act on `tenants`.
+  absl::Status Admit(absl::Span<const absl::string_view> tenants) {
+    if (!admitted_) return absl::UnavailableError("the budget server is shutting down");
+    return options_.authorizer->Authorize(*context_, rpc_, tenants);
+  }
+
+  grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
+    options_.metrics->RpcFinished(rpc_, status.code(), options_.clock->Now() - start_);
+    reactor_->Finish(ToGrpcStatus(status));
+    return reactor_;
+  }
+
+  // Finishes after `delay` without blocking this thread (tests only, see ServiceOptions).
+  grpc::ServerUnaryReactor* FinishAfter(absl::Duration delay, const absl::Status& status) {
+    options_.metrics->RpcFinished(rpc_, status.code(), options_.clock->Now() - start_);
+    // The alarm owns itself until it fires; it fires (ok = false) at once on shutdown.
+    auto* alarm = new grpc::Alarm();
+    alarm->Set(absl::ToChronoTime(absl::Now() + delay),
+               [alarm, reactor = reactor_, grpc_status = ToGrpcStatus(status)](bool) {
+                 reactor->Finish(grpc_status);
+                 // Deleting an alarm inside its own callback is allowed once it has fired.
+                 delete alarm;
+               });
+    return reactor_;
+  }
+
+ private:
+  const ServiceOptions& options_;
+  grpc::CallbackServerContext* const context_;
+  const Rpc rpc_;
+  const absl::Time start_;
+  const bool admitted_;
+  grpc::ServerUnaryReactor* const reactor_;
+};
+
+}  // namespace
+
+bool InFlightRpcs::Begin() {
+  absl::MutexLock lock(&mu_);
+  if (draining_) return false;
+  ++in_flight_;
+  return true;
+}
+
+void InFlightRpcs::End() {
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void InFlightRpcs::StartDraining() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool InFlightRpcs::WaitIdle(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+absl::string_view RpcName(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kSync:
+      return "Sync";
+    case Rpc::kGetBudget:
+      return "GetBudget";
+    case Rpc::kListBudgets:
+      return "ListBudgets";
+    case Rpc::kPutPolicy:
+      return "PutPolicy";
+    case Rpc::kDeleteBudget:
+      return "DeleteBudget";
+  }
+  return "unknown";
+}
+
+RequestAuthorizer* RequestAuthorizer::AllowAll() {
+  static AllowAllAuthorizer* const authorizer = new AllowAllAuthorizer();
+  return authorizer;
+}
+
+ServiceMetrics* ServiceMetrics::NoOp() {
+  static NoOpMetrics* const metrics = new NoOpMetrics();
+  return metrics;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share the google.rpc.Code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+// ---- RetryBudgetService ----
+
+RetryBudgetServiceImpl::RetryBudgetServiceImpl(ServiceOptions options)
+    : options_(WithDefaults(std::move(options))) {}
+
+grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerContext* context,
+                                                       const v1::SyncRequest* request,
+                                                       v1::SyncResponse* response) {
+  Call call(options_, context, Rpc::kSync);
+  std::vector<absl::string_view> tenants;
+  tenants.reserve(request->tenants_size());
+  for (const auto& t : request->tenants()) tenants.push_back(t.tenant());
+  if (absl::Status s = call.Admit(tenants); !s.ok()) return call.Finish(s);
+
+  // The core never blocks on I/O, so it runs inline on the callback thread.
+  absl::StatusOr<v1::SyncResponse> result = options_.core->Sync(*request);
+  if (result.ok()) *response = *std::move(result);
+  if (options_.testonly_sync_response_delay > absl::ZeroDuration()) {
+    return call.FinishAfter(options_.testonly_sync_response_delay, result.status());
+  }
+  return call.Finish(result.status());
+}
+
+// ---- BudgetAdminService ----
+
+BudgetAdminServiceImpl::BudgetAdminServiceImpl(ServiceOptions options)
+    : options_(WithDefaults(std::move(options))) {}
+
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::GetBudget(grpc::CallbackServerContext* context,
+                                                            const v1::GetBudgetRequest* request,
+                                                            v1::GetBudgetResponse* response) {
+  Call call(options_, context, Rpc::kGetBudget);
+  const absl::string_view tenant = request->tenant();
+  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
+  absl::StatusOr<v1::BudgetStatus> result = options_.core->GetBudget(tenant);
+  if (result.ok()) *response->mutable_budget() = *std::move(result);
+  return call.Finish(result.status());
+}
+
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListBudgets(
+    grpc::CallbackServerContext* context, const v1::ListBudgetsRequest* request,
+    v1::ListBudgetsResponse* response) {
+  Call call(options_, context, Rpc::kListBudgets);
+  if (absl::Status s = call.Admit({}); !s.ok()) return call.Finish(s);
+  absl::StatusOr<v1::ListBudgetsResponse> result = options_.core->ListBudgets(*request);
+  if (result.ok()) *response = *std::move(result);
+  return call.Finish(result.status());
+}
+
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServerContext* context,
+                                                            const v1::PutPolicyRequest* request,
+                                                            v1::PutPolicyResponse* response) {
+  Call call(options_, context, Rpc::kPutPolicy);
+  const absl::string_view tenant = request->tenant();
+  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
+  absl::StatusOr<v1::BudgetStatus> result = options_.core->PutPolicy(tenant, request->policy());
+  if (result.ok()) *response->mutable_budget() = *std::move(result);
+  return call.Finish(result.status());
+}
+
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::DeleteBudget(
+    grpc::CallbackServerContext* context, const v1::DeleteBudgetRequest* request,
+    v1::DeleteBudgetResponse* /*response*/) {
+  Call call(options_, context, Rpc::kDeleteBudget);
+  const absl::string_view tenant = request->tenant();
+  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
+  return call.Finish(options_.core->DeleteBudget(tenant));
+}
+
+}  // namespace retrybudget

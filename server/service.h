@@ -1,0 +1,147 @@
+// The gRPC layer of the budget server: RetryBudgetService and BudgetAdminService on the callback
+// API. Each handler checks the caller (RequestAuthorizer), translates the request into one
+// BudgetCore call, converts the absl::Status into a grpc::Status with the same code and message,
+// records the outcome (ServiceMetrics) and finishes. No budget logic lives here.
+//
+//   RetryBudgetServiceImpl budget({.core = core.get()});
+//   BudgetAdminServiceImpl admin({.core = core.get()});
+//   builder.RegisterService(&budget);
+//   builder.RegisterService(&admin);
+//
+// Handlers run inline on gRPC's callback threads: the core never blocks on I/O.
+//
+// Later issues plug in without touching the handlers: per-tenant credentials as a
+// RequestAuthorizer, Prometheus as a ServiceMetrics.
+#ifndef RETRYBUDGET_SERVER_SERVICE_H_
+#define RETRYBUDGET_SERVER_SERVICE_H_
+
+#include "absl/strings/string_view.h"
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "grpcpp/grpcpp.h"
+#include "retrybudget/clock.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "server/budget_core.h"
+
+namespace retrybudget {
+
+// The RPCs of the server, for hooks and metrics labels.
+enum class Rpc { kSync, kGetBudget, kListBudgets, kPutPolicy, kDeleteBudget };
+
+// "Sync", "GetBudget", ...: the method name as in budget.proto.
+absl::string_view RpcName(Rpc rpc);
+
+// Decides whether the caller of an RPC may act on the tenants it names (a later issue checks
+// bearer tokens in the metadata, per tenant, and a separate admin credential).
+// Implementations must be thread-safe and must not block: they run on gRPC's callback threads.
+class RequestAuthorizer {
+ public:
+  virtual ~RequestAuthorizer() = default;
+
+  // Called before the core sees the request. `tenants` are the tenant names the request names:
+  // every entry of a Sync, the one tenant of GetBudget/PutPolicy/DeleteBudget, none for
+  // ListBudgets. A non-OK status (UNAUTHENTICATED, PERMISSION_DENIED) is returned to the caller
+  // as is, and nothing is applied.
+  virtual absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
+                                 absl::Span<const absl::string_view> tenants) = 0;
+
+  // Allows everything (the default until credentials exist). Never null, never destroyed.
+  static RequestAuthorizer* AllowAll();
+};
+
+// Receives one call per finished RPC. Implementations must be thread-safe and cheap (they run on
+// the RPC's thread, once per RPC).
+class ServiceMetrics {
+ public:
+  virtual ~ServiceMetrics() = default;
+
+  // `code` is the status returned to the caller; `elapsed` the time the handler took.
+  virtual void RpcFinished(Rpc rpc, absl::StatusCode code, absl::Duration elapsed) = 0;
+
+  // Records nothing. Never null, never destroyed.
+  static ServiceMetrics* NoOp();
+};
+
+// Counts RPCs from the start of their handler until they are done (response sent or call
+// cancelled), and refuses new ones once draining, so a shutdown can wait for exactly the RPCs in
+// flight. Thread-safe.
+class InFlightRpcs {
+ public:
+  // Registers a starting RPC. False when draining: the RPC must be refused and End() not called.
+  bool Begin();
+  // The RPC admitted by Begin() is done.
+  void End();
+  // From now on Begin() returns false.
+  void StartDraining();
+  // Blocks until no admitted RPC is in flight or `deadline` passes (real time). True when idle.
+  bool WaitIdle(absl::Time deadline);
+
+ private:
+  absl::Mutex mu_;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct ServiceOptions {
+  // The budgets. Required; not owned; must outlive the services.
+  BudgetCore* core = nullptr;
+  // AllowAll() if null. Not owned.
+  RequestAuthorizer* authorizer = nullptr;
+  // NoOp() if null. Not owned.
+  ServiceMetrics* metrics = nullptr;
+  // Measures handler latency for `metrics`; Clock::Real() if null. Not owned.
+  Clock* clock = nullptr;
+  // When set, every RPC is counted in it and RPCs arriving while it drains are refused with
+  // UNAVAILABLE (BudgetServer uses it for a prompt clean shutdown). Not owned.
+  InFlightRpcs* in_flight = nullptr;
+  // Tests only: a Sync is applied at once but its response is sent this much later (with a gRPC
+  // alarm, no thread blocked), which holds RPCs in flight for shutdown tests. Zero in
+  // production.
+  absl::Duration testonly_sync_response_delay = absl::ZeroDuration();
+};
+
+// The absl::Status as a grpc::Status with the same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// Thread-safe (all state is in the BudgetCore).
+class RetryBudgetServiceImpl final : public v1::RetryBudgetService::CallbackService {
+ public:
+  explicit RetryBudgetServiceImpl(ServiceOptions options);
+
+  grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* context,
+                                 const v1::SyncRequest* request,
+                                 v1::SyncResponse* response) override;
+
+ private:
+  const ServiceOptions options_;
+};
+
+// Thread-safe (all state is in the BudgetCore).
+class BudgetAdminServiceImpl final : public v1::BudgetAdminService::CallbackService {
+ public:
+  explicit BudgetAdminServiceImpl(ServiceOptions options);
+
+  grpc::ServerUnaryReactor* GetBudget(grpc::CallbackServerContext* context,
+                                      const v1::GetBudgetRequest* request,
+                                      v1::GetBudgetResponse* response) override;
+  grpc::ServerUnaryReactor* ListBudgets(grpc::CallbackServerContext* context,
+                                        const v1::ListBudgetsRequest* request,
+                                        v1::ListBudgetsResponse* response) override;
+  grpc::ServerUnaryReactor* PutPolicy(grpc::CallbackServerContext* context,
+                                      const v1::PutPolicyRequest* request,
+                                      v1::PutPolicyResponse* response) override;
+  grpc::ServerUnaryReactor* DeleteBudget(grpc::CallbackServerContext* context,
+                                         const v1::DeleteBudgetRequest* request,
+                                         v1::DeleteBudgetResponse* response) override;
+
+ private:
+  const ServiceOptions options_;
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_SERVER_SERVICE_H_

@@ -1,0 +1,41 @@
+// Waiting for SIGINT / SIGTERM without doing anything unsafe in a signal handler: the handler
+// only write()s the signal number to a self-pipe; the main thread reads it and shuts down.
+//
+//   auto signals = ShutdownSignals::Install();
+//   if (!signals.ok()) return signals.status();
+//   int signo = (*signals)->Wait();  // blocks until SIGINT or SIGTERM
+#ifndef RETRYBUDGET_SERVER_SIGNALS_H_
+#define RETRYBUDGET_SERVER_SIGNALS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace retrybudget {
+
+// At most one instance per process. Wait() must be called from one thread at a time.
+class ShutdownSignals {
+ public:
+  // Installs handlers for SIGINT and SIGTERM. FAILED_PRECONDITION if an instance exists already,
+  // INTERNAL if the pipe or the handlers cannot be set up.
+  static absl::StatusOr<std::unique_ptr<ShutdownSignals>> Install();
+
+  ShutdownSignals(const ShutdownSignals&) = delete;
+  ShutdownSignals& operator=(const ShutdownSignals&) = delete;
+  // Restores the default dispositions and closes the pipe.
+  ~ShutdownSignals();
+
+  // Blocks until SIGINT or SIGTERM arrives (or has arrived since Install()) and returns its
+  // number. A second signal after the first is returned by the next Wait().
+  int Wait();
+
+ private:
+  ShutdownSignals(int read_fd, int write_fd) : read_fd_(read_fd), write_fd_(write_fd) {}
+
+  const int read_fd_;
+  const int write_fd_;
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_SERVER_SIGNALS_H_
