@@ -41,39 +41,39 @@ Refresher::Refresher(RefresherOptions options,
 Refresher::~Refresher() { StopThread(); }
 
 void Refresher::Start() {
-  absl::MutexLock lock(&shutdown_mu_);
+  MutexLock lock(&shutdown_mu_);
   if (thread_.joinable()) return;
   thread_ = std::thread([this] { Loop(); });
 }
 
 void Refresher::StopThread() {
   {
-    absl::MutexLock lock(&wake_mu_);
+    MutexLock lock(&wake_mu_);
     stopping_ = true;
     if (sleep_stop_ != nullptr) sleep_stop_->request_stop();
   }
-  absl::MutexLock lock(&shutdown_mu_);
+  MutexLock lock(&shutdown_mu_);
   if (thread_.joinable()) thread_.join();
 }
 
 void Refresher::Wake() {
-  absl::MutexLock lock(&wake_mu_);
+  MutexLock lock(&wake_mu_);
   wake_pending_ = true;
   if (sleep_stop_ != nullptr) sleep_stop_->request_stop();
 }
 
 bool Refresher::wake_requested() const {
-  absl::MutexLock lock(&wake_mu_);
+  MutexLock lock(&wake_mu_);
   return wake_pending_;
 }
 
 uint64_t Refresher::last_seq() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return seq_;
 }
 
 absl::Status Refresher::last_sync_status() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return last_status_;
 }
 
@@ -83,14 +83,14 @@ void Refresher::Loop() {
     // A fresh stop_source per sleep: Wake() stops it, and the next sleep starts un-stopped.
     std::stop_source wake;
     {
-      absl::MutexLock lock(&wake_mu_);
+      MutexLock lock(&wake_mu_);
       if (stopping_) return;
       // Woken while the step ran: plan again before sleeping.
       if (wake_pending_) continue;
       sleep_stop_ = &wake;
     }
     clock_->SleepUntil(std::min(next, clock_->Now() + kMaxIdleSleep), wake.get_token());
-    absl::MutexLock lock(&wake_mu_);
+    MutexLock lock(&wake_mu_);
     sleep_stop_ = nullptr;
     if (stopping_) return;
   }
@@ -98,10 +98,10 @@ void Refresher::Loop() {
 
 absl::Time Refresher::RunOnce() {
   {
-    absl::MutexLock lock(&wake_mu_);
+    MutexLock lock(&wake_mu_);
     wake_pending_ = false;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return absl::InfiniteFuture();
   const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
   absl::Time now = clock_->Now();
@@ -199,7 +199,7 @@ void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncRespon
 absl::Status Refresher::Shutdown() {
   StopThread();
   tenants_->Close();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!shut_down_) {
     shut_down_ = true;
     final_status_ = FinalSyncLocked();

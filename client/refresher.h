@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "client/mutex.h"
 #include "absl/time/time.h"
 #include "client/refresh_policy.h"
 #include "client/tenant_budget_impl.h"
@@ -99,7 +99,7 @@ class Refresher final : public SyncWaker {
   TenantRegistry* const tenants_;
 
   // Held for a whole step (including its RPC): steps never overlap.
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);  // sent, no response yet
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -110,13 +110,13 @@ class Refresher final : public SyncWaker {
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
 
   // Sleep / wake of the thread.
-  mutable absl::Mutex wake_mu_;
+  mutable Mutex wake_mu_;
   bool wake_pending_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::stop_source* sleep_stop_ ABSL_GUARDED_BY(wake_mu_) = nullptr;  // the sleep in progress
 
   // Serialises Shutdown() callers (the thread is joined under it).
-  absl::Mutex shutdown_mu_;
+  Mutex shutdown_mu_;
   std::thread thread_ ABSL_GUARDED_BY(shutdown_mu_);
 };
 

@@ -17,7 +17,7 @@ bool TenantBudgetImpl::AcquireSlow() {
 }
 
 TenantStats TenantBudgetImpl::Stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const uint64_t held = lease_.Held();
   TenantStats stats;
   stats.successes = successes_.value.load(std::memory_order_relaxed);
@@ -34,12 +34,12 @@ TenantStats TenantBudgetImpl::Stats() const {
 }
 
 LeaseMode TenantBudgetImpl::mode() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return mode_;
 }
 
 absl::Time TenantBudgetImpl::SyncDueAt() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kShutdown) return absl::InfiniteFuture();
   if (sync_wanted_.value.load(std::memory_order_acquire)) {
     // A worker found the lease low or empty: sync now, unless the server told us the bucket is
@@ -51,7 +51,7 @@ absl::Time TenantBudgetImpl::SyncDueAt() const {
 }
 
 absl::Time TenantBudgetImpl::ExpireLeaseIfDue(absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kLeased) {
     if (now < expiry_) return expiry_;
     // The lease ends at send time + TTL: take every unspent token back (one exchange) and report
@@ -82,7 +82,7 @@ void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
 
 void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
                                 v1::TenantSync* out) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const uint64_t held = lease_.Held();
   FillCounters(held, out);
   // Demand is what workers asked for, allowed or not: a starved tenant's denials count, so the
@@ -94,7 +94,7 @@ void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
 void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::TenantSync& sent_entry,
                                   absl::Time sent, absl::Time received,
                                   const RefreshPolicy& policy) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kShutdown) return;
   // Clear the wake flag before the tokens land: a worker that runs dry after this point wakes
   // the refresher again; one that ran dry before is served by this grant.
@@ -116,7 +116,7 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
 
 void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time received,
                                     const RefreshPolicy& policy) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kShutdown) return;
   sync_wanted_.value.store(false, std::memory_order_release);
   if (mode_ == LeaseMode::kLeased || lease_.Held() > 0) {
@@ -133,7 +133,7 @@ void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time rec
 }
 
 void TenantBudgetImpl::FillFinal(v1::TenantSync* out) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   mode_ = LeaseMode::kShutdown;
   const uint64_t withdrawn = lease_.WithdrawAndClose();
   ledger_.Withdrew(withdrawn, lease_.Held());

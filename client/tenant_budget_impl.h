@@ -9,7 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "client/mutex.h"
 #include "absl/time/time.h"
 #include "client/demand_estimator.h"
 #include "client/lease.h"
@@ -137,7 +137,7 @@ class TenantBudgetImpl final : public TenantBudget {
   Padded<bool> sync_wanted_;
   SlowCounters slow_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   LeaseMode mode_ ABSL_GUARDED_BY(mu_) = LeaseMode::kAwaitingLease;
   TenantLedger ledger_ ABSL_GUARDED_BY(mu_);
   DemandEstimator demand_ ABSL_GUARDED_BY(mu_);

@@ -9,13 +9,13 @@ TenantRegistry::TenantRegistry(Clock* clock, SyncWaker* waker) : clock_(clock), 
 
 absl::StatusOr<TenantBudgetImpl*> TenantRegistry::GetOrCreate(absl::string_view name) {
   {
-    absl::ReaderMutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (auto it = by_name_.find(name); it != by_name_.end()) return it->second.get();
   }
   if (absl::Status valid = ValidateTenantName(name); !valid.ok()) return valid;
   TenantBudgetImpl* created = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (auto it = by_name_.find(name); it != by_name_.end()) return it->second.get();
     if (closed_) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -37,12 +37,12 @@ absl::StatusOr<TenantBudgetImpl*> TenantRegistry::GetOrCreate(absl::string_view 
 }
 
 std::vector<TenantBudgetImpl*> TenantRegistry::Snapshot() const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return ordered_;
 }
 
 void TenantRegistry::Close() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   closed_ = true;
 }
 

@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "client/mutex.h"
 #include "client/tenant_budget_impl.h"
 #include "retrybudget/clock.h"
 
@@ -40,7 +40,7 @@ class TenantRegistry {
  private:
   Clock* const clock_;
   SyncWaker* const waker_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<TenantBudgetImpl>> by_name_ ABSL_GUARDED_BY(mu_);
   std::vector<TenantBudgetImpl*> ordered_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

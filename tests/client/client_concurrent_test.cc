@@ -1,11 +1,13 @@
 // Many threads against one client: the lease never goes below zero, the books add up, and the
 // refresher thread answers a worker that ran dry. Labelled `concurrent` (run under TSan too).
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
@@ -20,6 +22,26 @@ using testing_util::GrantAll;
 using testing_util::Granting;
 
 constexpr int kThreads = 8;
+
+// A one-shot event on std primitives (TSan sees them; Debian's Abseil is not instrumented).
+class Event {
+ public:
+  void Notify() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    cv_.notify_all();
+  }
+  // Waits for Notify(); false after `timeout` (a safety net against a hang, not a sleep).
+  bool WaitFor(std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [this] { return done_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+};
 
 TEST(BudgetClientConcurrentTest, ManyThreadsTakeExactlyTheTokensGranted) {
   ClientHarness h;
@@ -116,8 +138,8 @@ TEST(BudgetClientConcurrentTest, RefresherThreadSyncsWhenAWorkerRunsLow) {
   ClientOptions options = ClientHarness::DefaultOptions();
   options.clock = Clock::Real();
   options.refresh_period = absl::Hours(1);
-  absl::Notification first_sync;
-  absl::Notification second_sync;
+  Event first_sync;
+  Event second_sync;
   std::atomic<int> syncs{0};
   ClientHarness h(options, /*start_refresher_thread=*/true);
   h.set_handler([&](const v1::SyncRequest& request, v1::SyncResponse* response) {
@@ -127,14 +149,14 @@ TEST(BudgetClientConcurrentTest, RefresherThreadSyncsWhenAWorkerRunsLow) {
     return GrantAll(request, response, 10, /*lease_ttl_ms=*/600'000, /*next_sync_ms=*/3'600'000);
   });
   TenantBudget* budget = h.Tenant("payments");  // creation wakes the thread: first lease
-  ASSERT_TRUE(first_sync.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(first_sync.WaitFor(std::chrono::seconds(30)));
   // The grant lands right after the handler returns; take tokens until one is refused or 8 are
   // taken (low-water mark 2 reached: the refresher is woken).
   int taken = 0;
   while (taken < 8) {
     if (budget->TryAcquire()) ++taken;
   }
-  ASSERT_TRUE(second_sync.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(second_sync.WaitFor(std::chrono::seconds(30)));
   ASSERT_TRUE(h.client().Shutdown().ok());
   EXPECT_EQ(syncs.load(), 3);  // first lease, the early refresh, the final
   EXPECT_EQ(budget->Stats().tokens_received, 20u);

@@ -89,7 +89,8 @@ struct ClientOptions {
 };
 
 // Thread-safe. Destroying it stops the refresher after a final Sync that reports every counter
-// and returns every unspent token (bounded by `sync_timeout`).
+// and returns every unspent token (at most 3 attempts with the same seq, each bounded by
+// `sync_timeout`). See retrybudget/client_testing.h to drive a client step by step in tests.
 class BudgetClient {
  public:
   // Creates a client with its own channel to `options.target` and starts the refresher. Does not
@@ -99,8 +100,10 @@ class BudgetClient {
 
   virtual ~BudgetClient() = default;
 
-  // The handle for `tenant` (created on first call; later calls return the same pointer).
-  // INVALID_ARGUMENT for a malformed tenant name.
+  // The handle for `tenant` (created on first call; later calls return the same pointer, valid
+  // until the client is destroyed). INVALID_ARGUMENT for a malformed tenant name,
+  // RESOURCE_EXHAUSTED past 256 tenants (one Sync carries at most 256), FAILED_PRECONDITION for a
+  // new tenant after Shutdown(). Takes a lock: keep the pointer instead of calling it per retry.
   virtual absl::StatusOr<TenantBudget*> Tenant(absl::string_view tenant) = 0;
 
   // Reports everything and returns all unspent tokens now, then stops the refresher; after it,
