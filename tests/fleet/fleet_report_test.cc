@@ -1,0 +1,173 @@
+// The verdict of a fleet run: the bound of DESIGN.md, within_budget, utilisation, the exit code,
+// and the JSON lines. These are what make the fleet tests able to fail.
+#include "tools/fleet/fleet_report.h"
+
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+using ::testing::HasSubstr;
+
+google::protobuf::Struct ParseJson(const std::string& line) {
+  google::protobuf::Struct s;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(line, &s).ok()) << line;
+  return s;
+}
+
+FleetRun RunWith(uint64_t retries_allowed, uint64_t successes, double elapsed) {
+  FleetRun run;
+  run.tenant = "t";
+  run.strategy = "budget";
+  run.workers = 8;
+  run.threads = 2;
+  run.failure_rate = 0.3;
+  run.policy = {.capacity = 20, .refill_per_second = 50, .success_credit = 0.01,
+                .initial_tokens = 20, .lease_ttl_ms = 5000};
+  run.elapsed_seconds = elapsed;
+  run.totals.retries_allowed = retries_allowed;
+  run.totals.successes = successes;
+  run.totals.shutdown_status = "OK";
+  return run;
+}
+
+TEST(BudgetBoundTest, IsInitialPlusRefillTimesElapsedPlusCreditTimesSuccesses) {
+  PolicyView p{.capacity = 20, .refill_per_second = 50, .success_credit = 0.01,
+               .initial_tokens = 17.5};
+  EXPECT_DOUBLE_EQ(BudgetBound(p, 4.0, 10'000), 17.5 + 200 + 100);
+  EXPECT_DOUBLE_EQ(BudgetBound(p, 0, 0), 17.5);
+}
+
+TEST(JudgeTest, SpendingAtTheBoundIsWithinBudgetWithFullUtilisation) {
+  Verdict v = Judge(RunWith(/*retries_allowed=*/320, /*successes=*/10'000, /*elapsed=*/4.0));
+  EXPECT_DOUBLE_EQ(v.bound, 320);
+  EXPECT_TRUE(v.within_budget);
+  EXPECT_DOUBLE_EQ(v.utilisation, 1.0);
+  EXPECT_EQ(ExitCodeFor(v), kExitWithinBudget);
+}
+
+TEST(JudgeTest, OneRetryOverTheBoundIsExceededAndExitsNonZero) {
+  Verdict v = Judge(RunWith(/*retries_allowed=*/321, /*successes=*/10'000, /*elapsed=*/4.0));
+  EXPECT_FALSE(v.within_budget);
+  EXPECT_GT(v.utilisation, 1.0);
+  EXPECT_EQ(ExitCodeFor(v), kExitBudgetExceeded);
+  EXPECT_NE(ExitCodeFor(v), 0);
+  EXPECT_THAT(FleetReportToJson(RunWith(321, 10'000, 4.0), v),
+              HasSubstr("\"within_budget\":false"));
+}
+
+TEST(JudgeTest, UnderSpendingIsWithinBudgetWithLowUtilisation) {
+  Verdict v = Judge(RunWith(/*retries_allowed=*/160, /*successes=*/10'000, /*elapsed=*/4.0));
+  EXPECT_TRUE(v.within_budget);
+  EXPECT_DOUBLE_EQ(v.utilisation, 0.5);
+}
+
+TEST(JudgeTest, ZeroBoundWithSpendingIsExceededAndUtilisationPrintsAsNull) {
+  FleetRun run = RunWith(1, 0, 0);
+  run.policy = {};
+  Verdict v = Judge(run);
+  EXPECT_FALSE(v.within_budget);
+  EXPECT_EQ(v.utilisation, std::numeric_limits<double>::infinity());
+  EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation\":null"));
+}
+
+TEST(FleetReportJsonTest, IsOneLineWithTheDocumentedFields) {
+  FleetRun run = RunWith(300, 10'000, 4.0);
+  run.totals.calls = 50'000;
+  run.totals.retries_denied = 7;
+  run.faults = FaultCounters{.proxied_requests = 10, .dropped_responses = 2,
+                             .duplicated_requests = 3, .replayed_requests = 4};
+  run.server = ServerView{.tokens_start = 20, .tokens_end = 0.5};
+  const std::string line = FleetReportToJson(run, Judge(run));
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  google::protobuf::Struct s = ParseJson(line);
+  const auto& f = s.fields();
+  for (const char* key :
+       {"tenant", "strategy", "workers", "threads", "failure_rate", "duration_seconds",
+        "call_latency_ms", "policy", "elapsed_seconds", "calls", "attempts", "successes",
+        "failures", "retries_allowed", "retries_denied", "bound", "within_budget", "utilisation",
+        "library", "server", "faults"}) {
+    EXPECT_TRUE(f.contains(key)) << key << " missing in " << line;
+  }
+  EXPECT_EQ(f.at("calls").number_value(), 50'000);
+  EXPECT_EQ(f.at("retries_allowed").number_value(), 300);
+  EXPECT_DOUBLE_EQ(f.at("bound").number_value(), 320);
+  EXPECT_TRUE(f.at("within_budget").bool_value());
+  const auto& policy = f.at("policy").struct_value().fields();
+  EXPECT_EQ(policy.at("capacity").number_value(), 20);
+  EXPECT_EQ(policy.at("refill_per_second").number_value(), 50);
+  EXPECT_EQ(policy.at("success_credit").number_value(), 0.01);
+  EXPECT_EQ(policy.at("initial_tokens").number_value(), 20);
+  const auto& faults = f.at("faults").struct_value().fields();
+  EXPECT_EQ(faults.at("dropped_responses").number_value(), 2);
+  EXPECT_EQ(faults.at("duplicated_requests").number_value(), 3);
+  EXPECT_EQ(faults.at("replayed_requests").number_value(), 4);
+}
+
+TEST(FleetReportJsonTest, HasNoFaultsObjectWithoutFaultInjection) {
+  FleetRun run = RunWith(1, 1, 1);
+  EXPECT_THAT(FleetReportToJson(run, Judge(run)), ::testing::Not(HasSubstr("faults")));
+}
+
+TEST(WorkerCountsJsonTest, RoundTrips) {
+  WorkerCounts c{.worker = 3, .calls = 1000, .attempts = 1500, .successes = 700,
+                 .failures = 300, .retries_allowed = 500, .retries_denied = 250,
+                 .run_seconds = 4.25, .lib_successes = 700, .lib_retries_allowed = 500,
+                 .lib_retries_denied = 250, .lib_tokens_received = 510,
+                 .lib_tokens_returned = 10, .lib_tokens_held = 0,
+                 .shutdown_status = "UNAVAILABLE: \"quoted\"\n"};
+  absl::StatusOr<WorkerCounts> back = WorkerCountsFromJson(WorkerCountsToJson(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->worker, 3);
+  EXPECT_EQ(back->calls, 1000u);
+  EXPECT_EQ(back->attempts, 1500u);
+  EXPECT_EQ(back->successes, 700u);
+  EXPECT_EQ(back->failures, 300u);
+  EXPECT_EQ(back->retries_allowed, 500u);
+  EXPECT_EQ(back->retries_denied, 250u);
+  EXPECT_DOUBLE_EQ(back->run_seconds, 4.25);
+  EXPECT_EQ(back->lib_tokens_received, 510u);
+  EXPECT_EQ(back->lib_tokens_returned, 10u);
+  EXPECT_EQ(back->shutdown_status, c.shutdown_status);
+}
+
+TEST(WorkerCountsJsonTest, RefusesGarbageAndMissingOrNegativeCounts) {
+  EXPECT_FALSE(WorkerCountsFromJson("not json").ok());
+  EXPECT_FALSE(WorkerCountsFromJson("").ok());
+  std::string line = WorkerCountsToJson(WorkerCounts{.shutdown_status = "OK"});
+  std::string missing = line;
+  missing.replace(missing.find("\"calls\":0,"), 10, "");
+  absl::StatusOr<WorkerCounts> r = WorkerCountsFromJson(missing);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("calls"));
+  std::string negative = line;
+  negative.replace(negative.find("\"attempts\":0"), 12, "\"attempts\":-1");
+  r = WorkerCountsFromJson(negative);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), HasSubstr("attempts"));
+}
+
+TEST(SumWorkersTest, AddsCountsAndKeepsTheFirstShutdownError) {
+  WorkerCounts a{.worker = 0, .calls = 10, .successes = 4, .retries_allowed = 3,
+                 .run_seconds = 1.0, .lib_tokens_received = 5, .shutdown_status = "OK"};
+  WorkerCounts b{.worker = 1, .calls = 20, .successes = 6, .retries_allowed = 2,
+                 .run_seconds = 1.5, .lib_tokens_received = 7,
+                 .shutdown_status = "UNAVAILABLE: x"};
+  WorkerCounts sum = SumWorkers({a, b});
+  EXPECT_EQ(sum.calls, 30u);
+  EXPECT_EQ(sum.successes, 10u);
+  EXPECT_EQ(sum.retries_allowed, 5u);
+  EXPECT_EQ(sum.lib_tokens_received, 12u);
+  EXPECT_DOUBLE_EQ(sum.run_seconds, 1.5);
+  EXPECT_EQ(sum.shutdown_status, "worker 1: UNAVAILABLE: x");
+  EXPECT_EQ(SumWorkers({a, a}).shutdown_status, "OK");
+}
+
+}  // namespace
+}  // namespace retrybudget::fleet

@@ -1,0 +1,162 @@
+// What one worker thread does with a failed attempt, per strategy: retry only on a token, end
+// the call on a denial, report successes. A fake budget and a scripted backend, no server.
+#include "tools/fleet/worker_loop.h"
+
+#include <atomic>
+#include <deque>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "retrybudget/clock.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+class FakeBudget : public TenantBudget {
+ public:
+  explicit FakeBudget(int tokens) : tokens_(tokens) {}
+  bool TryAcquire() override {
+    ++acquires;
+    if (tokens_ == 0) return false;
+    --tokens_;
+    return true;
+  }
+  void Refund() override { ++tokens_; }
+  void RecordSuccess() override { ++successes; }
+  const std::string& tenant() const override { return name_; }
+  TenantStats Stats() const override { return {}; }
+
+  int acquires = 0;
+  int successes = 0;
+
+ private:
+  int tokens_;
+  std::string name_ = "t";
+};
+
+// Attempts succeed or fail as scripted; past the script they fail.
+class ScriptedBackend : public Backend {
+ public:
+  explicit ScriptedBackend(std::deque<bool> script) : script_(std::move(script)) {}
+  bool Call() override {
+    ++calls;
+    if (script_.empty()) return false;
+    bool ok = script_.front();
+    script_.pop_front();
+    return ok;
+  }
+  int calls = 0;
+
+ private:
+  std::deque<bool> script_;
+};
+
+TEST(RunLogicalCallTest, BudgetRetriesWhileTokensLastThenTheDenialEndsTheCall) {
+  FakeBudget budget(2);
+  ScriptedBackend backend({false, false, false, false});
+  std::atomic<bool> stop{false};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  EXPECT_EQ(backend.calls, 3);  // first attempt + 2 retries, then denied
+  EXPECT_EQ(counts.calls, 1u);
+  EXPECT_EQ(counts.attempts, 3u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(counts.retries_denied, 1u);
+  EXPECT_EQ(counts.failures, 1u);
+  EXPECT_EQ(counts.successes, 0u);
+  EXPECT_EQ(budget.successes, 0);
+}
+
+TEST(RunLogicalCallTest, BudgetSuccessAfterARetryRecordsOneSuccess) {
+  FakeBudget budget(5);
+  ScriptedBackend backend({false, true});
+  std::atomic<bool> stop{false};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  EXPECT_EQ(counts.attempts, 2u);
+  EXPECT_EQ(counts.retries_allowed, 1u);
+  EXPECT_EQ(counts.successes, 1u);
+  EXPECT_EQ(counts.failures, 0u);
+  EXPECT_EQ(budget.successes, 1);
+}
+
+TEST(RunLogicalCallTest, FirstAttemptSuccessNeverAsksTheBudget) {
+  FakeBudget budget(0);
+  ScriptedBackend backend({true});
+  std::atomic<bool> stop{false};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  EXPECT_EQ(budget.acquires, 0);
+  EXPECT_EQ(counts.successes, 1u);
+}
+
+TEST(RunLogicalCallTest, MaxAttemptsCapsABudgetedCallWithoutSpendingATokenForIt) {
+  FakeBudget budget(100);
+  ScriptedBackend backend({});
+  std::atomic<bool> stop{false};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {.max_attempts = 3}, backend, &budget, stop, counts);
+  EXPECT_EQ(counts.attempts, 3u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(budget.acquires, 2);
+  EXPECT_EQ(counts.failures, 1u);
+}
+
+TEST(RunLogicalCallTest, StopEndsTheCallWithoutTakingAToken) {
+  FakeBudget budget(100);
+  ScriptedBackend backend({});
+  std::atomic<bool> stop{true};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  EXPECT_EQ(counts.attempts, 1u);
+  EXPECT_EQ(budget.acquires, 0);
+  EXPECT_EQ(counts.retries_denied, 0u);
+  EXPECT_EQ(counts.failures, 1u);
+}
+
+TEST(RunLogicalCallTest, UnbudgetedRetriesUpToFourAttemptsWithNoBudget) {
+  ScriptedBackend backend({});
+  std::atomic<bool> stop{false};
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kUnbudgeted, {}, backend, nullptr, stop, counts);
+  EXPECT_EQ(counts.attempts, 4u);
+  EXPECT_EQ(counts.retries_allowed, 3u);
+  EXPECT_EQ(counts.retries_denied, 0u);
+  EXPECT_EQ(counts.failures, 1u);
+}
+
+TEST(RetryStrategyTest, NamesRoundTripAndUnknownIsRefused) {
+  for (RetryStrategy s : {RetryStrategy::kBudget, RetryStrategy::kUnbudgeted}) {
+    absl::StatusOr<RetryStrategy> parsed = ParseRetryStrategy(RetryStrategyName(s));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, s);
+  }
+  absl::StatusOr<RetryStrategy> bad = ParseRetryStrategy("yolo");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("yolo"), std::string::npos);
+}
+
+TEST(SimulatedBackendTest, FailsAtTheConfiguredRateAndSleepsTheLatencyOnTheClock) {
+  FakeClock clock;
+  SimulatedBackend backend({.failure_rate = 0.3, .latency = absl::Milliseconds(1), .seed = 42,
+                            .clock = &clock});
+  const absl::Time start = clock.Now();
+  int failures = 0;
+  constexpr int kCalls = 20'000;
+  for (int i = 0; i < kCalls; ++i) failures += backend.Call() ? 0 : 1;
+  EXPECT_NEAR(failures / double{kCalls}, 0.3, 0.02);
+  EXPECT_EQ(clock.Now() - start, absl::Milliseconds(kCalls));
+}
+
+TEST(SimulatedBackendTest, RatesZeroAndOneAreExact) {
+  FakeClock clock;
+  SimulatedBackend never({.failure_rate = 0, .latency = absl::ZeroDuration(), .clock = &clock});
+  SimulatedBackend always({.failure_rate = 1, .latency = absl::ZeroDuration(), .clock = &clock});
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(never.Call());
+    ASSERT_FALSE(always.Call());
+  }
+}
+
+}  // namespace
+}  // namespace retrybudget::fleet

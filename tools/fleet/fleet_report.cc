@@ -1,0 +1,245 @@
+#include "tools/fleet/fleet_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "tools/fleet/json_writer.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+// Reads a JSON number that must be a whole, non-negative count (exact below 2^53).
+absl::Status ReadCount(const Struct& s, absl::string_view field, uint64_t* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker line: missing field '", field, "'"));
+  }
+  const Value& v = it->second;
+  if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
+      v.number_value() != std::floor(v.number_value()) || v.number_value() > 9.007e15) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be a whole count, got ",
+                     v.ShortDebugString()));
+  }
+  *out = static_cast<uint64_t>(v.number_value());
+  return absl::OkStatus();
+}
+
+absl::Status ReadSigned(const Struct& s, absl::string_view field, int64_t* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end() || it->second.kind_case() != Value::kNumberValue ||
+      it->second.number_value() != std::floor(it->second.number_value())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be a whole number"));
+  }
+  *out = static_cast<int64_t>(it->second.number_value());
+  return absl::OkStatus();
+}
+
+absl::Status ReadDouble(const Struct& s, absl::string_view field, double* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end() || it->second.kind_case() != Value::kNumberValue) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be a number"));
+  }
+  *out = it->second.number_value();
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const Struct& s, absl::string_view field, std::string* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end() || it->second.kind_case() != Value::kStringValue) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be a string"));
+  }
+  *out = it->second.string_value();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
+  WorkerCounts sum;
+  sum.worker = static_cast<int>(workers.size());
+  sum.shutdown_status = "OK";
+  for (const WorkerCounts& w : workers) {
+    sum.calls += w.calls;
+    sum.attempts += w.attempts;
+    sum.successes += w.successes;
+    sum.failures += w.failures;
+    sum.retries_allowed += w.retries_allowed;
+    sum.retries_denied += w.retries_denied;
+    sum.run_seconds = std::max(sum.run_seconds, w.run_seconds);
+    sum.lib_successes += w.lib_successes;
+    sum.lib_retries_allowed += w.lib_retries_allowed;
+    sum.lib_retries_denied += w.lib_retries_denied;
+    sum.lib_tokens_received += w.lib_tokens_received;
+    sum.lib_tokens_returned += w.lib_tokens_returned;
+    sum.lib_tokens_held += w.lib_tokens_held;
+    if (sum.shutdown_status == "OK" && w.shutdown_status != "OK") {
+      sum.shutdown_status = absl::StrCat("worker ", w.worker, ": ", w.shutdown_status);
+    }
+  }
+  return sum;
+}
+
+std::string WorkerCountsToJson(const WorkerCounts& c) {
+  JsonWriter w;
+  w.Number("worker", c.worker)
+      .Number("calls", c.calls)
+      .Number("attempts", c.attempts)
+      .Number("successes", c.successes)
+      .Number("failures", c.failures)
+      .Number("retries_allowed", c.retries_allowed)
+      .Number("retries_denied", c.retries_denied)
+      .Number("run_seconds", c.run_seconds)
+      .Number("lib_successes", c.lib_successes)
+      .Number("lib_retries_allowed", c.lib_retries_allowed)
+      .Number("lib_retries_denied", c.lib_retries_denied)
+      .Number("lib_tokens_received", c.lib_tokens_received)
+      .Number("lib_tokens_returned", c.lib_tokens_returned)
+      .Number("lib_tokens_held", c.lib_tokens_held)
+      .String("shutdown_status", c.shutdown_status);
+  return w.Finish();
+}
+
+absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
+  Struct s;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(line.data(), line.size()), &s, options);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line is not a JSON object (", parsed.ToString(), "): ",
+                     line.substr(0, 200)));
+  }
+  WorkerCounts c;
+  int64_t worker = 0;
+  if (absl::Status st = ReadSigned(s, "worker", &worker); !st.ok()) return st;
+  c.worker = static_cast<int>(worker);
+  for (auto [field, out] : std::initializer_list<std::pair<absl::string_view, uint64_t*>>{
+           {"calls", &c.calls},
+           {"attempts", &c.attempts},
+           {"successes", &c.successes},
+           {"failures", &c.failures},
+           {"retries_allowed", &c.retries_allowed},
+           {"retries_denied", &c.retries_denied},
+           {"lib_successes", &c.lib_successes},
+           {"lib_retries_allowed", &c.lib_retries_allowed},
+           {"lib_retries_denied", &c.lib_retries_denied},
+           {"lib_tokens_received", &c.lib_tokens_received},
+           {"lib_tokens_returned", &c.lib_tokens_returned}}) {
+    if (absl::Status st = ReadCount(s, field, out); !st.ok()) return st;
+  }
+  if (absl::Status st = ReadSigned(s, "lib_tokens_held", &c.lib_tokens_held); !st.ok()) return st;
+  if (absl::Status st = ReadDouble(s, "run_seconds", &c.run_seconds); !st.ok()) return st;
+  if (absl::Status st = ReadString(s, "shutdown_status", &c.shutdown_status); !st.ok()) return st;
+  return c;
+}
+
+double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t successes) {
+  return policy.initial_tokens + policy.refill_per_second * elapsed_seconds +
+         policy.success_credit * static_cast<double>(successes);
+}
+
+Verdict Judge(const FleetRun& run) {
+  Verdict v;
+  v.bound = BudgetBound(run.policy, run.elapsed_seconds, run.totals.successes);
+  const double spent = static_cast<double>(run.totals.retries_allowed);
+  // Exact comparison on purpose: the bound is already the generous side (elapsed runs until the
+  // last worker exited, after its last retry).
+  v.within_budget = spent <= v.bound;
+  if (v.bound > 0) {
+    v.utilisation = spent / v.bound;
+  } else {
+    v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
+  }
+  return v;
+}
+
+int ExitCodeFor(const Verdict& verdict) {
+  return verdict.within_budget ? kExitWithinBudget : kExitBudgetExceeded;
+}
+
+std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
+  JsonWriter policy;
+  policy.Number("capacity", run.policy.capacity)
+      .Number("refill_per_second", run.policy.refill_per_second)
+      .Number("success_credit", run.policy.success_credit)
+      .Number("initial_tokens", run.policy.initial_tokens)
+      .Number("lease_ttl_ms", run.policy.lease_ttl_ms);
+
+  const WorkerCounts& t = run.totals;
+  JsonWriter library;
+  library.Number("successes", t.lib_successes)
+      .Number("retries_allowed", t.lib_retries_allowed)
+      .Number("retries_denied", t.lib_retries_denied)
+      .Number("tokens_received", t.lib_tokens_received)
+      .Number("tokens_returned", t.lib_tokens_returned)
+      .Number("tokens_held_at_exit", t.lib_tokens_held)
+      .String("shutdown_status", t.shutdown_status);
+
+  JsonWriter w;
+  w.String("tenant", run.tenant)
+      .String("strategy", run.strategy)
+      .Number("workers", run.workers)
+      .Number("threads", run.threads)
+      .Number("failure_rate", run.failure_rate)
+      .Number("duration_seconds", run.duration_seconds)
+      .Number("call_latency_ms", run.call_latency_ms)
+      .Object("policy", policy.Finish())
+      .Number("elapsed_seconds", run.elapsed_seconds)
+      .Number("calls", t.calls)
+      .Number("attempts", t.attempts)
+      .Number("successes", t.successes)
+      .Number("failures", t.failures)
+      .Number("retries_allowed", t.retries_allowed)
+      .Number("retries_denied", t.retries_denied)
+      .Number("bound", verdict.bound)
+      .Bool("within_budget", verdict.within_budget)
+      .Number("utilisation", verdict.utilisation)
+      .Object("library", library.Finish());
+  if (run.server.has_value()) {
+    const ServerView& s = *run.server;
+    JsonWriter server;
+    server.Number("tokens_start", s.tokens_start)
+        .Number("tokens_end", s.tokens_end)
+        .Number("granted", s.granted)
+        .Number("returned", s.returned)
+        .Number("reclaimed", s.reclaimed)
+        .Number("retries", s.retries)
+        .Number("retries_denied", s.retries_denied)
+        .Number("successes", s.successes)
+        .Number("active_instances_end", int64_t{s.active_instances_end})
+        .Number("level_samples", s.level_samples)
+        .Number("level_mean", s.level_mean)
+        .Number("level_max", s.level_max);
+    w.Object("server", server.Finish());
+  }
+  if (run.faults.has_value()) {
+    const FaultCounters& f = *run.faults;
+    JsonWriter faults;
+    faults.Number("proxied_requests", f.proxied_requests)
+        .Number("dropped_responses", f.dropped_responses)
+        .Number("duplicated_requests", f.duplicated_requests)
+        .Number("replayed_requests", f.replayed_requests)
+        .Number("replays_stale", f.replays_stale)
+        .Number("replay_granted_tokens", f.replay_granted_tokens)
+        .Number("upstream_errors", f.upstream_errors);
+    w.Object("faults", faults.Finish());
+  }
+  return w.Finish();
+}
+
+}  // namespace retrybudget::fleet
