@@ -1,0 +1,220 @@
+#include "tools/fleet/fleet_flags.h"
+
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "budget server, host:port");
+ABSL_FLAG(int32_t, workers, 8, "worker processes");
+ABSL_FLAG(int32_t, threads, 2, "threads per worker");
+ABSL_FLAG(double, duration, 5, "seconds each worker calls the backend");
+ABSL_FLAG(double, failure_rate, 0.3, "probability that a backend attempt fails, [0, 1]");
+ABSL_FLAG(std::string, tenant, "fleet", "the budget's tenant");
+ABSL_FLAG(double, capacity, 100, "policy: bucket capacity, tokens");
+ABSL_FLAG(double, refill, 1, "policy: refill, tokens per second");
+ABSL_FLAG(double, credit, 0.1, "policy: success credit, tokens per success");
+ABSL_FLAG(double, initial, 100, "policy: initial tokens of a new bucket");
+ABSL_FLAG(int64_t, lease_ttl_ms, 5000, "policy: lease TTL, milliseconds");
+ABSL_FLAG(bool, reset_budget, false, "delete the tenant's budget before the run");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the simulated backends and of the fault injector");
+ABSL_FLAG(absl::Duration, call_latency, absl::Milliseconds(1), "latency of one backend attempt");
+ABSL_FLAG(std::string, strategy, "budget", "budget | unbudgeted");
+ABSL_FLAG(int32_t, max_attempts, 0, "attempts per call; 0: no cap (budget), 4 (unbudgeted)");
+ABSL_FLAG(double, fault_drop_response, 0, "probability of dropping a Sync response");
+ABSL_FLAG(double, fault_duplicate_request, 0, "probability of sending a Sync twice");
+ABSL_FLAG(double, fault_replay_old, 0, "probability of replaying an older Sync");
+ABSL_FLAG(absl::Duration, refresh_period, absl::ZeroDuration(),
+          "client refresh period; 0 keeps the library default");
+ABSL_FLAG(uint64_t, lease_burst, 0, "client lease burst; 0 keeps the library default");
+ABSL_FLAG(absl::Duration, sample_level, absl::Milliseconds(100),
+          "how often to sample the bucket level during the run (diagnostic; 0: never)");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10),
+          "how long the calls before the run wait for the server");
+ABSL_FLAG(absl::Duration, worker_grace, absl::Seconds(30),
+          "how long past --duration a worker may take to report and exit");
+// Hidden: the worker side of the tool.
+ABSL_FLAG(bool, worker, false, "internal: run as one worker process");
+ABSL_FLAG(int32_t, worker_index, 0, "internal: index of this worker");
+
+namespace retrybudget::fleet {
+
+absl::StatusOr<CommandLine> ParseFleetCommandLine(int argc, char** argv) {
+  CommandLine out;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (!absl::StartsWith(arg, "-") || arg == "-" || arg == "--") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "' (all options are --name=value)"));
+    }
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    std::string name(arg.substr(0, arg.find('=')));
+    const bool has_value = arg.find('=') != absl::string_view::npos;
+    std::string value = has_value ? std::string(arg.substr(arg.find('=') + 1)) : "";
+    name = absl::StrReplaceAll(name, {{"-", "_"}});
+    if (name == "help" || name == "h") {
+      out.help = true;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !has_value && absl::StartsWith(name, "no")) {
+      // --noflag for a boolean.
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) {
+        flag = negated;
+        name = name.substr(2);
+        value = "false";
+      }
+    } else if (flag != nullptr && !has_value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = argv[++i];  // --name value
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+      }
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown option '", argv[i], "' (see --help)"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", absl::StrReplaceAll(name, {{"_", "-"}}), ": bad value '", value,
+                       "': ", error));
+    }
+    out.set.insert(name);
+  }
+  out.worker_mode = absl::GetFlag(FLAGS_worker);
+  return out;
+}
+
+std::string FleetUsage() {
+  return R"(retry-budget-fleet: runs a fleet of real worker processes against one retry budget and
+checks that the whole fleet's retries stayed within it.
+
+Each of --workers processes runs --threads threads calling a simulated backend (each attempt
+takes --call-latency and fails with probability --failure-rate). A failed attempt is retried
+only when the budget's TryAcquire() allows; a denied retry ends the call as failed; a success is
+reported with RecordSuccess(). After --duration seconds every worker shuts its client down (the
+final Sync returns unspent tokens) and reports its own counts. The tool then prints ONE JSON
+line and checks the invariant of DESIGN.md:
+
+  retries_allowed <= bound = initial + refill * elapsed + credit * successes
+
+where initial is the bucket level read (GetBudget) just before the workers start, elapsed
+(steady clock) runs from that read until every worker has exited, and successes are counted by
+the workers themselves.
+
+Usage: retry-budget-fleet [--option=value ...]   (options accept '-' or '_': --failure-rate)
+
+Fleet:
+  --server=HOST:PORT        budget server (default 127.0.0.1:50051)
+  --tenant=NAME             tenant whose budget is used (default fleet)
+  --workers=N               worker processes (default 8)
+  --threads=T               threads per worker (default 2)
+  --duration=SECONDS        how long each worker calls the backend (default 5)
+  --failure-rate=F          probability that one attempt fails, [0, 1] (default 0.3)
+  --call-latency=DURATION   time one attempt takes, e.g. 1ms, 500us, 0 (default 1ms)
+  --seed=N                  seed of the backends and the fault injector (default 1)
+  --strategy=NAME           budget: retry while TryAcquire() allows (default);
+                            unbudgeted: no budget, --max-attempts per call (a baseline that
+                            overspends: the run reports within_budget=false and exits 1)
+  --max-attempts=N          most attempts per call; 0: no cap for budget, 4 for unbudgeted
+
+Policy (PutPolicy before the run when any is given; unset fields take the server's defaults:
+capacity 100, refill 1, credit 0.1, initial = capacity, lease TTL 5000 ms. When none is given
+the tenant keeps the server's policy):
+  --capacity=TOKENS  --refill=TOKENS_PER_SECOND  --credit=TOKENS_PER_SUCCESS
+  --initial=TOKENS   --lease-ttl-ms=MS
+  --reset-budget            delete the tenant's budget first (start from a fresh bucket)
+
+Fault injection (a gRPC proxy on 127.0.0.1:0 between the workers and the server; per Sync
+request, each with its own probability):
+  --fault-drop-response=P      the server applies the request, the worker gets UNAVAILABLE
+  --fault-duplicate-request=P  the request is sent to the server twice
+  --fault-replay-old=P         an older request of the same instance is re-sent after newer ones
+
+Client tuning:
+  --refresh-period=DURATION  --lease-burst=N   (0: library defaults)
+  --sample-level=DURATION    sample the bucket level this often during the run, for the
+                             report's server.level_mean/level_max (default 100ms; 0: never)
+  --connect-timeout=DURATION how long to wait for the server before the run (default 10s)
+  --worker-grace=DURATION    time past --duration a worker may take to exit (default 30s)
+
+Output: one JSON line on stdout:
+  {"tenant","strategy","workers","threads","failure_rate","duration_seconds","call_latency_ms",
+   "policy":{"capacity","refill_per_second","success_credit","initial_tokens","lease_ttl_ms"},
+   "elapsed_seconds","calls","attempts","successes","failures","retries_allowed",
+   "retries_denied","bound","within_budget","utilisation",
+   "library":{...client library counters...}, "server":{...budget totals over the run...},
+   "faults":{...only with fault injection...}}
+  (see tools/fleet/README.md for every field).
+
+Exit codes:
+  0  the run finished within the budget
+  1  the run finished and the fleet spent more retries than the bound (within_budget=false)
+  2  bad command line
+  3  no verdict: the server was unreachable or refused the policy, the fault proxy did not
+     start, or a worker failed to start, crashed, hung or reported no counts
+)";
+}
+
+absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_line) {
+  absl::StatusOr<RetryStrategy> strategy = ParseRetryStrategy(absl::GetFlag(FLAGS_strategy));
+  if (!strategy.ok()) return strategy.status();
+  FleetOptions o;
+  o.strategy = *strategy;
+  o.server = absl::GetFlag(FLAGS_server);
+  o.tenant = absl::GetFlag(FLAGS_tenant);
+  o.workers = absl::GetFlag(FLAGS_workers);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.duration_seconds = absl::GetFlag(FLAGS_duration);
+  o.failure_rate = absl::GetFlag(FLAGS_failure_rate);
+  o.call_latency = absl::GetFlag(FLAGS_call_latency);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.call.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  auto given = [&](absl::string_view name) { return command_line.set.contains(name); };
+  if (given("capacity")) o.capacity = absl::GetFlag(FLAGS_capacity);
+  if (given("refill")) o.refill_per_second = absl::GetFlag(FLAGS_refill);
+  if (given("credit")) o.success_credit = absl::GetFlag(FLAGS_credit);
+  if (given("initial")) o.initial_tokens = absl::GetFlag(FLAGS_initial);
+  if (given("lease_ttl_ms")) o.lease_ttl_ms = absl::GetFlag(FLAGS_lease_ttl_ms);
+  o.reset_budget = absl::GetFlag(FLAGS_reset_budget);
+  o.fault_drop_response = absl::GetFlag(FLAGS_fault_drop_response);
+  o.fault_duplicate_request = absl::GetFlag(FLAGS_fault_duplicate_request);
+  o.fault_replay_old = absl::GetFlag(FLAGS_fault_replay_old);
+  o.refresh_period = absl::GetFlag(FLAGS_refresh_period);
+  o.lease_burst = absl::GetFlag(FLAGS_lease_burst);
+  o.worker_grace = absl::GetFlag(FLAGS_worker_grace);
+  o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  o.sample_level = absl::GetFlag(FLAGS_sample_level);
+  return o;
+}
+
+absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
+  absl::StatusOr<RetryStrategy> strategy = ParseRetryStrategy(absl::GetFlag(FLAGS_strategy));
+  if (!strategy.ok()) return strategy.status();
+  WorkerOptions w;
+  w.index = absl::GetFlag(FLAGS_worker_index);
+  w.target = absl::GetFlag(FLAGS_server);
+  w.tenant = absl::GetFlag(FLAGS_tenant);
+  w.threads = absl::GetFlag(FLAGS_threads);
+  w.duration = absl::Seconds(absl::GetFlag(FLAGS_duration));
+  w.failure_rate = absl::GetFlag(FLAGS_failure_rate);
+  w.call_latency = absl::GetFlag(FLAGS_call_latency);
+  w.seed = absl::GetFlag(FLAGS_seed);
+  w.strategy = *strategy;
+  w.call.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  w.refresh_period = absl::GetFlag(FLAGS_refresh_period);
+  w.lease_burst = absl::GetFlag(FLAGS_lease_burst);
+  return w;
+}
+
+}  // namespace retrybudget::fleet

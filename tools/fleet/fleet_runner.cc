@@ -1,0 +1,339 @@
+#include "tools/fleet/fleet_runner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "grpcpp/grpcpp.h"
+#include "retrybudget/clock.h"
+#include "retrybudget/names.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/fleet/fault_proxy.h"
+#include "tools/fleet/subprocess.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+constexpr absl::Duration kWorkerStartTimeout = absl::Seconds(30);
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+void SetAdminDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  // The server may still be starting: wait for it rather than fail at once.
+  context.set_wait_for_ready(true);
+}
+
+absl::StatusOr<v1::BudgetStatus> GetBudget(v1::BudgetAdminService::Stub& admin,
+                                           const std::string& tenant, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetAdminDeadline(context, timeout);
+  v1::GetBudgetRequest request;
+  request.set_tenant(tenant);
+  v1::GetBudgetResponse response;
+  grpc::Status s = admin.GetBudget(&context, request, &response);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("GetBudget(", tenant, ")"));
+  return response.budget();
+}
+
+bool AnyPolicyField(const FleetOptions& o) {
+  return o.capacity || o.refill_per_second || o.success_credit || o.initial_tokens ||
+         o.lease_ttl_ms;
+}
+
+// Makes the tenant's budget exist with the asked policy.
+absl::Status PrepareTenant(const FleetOptions& o, const std::shared_ptr<grpc::Channel>& channel) {
+  auto admin = v1::BudgetAdminService::NewStub(channel);
+  if (o.reset_budget) {
+    grpc::ClientContext context;
+    SetAdminDeadline(context, o.connect_timeout);
+    v1::DeleteBudgetRequest request;
+    request.set_tenant(o.tenant);
+    v1::DeleteBudgetResponse response;
+    grpc::Status s = admin->DeleteBudget(&context, request, &response);
+    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+      return FromGrpc(s, absl::StrCat("DeleteBudget(", o.tenant, ")"));
+    }
+  }
+  if (AnyPolicyField(o)) {
+    v1::PutPolicyRequest request;
+    request.set_tenant(o.tenant);
+    v1::BudgetPolicy* p = request.mutable_policy();
+    if (o.capacity) p->set_capacity(*o.capacity);
+    if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
+    if (o.success_credit) p->set_success_credit(*o.success_credit);
+    if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
+    if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+    grpc::ClientContext context;
+    SetAdminDeadline(context, o.connect_timeout);
+    v1::PutPolicyResponse response;
+    grpc::Status s = admin->PutPolicy(&context, request, &response);
+    if (!s.ok()) return FromGrpc(s, absl::StrCat("PutPolicy(", o.tenant, ")"));
+    return absl::OkStatus();
+  }
+  // Keep the server's policy. A tenant not created yet is created the way a worker would
+  // create it (first Sync, default policy): a final Sync that reports nothing and wants nothing.
+  absl::StatusOr<v1::BudgetStatus> existing = GetBudget(*admin, o.tenant, o.connect_timeout);
+  if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
+    return existing.status();
+  }
+  auto budget = v1::RetryBudgetService::NewStub(channel);
+  v1::SyncRequest request;
+  request.set_instance_id(absl::StrCat("fleet-probe-", getpid()));
+  request.set_seq(1);
+  request.set_final(true);
+  request.add_tenants()->set_tenant(o.tenant);
+  grpc::ClientContext context;
+  SetAdminDeadline(context, o.connect_timeout);
+  v1::SyncResponse response;
+  grpc::Status s = budget->Sync(&context, request, &response);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("Sync creating tenant ", o.tenant));
+  if (response.tenants_size() == 1 && response.tenants(0).has_error() &&
+      response.tenants(0).error().code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(response.tenants(0).error().code()),
+                        absl::StrCat("tenant ", o.tenant, ": ",
+                                     response.tenants(0).error().message()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std::string& target) {
+  std::vector<std::string> argv = {
+      o.worker_binary,
+      "--worker",
+      absl::StrCat("--worker-index=", index),
+      absl::StrCat("--server=", target),
+      absl::StrCat("--tenant=", o.tenant),
+      absl::StrCat("--threads=", o.threads),
+      absl::StrFormat("--duration=%.17g", o.duration_seconds),
+      absl::StrFormat("--failure-rate=%.17g", o.failure_rate),
+      absl::StrCat("--call-latency=", absl::FormatDuration(o.call_latency)),
+      absl::StrCat("--seed=", o.seed),
+      absl::StrCat("--strategy=", RetryStrategyName(o.strategy)),
+      absl::StrCat("--max-attempts=", o.call.max_attempts),
+      absl::StrCat("--refresh-period=", absl::FormatDuration(o.refresh_period)),
+      absl::StrCat("--lease-burst=", o.lease_burst),
+  };
+  return argv;
+}
+
+uint64_t Delta(uint64_t end, uint64_t start) { return end >= start ? end - start : 0; }
+
+struct LevelStats {
+  uint64_t samples = 0;
+  double sum = 0;
+  double max = 0;
+  double mean() const { return samples == 0 ? 0 : sum / static_cast<double>(samples); }
+};
+
+// Reads the tenant's level every `period` on its own thread until Stop(). Zero period: off.
+class LevelSampler {
+ public:
+  LevelSampler(v1::BudgetAdminService::Stub& admin, const std::string& tenant,
+               absl::Duration period) {
+    if (period <= absl::ZeroDuration()) return;
+    thread_ = std::jthread([this, &admin, tenant, period](std::stop_token stop) {
+      absl::Time next = absl::Now();
+      while (!stop.stop_requested()) {
+        absl::StatusOr<v1::BudgetStatus> status = GetBudget(admin, tenant, period * 10);
+        if (status.ok()) {
+          stats_.samples++;
+          stats_.sum += status->tokens();
+          stats_.max = std::max(stats_.max, status->tokens());
+        }
+        next += period;
+        Clock::Real()->SleepUntil(next, stop);
+      }
+    });
+  }
+  LevelStats Stop() {
+    if (thread_.joinable()) {
+      thread_.request_stop();
+      thread_.join();
+    }
+    return stats_;
+  }
+
+ private:
+  LevelStats stats_;  // written by thread_ only until it is joined
+  std::jthread thread_;
+};
+
+}  // namespace
+
+absl::Status ValidateFleetOptions(const FleetOptions& o) {
+  auto bad = [](absl::string_view flag, auto value, absl::string_view want) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", want, ", got ", value));
+  };
+  if (o.server.empty()) return absl::InvalidArgumentError("--server: must not be empty");
+  if (absl::Status s = ValidateTenantName(o.tenant, "--tenant"); !s.ok()) return s;
+  if (o.workers < 1 || o.workers > 1000) return bad("--workers", o.workers, "must be 1-1000");
+  if (o.threads < 1 || o.threads > 1000) return bad("--threads", o.threads, "must be 1-1000");
+  if (!(o.duration_seconds > 0 && o.duration_seconds <= 86400)) {
+    return bad("--duration", o.duration_seconds, "must be in (0, 86400] seconds");
+  }
+  if (!(o.failure_rate >= 0 && o.failure_rate <= 1)) {
+    return bad("--failure-rate", o.failure_rate, "must be in [0, 1]");
+  }
+  if (o.call_latency < absl::ZeroDuration() || o.call_latency > absl::Seconds(10)) {
+    return bad("--call-latency", absl::FormatDuration(o.call_latency), "must be in [0, 10s]");
+  }
+  if (o.call.max_attempts < 0) return bad("--max-attempts", o.call.max_attempts, "must be >= 0");
+  for (auto [flag, p] : {std::pair<const char*, double>{"--fault-drop-response",
+                                                        o.fault_drop_response},
+                         {"--fault-duplicate-request", o.fault_duplicate_request},
+                         {"--fault-replay-old", o.fault_replay_old}}) {
+    if (!(p >= 0 && p <= 1)) return bad(flag, p, "must be a probability in [0, 1]");
+  }
+  if (o.refresh_period < absl::ZeroDuration()) {
+    return bad("--refresh-period", absl::FormatDuration(o.refresh_period), "must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
+  if (absl::Status s = ValidateFleetOptions(o); !s.ok()) return s;
+
+  auto channel = grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
+  if (absl::Status s = PrepareTenant(o, channel); !s.ok()) return s;
+  auto admin = v1::BudgetAdminService::NewStub(channel);
+
+  // Workers reach the server directly, or through the fault proxy.
+  std::unique_ptr<FaultProxy> proxy;
+  std::string target = o.server;
+  const bool faults = o.fault_drop_response > 0 || o.fault_duplicate_request > 0 ||
+                      o.fault_replay_old > 0;
+  if (faults) {
+    absl::StatusOr<std::unique_ptr<FaultProxy>> started =
+        FaultProxy::Start({.upstream = o.server,
+                           .drop_response = o.fault_drop_response,
+                           .duplicate_request = o.fault_duplicate_request,
+                           .replay_old = o.fault_replay_old,
+                           .seed = o.seed});
+    if (!started.ok()) return started.status();
+    proxy = *std::move(started);
+    target = proxy->address();
+  }
+
+  // Start every worker and wait until each has loaded and parsed its flags: process start-up
+  // is outside the measured run. A worker creates its client only after "go", so no token
+  // leaves the bucket before the level is read.
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < o.workers; ++i) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(
+        WorkerArgv(o, i, target), {.pipe_stdin = true, .pipe_stdout = true});
+    if (!child.ok()) return child.status();
+    workers.push_back(*std::move(child));
+  }
+  const absl::Time ready_deadline = absl::Now() + kWorkerStartTimeout;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::StatusOr<std::string> line = workers[i]->ReadLine(ready_deadline);
+    if (!line.ok() || *line != "ready") {
+      std::optional<int> exited = workers[i]->Poll();
+      return absl::InternalError(absl::StrCat(
+          "worker ", i, " did not start: ",
+          line.ok() ? absl::StrCat("unexpected line '", *line, "'") : line.status().ToString(),
+          exited ? absl::StrCat(" (", DescribeWaitStatus(*exited), ")") : ""));
+    }
+  }
+
+  // The run starts at the level read: elapsed is measured from the response, so the bound
+  // never counts refill from before the level it starts from.
+  absl::StatusOr<v1::BudgetStatus> start_status = GetBudget(*admin, o.tenant, o.connect_timeout);
+  if (!start_status.ok()) return start_status.status();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (absl::Status s = workers[i]->WriteStdin("go\n"); !s.ok()) {
+      return absl::InternalError(absl::StrCat("worker ", i, " lost before start: ", s.ToString()));
+    }
+    workers[i]->CloseStdin();
+  }
+
+  // Diagnostic: the bucket level while the fleet runs (a standing level means tokens the leases
+  // do not take; see the "server" object of the report). Never part of the verdict.
+  LevelSampler sampler(*admin, o.tenant, o.sample_level);
+
+  // Each worker prints one line of counts, then exits.
+  const absl::Time end_deadline =
+      absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
+  std::vector<WorkerCounts> counts;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::StatusOr<std::string> line = workers[i]->ReadLine(end_deadline);
+    absl::StatusOr<int> status = workers[i]->Wait(end_deadline);
+    if (!status.ok()) {
+      return absl::InternalError(absl::StrCat("worker ", i, " hung: ", status.status().ToString()));
+    }
+    if (!ExitedWith(*status, 0)) {
+      return absl::InternalError(
+          absl::StrCat("worker ", i, " failed: ", DescribeWaitStatus(*status)));
+    }
+    if (!line.ok()) {
+      return absl::InternalError(
+          absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
+    }
+    absl::StatusOr<WorkerCounts> parsed = WorkerCountsFromJson(*line);
+    if (!parsed.ok()) {
+      return absl::InternalError(
+          absl::StrCat("worker ", i, ": ", parsed.status().message()));
+    }
+    counts.push_back(*parsed);
+  }
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const LevelStats levels = sampler.Stop();
+
+  FleetRun run;
+  run.tenant = o.tenant;
+  run.strategy = std::string(RetryStrategyName(o.strategy));
+  run.workers = o.workers;
+  run.threads = o.threads;
+  run.failure_rate = o.failure_rate;
+  run.duration_seconds = o.duration_seconds;
+  run.call_latency_ms = absl::ToDoubleMilliseconds(o.call_latency);
+  // The server reports every field; an unset one takes its default from budget.proto.
+  const v1::BudgetPolicy& policy = start_status->policy();
+  run.policy = {.capacity = policy.has_capacity() ? policy.capacity() : 100,
+                .refill_per_second =
+                    policy.has_refill_per_second() ? policy.refill_per_second() : 1,
+                .success_credit = policy.has_success_credit() ? policy.success_credit() : 0.1,
+                .initial_tokens = start_status->tokens(),
+                .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000};
+  run.elapsed_seconds = elapsed;
+  run.totals = SumWorkers(counts);
+
+  if (proxy != nullptr) {
+    proxy->Shutdown();
+    run.faults = proxy->counters();
+  }
+  // Diagnostic view of the server; a failure here does not void the verdict.
+  if (absl::StatusOr<v1::BudgetStatus> end = GetBudget(*admin, o.tenant, o.connect_timeout); end.ok()) {
+    const v1::BudgetStatus& s = *start_status;
+    run.server = ServerView{
+        .tokens_start = s.tokens(),
+        .tokens_end = end->tokens(),
+        .granted = Delta(end->granted_total(), s.granted_total()),
+        .returned = Delta(end->returned_total(), s.returned_total()),
+        .reclaimed = Delta(end->reclaimed_total(), s.reclaimed_total()),
+        .retries = Delta(end->retries_total(), s.retries_total()),
+        .retries_denied = Delta(end->retries_denied_total(), s.retries_denied_total()),
+        .successes = Delta(end->successes_total(), s.successes_total()),
+        .active_instances_end = end->active_instances(),
+        .level_samples = levels.samples,
+        .level_mean = levels.mean(),
+        .level_max = levels.max};
+  }
+  return run;
+}
+
+}  // namespace retrybudget::fleet

@@ -1,0 +1,74 @@
+// The parent side of retry-budget-fleet: configures the tenant's budget, starts the fault proxy
+// when asked, starts the worker processes, times the run from the level read until every worker
+// has exited, and gathers the workers' own counts into a FleetRun (judged by fleet_report.h).
+//
+//   absl::StatusOr<FleetRun> run = RunFleet(options);
+//   if (!run.ok()) return kExitRunFailed;
+//   Verdict verdict = Judge(*run);
+#ifndef RETRYBUDGET_TOOLS_FLEET_FLEET_RUNNER_H_
+#define RETRYBUDGET_TOOLS_FLEET_FLEET_RUNNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tools/fleet/fleet_report.h"
+#include "tools/fleet/worker_loop.h"
+
+namespace retrybudget::fleet {
+
+struct FleetOptions {
+  std::string server = "127.0.0.1:50051";
+  std::string tenant = "fleet";
+  int workers = 8;
+  int threads = 2;
+  double duration_seconds = 5;
+  double failure_rate = 0.3;
+  absl::Duration call_latency = absl::Milliseconds(1);
+  uint64_t seed = 1;
+  RetryStrategy strategy = RetryStrategy::kBudget;
+  CallOptions call = {};
+
+  // The tenant's policy. When any is set the tool PutPolicy()s the tenant with the set fields
+  // (the others take the proto defaults); when none is set it keeps the server's policy.
+  std::optional<double> capacity = {};
+  std::optional<double> refill_per_second = {};
+  std::optional<double> success_credit = {};
+  std::optional<double> initial_tokens = {};
+  std::optional<int64_t> lease_ttl_ms = {};
+  // Delete the tenant's budget first, so the run starts from a fresh bucket.
+  bool reset_budget = false;
+
+  // Fault injection (a proxy between workers and server is started when any is > 0).
+  double fault_drop_response = 0;
+  double fault_duplicate_request = 0;
+  double fault_replay_old = 0;
+
+  // Client tuning passed to every worker (zero: library default).
+  absl::Duration refresh_period = absl::ZeroDuration();
+  uint64_t lease_burst = 0;
+
+  // How often to sample the bucket level during the run (diagnostic; zero: never).
+  absl::Duration sample_level = absl::Milliseconds(100);
+  // How long the admin calls before the run wait for the server (it may still be starting).
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // How long past `duration_seconds` a worker may take to report and exit before the run fails.
+  absl::Duration worker_grace = absl::Seconds(30);
+  // The binary started for each worker (with --worker).
+  std::string worker_binary = "/proc/self/exe";
+};
+
+// INVALID_ARGUMENT naming the option and value when `options` cannot run.
+absl::Status ValidateFleetOptions(const FleetOptions& options);
+
+// Runs the whole fleet and returns what it measured. Blocks for about `duration_seconds`.
+// Errors (each naming what failed): the server unreachable or refusing the policy, the proxy not
+// starting, a worker failing to start, crashing, hanging or printing no valid counts. Worker
+// processes are killed on every error path.
+absl::StatusOr<FleetRun> RunFleet(const FleetOptions& options);
+
+}  // namespace retrybudget::fleet
+
+#endif  // RETRYBUDGET_TOOLS_FLEET_FLEET_RUNNER_H_

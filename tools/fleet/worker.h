@@ -1,0 +1,43 @@
+// One worker process of the fleet: T threads running logical calls against a simulated backend
+// for a fixed duration, retrying through one BudgetClient, then a clean Shutdown() (the final
+// Sync returns every unspent token) and the worker's own counts.
+//
+//   absl::StatusOr<WorkerCounts> counts = RunWorker(options);  // blocks ~options.duration
+#ifndef RETRYBUDGET_TOOLS_FLEET_WORKER_H_
+#define RETRYBUDGET_TOOLS_FLEET_WORKER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tools/fleet/fleet_report.h"
+#include "tools/fleet/worker_loop.h"
+
+namespace retrybudget::fleet {
+
+struct WorkerOptions {
+  int index = 0;                // this worker's index in the fleet, 0-based
+  std::string target = {};      // the budget server (or the fault proxy)
+  std::string tenant = {};
+  int threads = 2;
+  absl::Duration duration = absl::Seconds(5);
+  double failure_rate = 0.3;
+  absl::Duration call_latency = absl::Milliseconds(1);
+  uint64_t seed = 1;            // the fleet's seed; each thread derives its own
+  RetryStrategy strategy = RetryStrategy::kBudget;
+  CallOptions call = {};
+  // Client tuning passed through to ClientOptions (zero keeps the library default).
+  absl::Duration refresh_period = absl::ZeroDuration();
+  uint64_t lease_burst = 0;
+};
+
+// Runs the load now and returns what this worker counted. Creates its BudgetClient at the start
+// (never earlier: no token is leased before the caller's start signal) unless the strategy uses
+// no budget. Errors: the client could not be created or the tenant name is bad. A failed final
+// Sync is not an error: it is reported in `shutdown_status`.
+absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options);
+
+}  // namespace retrybudget::fleet
+
+#endif  // RETRYBUDGET_TOOLS_FLEET_WORKER_H_
