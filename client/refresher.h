@@ -13,7 +13,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "client/mutex.h"
+#include "retrybudget/mutex.h"
 #include "absl/time/time.h"
 #include "client/refresh_policy.h"
 #include "client/tenant_budget_impl.h"

@@ -9,7 +9,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "client/mutex.h"
+#include "retrybudget/mutex.h"
 #include "absl/time/time.h"
 #include "client/demand_estimator.h"
 #include "client/lease.h"

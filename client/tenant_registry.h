@@ -10,7 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "client/mutex.h"
+#include "retrybudget/mutex.h"
 #include "client/tenant_budget_impl.h"
 #include "retrybudget/clock.h"
 

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <mutex>
 
+#include "absl/time/clock.h"
+
 namespace retrybudget {
 namespace {
 
@@ -32,12 +34,12 @@ Clock* Clock::Real() {
 FakeClock::FakeClock(absl::Time start) : now_(start) {}
 
 absl::Time FakeClock::Now() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return now_;
 }
 
 bool FakeClock::SleepUntil(absl::Time deadline, std::stop_token stop) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   sleeps_.push_back(deadline - now_);
   if (stop.stop_requested()) return false;
   if (deadline > now_) now_ = deadline;
@@ -45,17 +47,17 @@ bool FakeClock::SleepUntil(absl::Time deadline, std::stop_token stop) {
 }
 
 void FakeClock::Advance(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   now_ += d;
 }
 
 void FakeClock::Set(absl::Time t) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   now_ = t;
 }
 
 std::vector<absl::Duration> FakeClock::sleeps() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return sleeps_;
 }
 

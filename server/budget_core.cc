@@ -31,7 +31,7 @@ struct BudgetCore::Tenant {
   };
 
   const std::string name;
-  absl::Mutex mu;
+  Mutex mu;
   ResolvedPolicy policy ABSL_GUARDED_BY(mu);
   PolicySource source ABSL_GUARDED_BY(mu);
   TokenBucket bucket ABSL_GUARDED_BY(mu);
@@ -97,7 +97,7 @@ struct BudgetCore::InstanceTenant {
 };
 
 struct BudgetCore::Instance {
-  absl::Mutex mu;
+  Mutex mu;
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
   // True when the server has seen this instance since its first request (seq 1): then a tenant
@@ -203,12 +203,12 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
     }
   }
   const absl::Time now = clock_->Now();
-  absl::MutexLock policy_lock(&policy_mu_);
+  MutexLock policy_lock(&policy_mu_);
   policy_ = config;
   default_policy_ = *default_policy;
-  absl::MutexLock tenants_lock(&tenants_mu_);
+  MutexLock tenants_lock(&tenants_mu_);
   for (auto& [name, tenant] : tenants_) {
-    absl::MutexLock lock(&tenant->mu);
+    MutexLock lock(&tenant->mu);
     if (tenant->source == PolicySource::kAdmin) continue;
     auto it = listed.find(name);
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
@@ -267,7 +267,7 @@ absl::Status BudgetCore::ValidateRequest(const v1::SyncRequest& request) const {
 }
 
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
-  absl::ReaderMutexLock lock(&tenants_mu_);
+  ReaderMutexLock lock(&tenants_mu_);
   auto it = tenants_.find(name);
   return it == tenants_.end() ? nullptr : it->second;
 }
@@ -276,7 +276,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
                                                                    v1::TenantError* error) {
   if (auto t = FindTenant(name)) return t;
   const absl::Time now = clock_->Now();
-  absl::MutexLock policy_lock(&policy_mu_);
+  MutexLock policy_lock(&policy_mu_);
   ResolvedPolicy policy = default_policy_;
   PolicySource source = PolicySource::kDefault;
   bool listed = false;
@@ -295,7 +295,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
                                     " has no budget and the server is strict"));
     return nullptr;
   }
-  absl::MutexLock lock(&tenants_mu_);
+  MutexLock lock(&tenants_mu_);
   auto it = tenants_.find(name);
   if (it != tenants_.end()) return it->second;
   if (tenants_.size() >= options_.max_tenants) {
@@ -313,14 +313,14 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
 std::shared_ptr<BudgetCore::Instance> BudgetCore::FindOrCreateInstance(absl::string_view id,
                                                                        bool* created) {
   {
-    absl::ReaderMutexLock lock(&instances_mu_);
+    ReaderMutexLock lock(&instances_mu_);
     auto it = instances_.find(id);
     if (it != instances_.end()) {
       *created = false;
       return it->second;
     }
   }
-  absl::MutexLock lock(&instances_mu_);
+  MutexLock lock(&instances_mu_);
   auto [it, inserted] = instances_.try_emplace(id, nullptr);
   *created = inserted;
   if (!inserted) return it->second;
@@ -349,7 +349,7 @@ void BudgetCore::EvictInstancesIfFull() {
 }
 
 void BudgetCore::ForgetInstance(absl::string_view id) {
-  absl::MutexLock lock(&instances_mu_);
+  MutexLock lock(&instances_mu_);
   instances_.erase(id);
 }
 
@@ -360,7 +360,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
 
   bool created = false;
   std::shared_ptr<Instance> instance = FindOrCreateInstance(request.instance_id(), &created);
-  absl::MutexLock instance_lock(&instance->mu);
+  MutexLock instance_lock(&instance->mu);
   instance->last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
 
   if (instance->last_seq != 0) {
@@ -414,7 +414,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       if (tenant == nullptr) break;
       bool deleted;
       {
-        absl::MutexLock lock(&tenant->mu);
+        MutexLock lock(&tenant->mu);
         deleted = tenant->deleted;
       }
       if (deleted) tenant = nullptr;  // deleted meanwhile: look it up again
@@ -429,7 +429,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
     }
 
     InstanceTenant& rec = instance->tenants[sent.tenant()];
-    absl::MutexLock lock(&tenant->mu);
+    MutexLock lock(&tenant->mu);
     Tenant& tb = *tenant;
     tb.bucket.Refill(now);
     if (known[i]) {
@@ -500,7 +500,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
 }
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
-  absl::MutexLock lock(&tenant.mu);
+  MutexLock lock(&tenant.mu);
   tenant.bucket.Refill(now);
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
@@ -533,7 +533,7 @@ absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
   const uint32_t page = request.page_size() == 0 ? kMaxPage : std::min(request.page_size(), kMaxPage);
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
-    absl::ReaderMutexLock lock(&tenants_mu_);
+    ReaderMutexLock lock(&tenants_mu_);
     for (const auto& [name, t] : tenants_) {
       if (request.page_token().empty() || name > request.page_token()) tenants.push_back(t);
     }
@@ -557,7 +557,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
   const absl::Time now = clock_->Now();
   std::shared_ptr<Tenant> t;
   {
-    absl::MutexLock lock(&tenants_mu_);
+    MutexLock lock(&tenants_mu_);
     auto it = tenants_.find(tenant);
     if (it != tenants_.end()) {
       t = it->second;
@@ -573,7 +573,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
     }
   }
   {
-    absl::MutexLock lock(&t->mu);
+    MutexLock lock(&t->mu);
     t->bucket.Refill(now);  // time so far counts at the old rate
     t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
     t->policy = *resolved;
@@ -586,7 +586,7 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
   std::shared_ptr<Tenant> t;
   {
-    absl::MutexLock lock(&tenants_mu_);
+    MutexLock lock(&tenants_mu_);
     auto it = tenants_.find(tenant);
     if (it == tenants_.end()) {
       return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
@@ -594,7 +594,7 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
     t = it->second;
     tenants_.erase(it);
   }
-  absl::MutexLock lock(&t->mu);
+  MutexLock lock(&t->mu);
   t->deleted = true;
   return absl::OkStatus();
 }
@@ -603,7 +603,7 @@ std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
   std::vector<v1::BudgetStatus> out;
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
-    absl::ReaderMutexLock lock(&tenants_mu_);
+    ReaderMutexLock lock(&tenants_mu_);
     for (const auto& [name, t] : tenants_) tenants.push_back(t);
   }
   std::sort(tenants.begin(), tenants.end(),
@@ -654,11 +654,11 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   state.set_written_at_unix_nanos(absl::ToUnixNanos(now));
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
-    absl::ReaderMutexLock lock(&tenants_mu_);
+    ReaderMutexLock lock(&tenants_mu_);
     for (const auto& [name, t] : tenants_) tenants.push_back(t);
   }
   for (auto& t : tenants) {
-    absl::MutexLock lock(&t->mu);
+    MutexLock lock(&t->mu);
     t->bucket.Refill(now);
     if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
     v1::TenantState* ts = state.add_tenants();
@@ -678,11 +678,11 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   }
   std::vector<std::pair<std::string, std::shared_ptr<Instance>>> instances;
   {
-    absl::ReaderMutexLock lock(&instances_mu_);
+    ReaderMutexLock lock(&instances_mu_);
     for (const auto& [id, inst] : instances_) instances.emplace_back(id, inst);
   }
   for (auto& [id, inst] : instances) {
-    absl::MutexLock lock(&inst->mu);
+    MutexLock lock(&inst->mu);
     v1::InstanceState* is = state.add_instances();
     is->set_instance_id(id);
     is->set_complete_history(inst->complete_history);
@@ -709,7 +709,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
   const absl::Time now = clock_->Now();
   const bool clean =
       recovered.snapshot.has_value() && recovered.snapshot->clean() && recovered.reservations.empty();
-  absl::MutexLock policy_lock(&policy_mu_);
+  MutexLock policy_lock(&policy_mu_);
   absl::flat_hash_map<std::string, ResolvedPolicy> listed;
   for (const auto& t : policy_.tenants()) listed.emplace(t.tenant(), *ResolvePolicy(t.policy()));
   // The current configuration decides the policy of every tenant an admin did not set.
@@ -734,7 +734,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       }
       const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
       auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, at);
-      absl::MutexLock lock(&t->mu);
+      MutexLock lock(&t->mu);
       uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
       if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
         limit = std::max(limit, it->second);
@@ -761,7 +761,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     PolicySource source;
     const ResolvedPolicy policy = current_policy(name, &source);
     auto t = std::make_shared<Tenant>(name, policy, source, now);
-    absl::MutexLock lock(&t->mu);
+    MutexLock lock(&t->mu);
     t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit), now);
     t->grant_limit = limit;
     t->totals.granted = limit;
@@ -772,7 +772,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
   if (clean) {
     for (const v1::InstanceState& is : recovered.snapshot->instances()) {
       auto inst = std::make_shared<Instance>();
-      absl::MutexLock lock(&inst->mu);
+      MutexLock lock(&inst->mu);
       inst->complete_history = is.complete_history();
       inst->last_seq = is.last_seq();
       inst->last_fingerprint = is.last_fingerprint();
@@ -791,21 +791,21 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     }
   }
   {
-    absl::MutexLock lock(&tenants_mu_);
+    MutexLock lock(&tenants_mu_);
     tenants_ = std::move(restored);
   }
-  absl::MutexLock lock(&instances_mu_);
+  MutexLock lock(&instances_mu_);
   instances_ = std::move(instances);
   return absl::OkStatus();
 }
 
 size_t BudgetCore::tenant_count() {
-  absl::ReaderMutexLock lock(&tenants_mu_);
+  ReaderMutexLock lock(&tenants_mu_);
   return tenants_.size();
 }
 
 size_t BudgetCore::instance_count() {
-  absl::ReaderMutexLock lock(&instances_mu_);
+  ReaderMutexLock lock(&instances_mu_);
   return instances_.size();
 }
 

@@ -11,16 +11,16 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "retrybudget/clock.h"
+#include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.pb.h"
 #include "retrybudget/v1/state.pb.h"
 #include "server/durable_store.h"
@@ -138,16 +138,16 @@ class BudgetCore {
   const CoreOptions options_;
   Clock* const clock_;
 
-  absl::Mutex policy_mu_;
+  Mutex policy_mu_;
   v1::PolicyConfig policy_ ABSL_GUARDED_BY(policy_mu_);
   ResolvedPolicy default_policy_ ABSL_GUARDED_BY(policy_mu_);
 
-  absl::Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
+  Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(tenants_mu_);
 
   std::atomic<uint64_t> store_errors_{0};
 
-  absl::Mutex instances_mu_;
+  Mutex instances_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances_
       ABSL_GUARDED_BY(instances_mu_);
 };

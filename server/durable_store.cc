@@ -161,7 +161,7 @@ uint32_t Crc32(absl::string_view data) {
 DurableStore::DurableStore(std::string dir) : dir_(std::move(dir)) {}
 
 DurableStore::~DurableStore() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (journal_fd_ >= 0) ::close(journal_fd_);
 }
 
@@ -219,7 +219,7 @@ absl::StatusOr<RecoveredState> DurableStore::Load() {
     }
   }
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     journal_number_ = journals.empty() ? journal_start : std::max(journal_start, journals.back());
   }
   return recovered;
@@ -240,7 +240,7 @@ absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limi
   r.set_tenant(std::string(tenant));
   r.set_grant_limit(grant_limit);
   const std::string record = Frame(r.SerializeAsString());
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (journal_fd_ < 0) {
     if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
   }
@@ -251,7 +251,7 @@ absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limi
 }
 
 absl::StatusOr<uint64_t> DurableStore::RotateJournal() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
   return journal_number_;
 }

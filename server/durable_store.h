@@ -18,7 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "retrybudget/mutex.h"
 #include "retrybudget/v1/state.pb.h"
 
 namespace retrybudget {
@@ -60,7 +60,7 @@ class DurableStore {
   absl::Status OpenJournal(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
-  absl::Mutex mu_;
+  Mutex mu_;
   int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t journal_number_ ABSL_GUARDED_BY(mu_) = 0;
 };

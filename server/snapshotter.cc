@@ -21,7 +21,7 @@ Snapshotter::Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration i
 Snapshotter::~Snapshotter() { (void)Stop(); }
 
 absl::Status Snapshotter::SnapshotNow(bool clean) {
-  absl::MutexLock one_at_a_time(&snapshot_mu_);
+  MutexLock one_at_a_time(&snapshot_mu_);
   // Rotate first: reservations made from now on land in the new journal, which the snapshot
   // names as its start; everything in older journals is covered by the state exported below.
   absl::Status status;
@@ -33,40 +33,42 @@ absl::Status Snapshotter::SnapshotNow(bool clean) {
     state.set_journal_start(*journal);
     status = store_->WriteSnapshot(state);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   (status.ok() ? written_ : failed_) += 1;
   return status;
 }
 
 void Snapshotter::Loop() {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<Mutex> lock(mu_);
   while (!stopping_) {
-    const bool stop = mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval_);
-    if (stop) break;
-    mu_.Unlock();
+    if (wake_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [this] { return stopping_; })) {
+      break;
+    }
+    lock.unlock();
     (void)SnapshotNow(/*clean=*/false);  // counted in failed_; the next interval tries again
-    mu_.Lock();
+    lock.lock();
   }
 }
 
 absl::Status Snapshotter::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return absl::OkStatus();
     stopping_ = true;
     stopped_ = true;
   }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   return SnapshotNow(/*clean=*/true);
 }
 
 uint64_t Snapshotter::written() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return written_;
 }
 
 uint64_t Snapshotter::failed() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return failed_;
 }
 

@@ -10,13 +10,14 @@
 #ifndef RETRYBUDGET_SERVER_SNAPSHOTTER_H_
 #define RETRYBUDGET_SERVER_SNAPSHOTTER_H_
 
+#include <condition_variable>
 #include <memory>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "retrybudget/mutex.h"
 #include "absl/time/time.h"
 #include "server/budget_core.h"
 #include "server/durable_store.h"
@@ -50,8 +51,9 @@ class Snapshotter {
   BudgetCore* const core_;
   DurableStore* const store_;
   const absl::Duration interval_;
-  absl::Mutex snapshot_mu_;  // one snapshot at a time
-  absl::Mutex mu_;
+  Mutex snapshot_mu_;  // one snapshot at a time
+  Mutex mu_;
+  std::condition_variable_any wake_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "retrybudget/mutex.h"
 
 namespace retrybudget {
 
@@ -47,7 +47,7 @@ class FakeClock : public Clock {
   std::vector<absl::Duration> sleeps();
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> sleeps_ ABSL_GUARDED_BY(mu_);
 };
