@@ -447,6 +447,9 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       tb.totals.retries_denied += d_denied;
       tb.totals.returned += d_returned;
       tb.totals.reclaimed += reclaimed;
+      // Fallback spending took no token from this bucket; it is counted, not debited (the
+      // fallback allowance is the documented exception to the bound, DESIGN.md).
+      tb.totals.fallback_retries += sent.fallback_spent() - rec.fallback_spent;
     }
     // Baseline or not, the record now holds the client's totals.
     rec.successes = sent.successes();
@@ -515,6 +518,7 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_reclaimed_total(tenant.totals.reclaimed);
   s.set_wanted_total(tenant.totals.wanted);
   s.set_explicit_policy(tenant.source != PolicySource::kDefault);
+  s.set_fallback_retries_total(tenant.totals.fallback_retries);
   return s;
 }
 
@@ -675,6 +679,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_retries_denied_total(t->totals.retries_denied);
     ts->set_returned_total(t->totals.returned);
     ts->set_reclaimed_total(t->totals.reclaimed);
+    ts->set_fallback_retries_total(t->totals.fallback_retries);
   }
   std::vector<std::pair<std::string, std::shared_ptr<Instance>>> instances;
   {
@@ -749,7 +754,8 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
                                .retries = ts.retries_total(),
                                .retries_denied = ts.retries_denied_total(),
                                .returned = ts.returned_total(),
-                               .reclaimed = ts.reclaimed_total()};
+                               .reclaimed = ts.reclaimed_total(),
+                               .fallback_retries = ts.fallback_retries_total()};
       restored.emplace(ts.tenant(), std::move(t));
     }
   }

@@ -60,6 +60,7 @@ struct BudgetTotals {
   uint64_t retries_denied = 0;
   uint64_t returned = 0;
   uint64_t reclaimed = 0;
+  uint64_t fallback_retries = 0;
 };
 
 // Thread-safe. Tenants are locked one at a time (never all behind one lock); requests of the same
