@@ -202,6 +202,7 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
           absl::StrCat(field, ".tenant ", QuoteForError(t.tenant()), " is listed twice"));
     }
   }
+  if (auto s = ValidateCredentials(config); !s.ok()) return s;
   const absl::Time now = clock_->Now();
   MutexLock policy_lock(&policy_mu_);
   policy_ = config;

@@ -1,5 +1,6 @@
 #include "server/policy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -129,7 +130,46 @@ absl::StatusOr<v1::PolicyConfig> ParsePolicyConfig(absl::string_view contents) {
     }
     if (auto p = ResolvePolicy(t.policy(), field + ".policy"); !p.ok()) return p.status();
   }
+  if (auto s = ValidateCredentials(config); !s.ok()) return s;
   return config;
+}
+
+absl::Status ValidateCredentials(const v1::PolicyConfig& config) {
+  absl::flat_hash_set<std::string> names;
+  absl::flat_hash_set<std::string> hashes;
+  for (int i = 0; i < config.credentials_size(); ++i) {
+    const v1::Credential& c = config.credentials(i);
+    const std::string field = absl::StrCat("credentials[", i, "]");
+    if (c.name().empty()) return absl::InvalidArgumentError(field + ".name is empty");
+    if (!names.insert(c.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name ", QuoteForError(c.name()), " is listed twice"));
+    }
+    const std::string& h = c.token_sha256();
+    const bool hex = h.size() == 64 && std::all_of(h.begin(), h.end(), [](char ch) {
+                       return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+                     });
+    if (!hex) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".token_sha256 ", QuoteForError(h),
+          " is not 64 lowercase hex characters (the SHA-256 of the token)"));
+    }
+    if (!hashes.insert(h).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".token_sha256 is the same token as another credential"));
+    }
+    if (c.tenants_size() == 0 && !c.admin()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " (", QuoteForError(c.name()), ") grants nothing: list tenants or set admin"));
+    }
+    for (int j = 0; j < c.tenants_size(); ++j) {
+      if (auto s = ValidateTenantName(c.tenants(j), absl::StrCat(field, ".tenants[", j, "]"));
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::PolicyConfig> LoadPolicyFile(const std::string& path) {

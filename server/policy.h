@@ -34,6 +34,10 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::BudgetPolicy& policy,
 // are well-formed and unique. Errors name the line (text format) and the field.
 absl::StatusOr<v1::PolicyConfig> ParsePolicyConfig(absl::string_view contents);
 
+// Checks the credentials of a config: unique names, well-formed SHA-256 hashes, valid tenant
+// names, each credential granting something. Part of ParsePolicyConfig.
+absl::Status ValidateCredentials(const v1::PolicyConfig& config);
+
 // Reads and parses `path`. Errors name the path.
 absl::StatusOr<v1::PolicyConfig> LoadPolicyFile(const std::string& path);
 

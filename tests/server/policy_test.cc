@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -125,6 +126,45 @@ TEST(PolicyTest, LoadPolicyFileNamesThePath) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(path));
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("default_policy.capacity = -1"));
   std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace retrybudget
+
+namespace retrybudget {
+namespace {
+
+constexpr char kHash[] = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+TEST(PolicyCredentialsTest, ParsesCredentials) {
+  auto config = ParsePolicyConfig(absl::StrCat(
+      "credentials { name: \"payments-workers\" token_sha256: \"", kHash,
+      "\" tenants: \"payments\" tenants: \"payments/db\" }\n"));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->credentials(0).tenants_size(), 2);
+}
+
+TEST(PolicyCredentialsTest, RefusesMalformedCredentialsNamingTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"credentials { token_sha256: \"" + std::string(kHash) + "\" admin: true }",
+       "credentials[0].name is empty"},
+      {"credentials { name: \"a\" token_sha256: \"abc\" admin: true }",
+       "credentials[0].token_sha256 \"abc\" is not 64 lowercase hex"},
+      {"credentials { name: \"a\" token_sha256: \"" + std::string(kHash) + "\" }",
+       "grants nothing"},
+      {"credentials { name: \"a\" token_sha256: \"" + std::string(kHash) +
+           "\" tenants: \"bad name\" }",
+       "credentials[0].tenants[0]"},
+      {"credentials { name: \"a\" token_sha256: \"" + std::string(kHash) +
+           "\" admin: true }\ncredentials { name: \"a\" token_sha256: \"" +
+           std::string(64, 'a') + "\" admin: true }",
+       "credentials[1].name \"a\" is listed twice"},
+  };
+  for (const auto& [text, expected] : cases) {
+    auto config = ParsePolicyConfig(text);
+    ASSERT_FALSE(config.ok()) << text;
+    EXPECT_THAT(std::string(config.status().message()), HasSubstr(expected)) << text;
+  }
 }
 
 }  // namespace
