@@ -119,7 +119,7 @@ TEST(WorkerCountsJsonTest, RoundTrips) {
   WorkerCounts c{.worker = 3, .calls = 1000, .attempts = 1500, .successes = 700,
                  .failures = 300, .retries_allowed = 500, .retries_denied = 250,
                  .run_seconds = 4.25, .lib_successes = 700, .lib_retries_allowed = 500,
-                 .lib_retries_denied = 250, .lib_tokens_received = 510,
+                 .lib_retries_denied = 250, .lib_fallback_allowed = 4, .lib_tokens_received = 510,
                  .lib_tokens_returned = 10, .lib_tokens_held = 0,
                  .shutdown_status = "UNAVAILABLE: \"quoted\"\n"};
   absl::StatusOr<WorkerCounts> back = WorkerCountsFromJson(WorkerCountsToJson(c));
@@ -132,6 +132,7 @@ TEST(WorkerCountsJsonTest, RoundTrips) {
   EXPECT_EQ(back->retries_allowed, 500u);
   EXPECT_EQ(back->retries_denied, 250u);
   EXPECT_DOUBLE_EQ(back->run_seconds, 4.25);
+  EXPECT_EQ(back->lib_fallback_allowed, 4u);
   EXPECT_EQ(back->lib_tokens_received, 510u);
   EXPECT_EQ(back->lib_tokens_returned, 10u);
   EXPECT_EQ(back->shutdown_status, c.shutdown_status);

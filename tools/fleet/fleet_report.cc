@@ -83,6 +83,7 @@ WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
     sum.lib_successes += w.lib_successes;
     sum.lib_retries_allowed += w.lib_retries_allowed;
     sum.lib_retries_denied += w.lib_retries_denied;
+    sum.lib_fallback_allowed += w.lib_fallback_allowed;
     sum.lib_tokens_received += w.lib_tokens_received;
     sum.lib_tokens_returned += w.lib_tokens_returned;
     sum.lib_tokens_held += w.lib_tokens_held;
@@ -106,6 +107,7 @@ std::string WorkerCountsToJson(const WorkerCounts& c) {
       .Number("lib_successes", c.lib_successes)
       .Number("lib_retries_allowed", c.lib_retries_allowed)
       .Number("lib_retries_denied", c.lib_retries_denied)
+      .Number("lib_fallback_allowed", c.lib_fallback_allowed)
       .Number("lib_tokens_received", c.lib_tokens_received)
       .Number("lib_tokens_returned", c.lib_tokens_returned)
       .Number("lib_tokens_held", c.lib_tokens_held)
@@ -138,6 +140,7 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
            {"lib_successes", &c.lib_successes},
            {"lib_retries_allowed", &c.lib_retries_allowed},
            {"lib_retries_denied", &c.lib_retries_denied},
+           {"lib_fallback_allowed", &c.lib_fallback_allowed},
            {"lib_tokens_received", &c.lib_tokens_received},
            {"lib_tokens_returned", &c.lib_tokens_returned}}) {
     if (absl::Status st = ReadCount(s, field, out); !st.ok()) return st;
@@ -185,6 +188,7 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
   library.Number("successes", t.lib_successes)
       .Number("retries_allowed", t.lib_retries_allowed)
       .Number("retries_denied", t.lib_retries_denied)
+      .Number("fallback_allowed", t.lib_fallback_allowed)
       .Number("tokens_received", t.lib_tokens_received)
       .Number("tokens_returned", t.lib_tokens_returned)
       .Number("tokens_held_at_exit", t.lib_tokens_held)

@@ -42,6 +42,7 @@ struct WorkerCounts {
   uint64_t lib_successes = 0;
   uint64_t lib_retries_allowed = 0;
   uint64_t lib_retries_denied = 0;
+  uint64_t lib_fallback_allowed = 0;  // of lib_retries_allowed, from the fallback bucket
   uint64_t lib_tokens_received = 0;
   uint64_t lib_tokens_returned = 0;
   int64_t lib_tokens_held = 0;    // after Shutdown(): should be 0

@@ -317,7 +317,8 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
     run.faults = proxy->counters();
   }
   // Diagnostic view of the server; a failure here does not void the verdict.
-  if (absl::StatusOr<v1::BudgetStatus> end = GetBudget(*admin, o.tenant, o.connect_timeout); end.ok()) {
+  absl::StatusOr<v1::BudgetStatus> end = GetBudget(*admin, o.tenant, o.connect_timeout);
+  if (end.ok()) {
     const v1::BudgetStatus& s = *start_status;
     run.server = ServerView{
         .tokens_start = s.tokens(),

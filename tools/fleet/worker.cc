@@ -88,6 +88,7 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     out.lib_successes = stats.successes;
     out.lib_retries_allowed = stats.retries_allowed;
     out.lib_retries_denied = stats.retries_denied;
+    out.lib_fallback_allowed = stats.fallback_allowed;
     out.lib_tokens_received = stats.tokens_received;
     out.lib_tokens_returned = stats.tokens_returned;
     out.lib_tokens_held = stats.tokens_held;
