@@ -76,6 +76,24 @@ struct BudgetCore::Tenant {
     }
   }
 
+  // Success credit per second, smoothed over windows of about a second.
+  double credit_rate ABSL_GUARDED_BY(mu) = 0;
+  double window_credit ABSL_GUARDED_BY(mu) = 0;
+  absl::Time window_start ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (window_start == absl::InfinitePast()) window_start = now;
+    window_credit += credit;
+    const absl::Duration window = now - window_start;
+    if (window >= absl::Seconds(1)) {
+      credit_rate = 0.5 * credit_rate + 0.5 * window_credit / absl::ToDoubleSeconds(window);
+      window_credit = 0;
+      window_start = now;
+    }
+  }
+
+  double CreditRate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return credit_rate; }
+
   uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const absl::Time cutoff = now - policy.lease_ttl;
     uint32_t n = 0;
@@ -139,7 +157,9 @@ uint64_t GrantFor(uint64_t want, uint64_t want_sum, double level) {
   if (want == 0 || whole < 1) return 0;
   const uint64_t available = static_cast<uint64_t>(whole);
   if (want_sum <= available) return std::min(want, available);
-  const double share = std::floor(whole * static_cast<double>(want) /
+  // Rounded to nearest, not down: flooring leaves up to one token per active instance sitting
+  // in the bucket while every instance is denied.
+  const double share = std::round(whole * static_cast<double>(want) /
                                   static_cast<double>(std::max(want_sum, want)));
   const uint64_t cap = std::min(want, available);
   return std::clamp<uint64_t>(static_cast<uint64_t>(share), 1, cap);
@@ -441,8 +461,9 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       const uint64_t d_returned = sent.tokens_returned() - rec.tokens_returned;
       // Granted but never received: the response was lost, so those tokens were never spent.
       const uint64_t reclaimed = rec.granted_total - sent.tokens_received();
-      tb.bucket.Deposit(tb.policy.success_credit * static_cast<double>(d_success) +
-                        static_cast<double>(d_returned + reclaimed));
+      const double credit = tb.policy.success_credit * static_cast<double>(d_success);
+      tb.bucket.Deposit(credit + static_cast<double>(d_returned + reclaimed));
+      tb.NoteCredit(credit, now);
       tb.totals.successes += d_success;
       tb.totals.retries += d_spent;
       tb.totals.retries_denied += d_denied;
@@ -478,7 +499,10 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       if (granted < sent.want()) {
         // The bucket is dry: come back when refill has made about one token of this instance's
         // share, not before (an empty lease must not turn into a hot loop of Syncs).
-        const double share_rate = tb.policy.refill_per_second * static_cast<double>(sent.want()) /
+        // The inflow is refill plus success credit: counting refill alone makes instances come
+        // back too rarely, and tokens pile up in the bucket while retries are denied.
+        const double inflow = tb.policy.refill_per_second + tb.CreditRate();
+        const double share_rate = inflow * static_cast<double>(sent.want()) /
                                   static_cast<double>(std::max(tb.want_sum, sent.want()));
         const absl::Duration dry_cap = std::min(next_sync, absl::Milliseconds(250));
         next_sync = share_rate > 0 ? absl::Seconds(1.0 / share_rate) : dry_cap;

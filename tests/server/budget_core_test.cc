@@ -494,3 +494,37 @@ TEST_F(BudgetCoreTest, DeletedBudgetIsRecreatedOnNextUse) {
 
 }  // namespace
 }  // namespace retrybudget
+
+namespace retrybudget {
+namespace {
+
+TEST_F(BudgetCoreTest, DryHintCountsSuccessCreditAsInflow) {
+  MakeCore(100, 4, 1, 0);  // 4/s refill; credit 1 per success
+  uint64_t successes = 0;
+  uint64_t received = 0;
+  absl::Duration first;
+  absl::Duration last;
+  for (int seq = 1; seq <= 5; ++seq) {
+    successes += 12;  // 12 successes/s: 12 tokens/s of credit on top of 4/s refill
+    auto g = SyncOne("a", seq, {.successes = successes, .spent = received,
+                                .received = received, .want = 1000});
+    received += g.granted();  // spent at once: the bucket stays dry
+    (seq == 1 ? first : last) = absl::Milliseconds(g.next_sync_ms());
+    clock_.Advance(absl::Seconds(1));
+  }
+  // Refill alone: one token at 4/s is 250 ms; with ~16/s of inflow the client comes back sooner.
+  EXPECT_EQ(first, absl::Milliseconds(250));
+  EXPECT_LT(last, absl::Milliseconds(100));
+}
+
+TEST_F(BudgetCoreTest, ProportionalSharesRoundToNearest) {
+  MakeCore(100, 5, 0, 0);
+  SyncOne("x", 1, {.want = 2});
+  SyncOne("y", 1, {.want = 2});
+  SyncOne("z", 1, {.want = 2});
+  clock_.Advance(absl::Seconds(1));  // 5 tokens for wants of 6: a share of 1.67 rounds to 2
+  EXPECT_EQ(SyncOne("x", 2, {.want = 2}).granted(), 2u);
+}
+
+}  // namespace
+}  // namespace retrybudget
