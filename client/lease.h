@@ -14,8 +14,13 @@ namespace retrybudget::client_internal {
 //   bits  0-31  tokens held (a count, never negative)
 //   bits 32-62  low-water mark: the take that brings the count down to it reports kTakenLow, so
 //               the refresher is woken to refresh early (the mark is ~20% of the last grant)
-//   bit  63     closed: no lease is in force (none yet, expired, refused, shut down); tokens
-//               that sit in a closed word (a Refund() racing with a withdrawal) cannot be taken
+//   bit  63     closed: no token may be taken (no lease yet, expired, refused, fallback =
+//               deny, shut down); tokens that sit in a closed word (a Refund() racing with a
+//               withdrawal) cannot be taken
+//
+// The word holds either leased tokens or, while the server is unreachable, tokens the refresher
+// puts in from the local fallback bucket: the hot path cannot tell them apart (TenantLedger
+// keeps the books of each).
 //
 // Packing the mark and the closed bit into the counter keeps TryTake() at exactly one atomic
 // operation: no second load to learn whether to wake the refresher or whether the lease is live.
@@ -72,6 +77,18 @@ class alignas(64) Lease {
                                           std::memory_order_relaxed));
     return added;
   }
+
+  // Takes every token out and puts min(`tokens`, kMaxTokens) in, with low-water mark `mark`,
+  // open: one atomic exchange, so workers never see an empty word in between (used to switch
+  // between leased and fallback tokens). Returns the number of tokens taken out; the caller
+  // accounts for Capped(tokens) as added.
+  uint64_t Replace(uint64_t tokens, uint64_t mark) noexcept {
+    const uint64_t next = Capped(tokens) | (std::min(mark, kMaxMark) << kMarkShift);
+    return Tokens(word_.exchange(next, std::memory_order_acq_rel));
+  }
+
+  // How many of `tokens` a Replace() puts in.
+  static constexpr uint64_t Capped(uint64_t tokens) { return std::min(tokens, kMaxTokens); }
 
   // Closes the lease and takes every token out of it (one atomic exchange). Returns the number
   // of tokens taken out.

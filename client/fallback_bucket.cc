@@ -1,0 +1,61 @@
+#include "client/fallback_bucket.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "client/lease.h"
+
+namespace retrybudget::client_internal {
+namespace {
+
+constexpr double kEpsilon = 1e-6;
+
+double Sanitize(double value, double most) {
+  if (!std::isfinite(value) || value < 0) return 0;
+  return std::min(value, most);
+}
+
+}  // namespace
+
+FallbackBucket::FallbackBucket(BucketShape shape, absl::Time now) : last_(now) {
+  // The word holds at most Lease::kMaxTokens; nothing above it could ever be handed out.
+  constexpr double kMost = static_cast<double>(Lease::kMaxTokens);
+  shape_.capacity = Sanitize(shape.capacity, kMost);
+  shape_.refill_per_second = Sanitize(shape.refill_per_second, kMost);
+  cap_ = shape_.refill_per_second > 0 ? std::max(shape_.capacity, 1.0) : shape_.capacity;
+  level_ = shape_.capacity;
+  held_ = 0;  // nothing in the word yet: the first Refill() puts floor(capacity) in
+}
+
+uint64_t FallbackBucket::Refill(absl::Time now, uint64_t held) {
+  const double dt = std::max(0.0, absl::ToDoubleSeconds(now - last_));
+  last_ = std::max(last_, now);
+  // Growth since the last step, as if every take since then happened just now.
+  const double grown = std::max(level_, std::min(cap_, level_ + shape_.refill_per_second * dt));
+  double level = grown - static_cast<double>(held_) + static_cast<double>(held);
+  level = std::max(level, static_cast<double>(held));
+  // The epsilon absorbs rounding in rate * time (a token due at t is there at t).
+  const double whole = std::floor(level + kEpsilon);
+  const uint64_t add = whole > static_cast<double>(held)
+                           ? static_cast<uint64_t>(whole) - held
+                           : 0;
+  level_ = level;
+  held_ = held + add;
+  return add;
+}
+
+bool FallbackBucket::Full() const {
+  return shape_.refill_per_second > 0 && std::floor(level_ + kEpsilon) + 1 > cap_ + kEpsilon;
+}
+
+absl::Time FallbackBucket::NextTokenAt() const {
+  if (shape_.refill_per_second <= 0 || Full()) return absl::InfiniteFuture();
+  const double next_whole = std::floor(level_ + kEpsilon) + 1;
+  // Rounded up to the microsecond so that a step at that time sees the whole token (Refill()'s
+  // epsilon covers the rounding of an exact microsecond count).
+  const double micros = (next_whole - level_) / shape_.refill_per_second * 1e6;
+  // At least 1 us, so a step never reschedules itself for the same instant.
+  return last_ + absl::Microseconds(std::max(1.0, std::ceil(micros - 1e-3)));
+}
+
+}  // namespace retrybudget::client_internal

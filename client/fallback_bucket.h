@@ -1,0 +1,63 @@
+// The local token bucket a tenant falls back to while the budget server is unreachable.
+#ifndef RETRYBUDGET_CLIENT_FALLBACK_BUCKET_H_
+#define RETRYBUDGET_CLIENT_FALLBACK_BUCKET_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace retrybudget::client_internal {
+
+// Size of a local bucket: the last SafeShare the server sent for the tenant, or the configured
+// bucket of a client that never reached the server.
+struct BucketShape {
+  double capacity = 0;           // tokens
+  double refill_per_second = 0;  // tokens per second
+};
+
+// The bucket math of fallback mode, for a bucket whose whole tokens sit in the lease word where
+// workers take them without telling anyone. The refresher calls Refill() on each of its steps
+// with what the word holds; it returns how many whole tokens to add. Fractions stay here.
+//
+// The level starts at `capacity` (the instance's share of the burst) and grows by
+// `refill_per_second` up to `capacity`; a share below one token is allowed to grow to one whole
+// token when it refills at all (otherwise a large fleet in fallback could never retry; that costs
+// at most one token per instance). Tokens taken between two steps are assumed taken just before
+// the later step, so refill lost while the bucket sat full is never credited: over any run,
+// tokens handed out <= capacity + refill_per_second * elapsed (+ at most one token for a share
+// below one).
+//
+// Not thread-safe: the owner serialises calls.
+class FallbackBucket {
+ public:
+  // A full bucket of `shape` at `now`. Negative or non-finite values count as 0.
+  FallbackBucket(BucketShape shape, absl::Time now);
+
+  // Whole tokens to put into the word at `now`, which holds `held` tokens right now (taken
+  // tokens lower it, refunds raise it). The caller deposits exactly the returned count.
+  uint64_t Refill(absl::Time now, uint64_t held);
+
+  // When the next whole token is due if nobody takes any (InfiniteFuture when the bucket is full
+  // or does not refill). Valid after Refill().
+  absl::Time NextTokenAt() const;
+
+  // True when no further whole token fits (the bucket is full): refill is being lost until a
+  // token is taken. Valid after Refill().
+  bool Full() const;
+
+  // Whole tokens in the word after the last Refill() (as far as this bucket knows).
+  uint64_t held() const { return held_; }
+
+  const BucketShape& shape() const { return shape_; }
+
+ private:
+  BucketShape shape_;
+  double cap_ = 0;       // most the level reaches (capacity, or 1 for a refilling share below 1)
+  double level_ = 0;     // modelled level after the last Refill(): held_ + a fraction
+  uint64_t held_ = 0;    // whole tokens in the word after the last Refill()
+  absl::Time last_;
+};
+
+}  // namespace retrybudget::client_internal
+
+#endif  // RETRYBUDGET_CLIENT_FALLBACK_BUCKET_H_

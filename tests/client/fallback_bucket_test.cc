@@ -1,0 +1,83 @@
+#include "client/fallback_bucket.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+namespace retrybudget::client_internal {
+namespace {
+
+const absl::Time kStart = absl::FromUnixSeconds(1'000'000);
+
+TEST(FallbackBucketTest, StartsFullAtTheShareCapacityKeepingTheFraction) {
+  FallbackBucket bucket({.capacity = 3.7, .refill_per_second = 1}, kStart);
+  EXPECT_EQ(bucket.Refill(kStart, 0), 3u);
+  EXPECT_TRUE(bucket.Full());  // a fourth whole token does not fit under 3.7
+  EXPECT_EQ(bucket.NextTokenAt(), absl::InfiniteFuture());
+  // All 3 taken: 0.7 left, the next whole token in 0.3 s.
+  EXPECT_EQ(bucket.Refill(kStart, 0), 0u);
+  EXPECT_EQ(bucket.NextTokenAt(), kStart + absl::Milliseconds(300));
+  EXPECT_EQ(bucket.Refill(kStart + absl::Milliseconds(300), 0), 1u);
+}
+
+TEST(FallbackBucketTest, RefillsAtTheRateOnceTokensAreTaken) {
+  FallbackBucket bucket({.capacity = 2, .refill_per_second = 4}, kStart);
+  ASSERT_EQ(bucket.Refill(kStart, 0), 2u);
+  EXPECT_TRUE(bucket.Full());
+  EXPECT_EQ(bucket.NextTokenAt(), absl::InfiniteFuture());
+  // Both taken; the step that sees it (at once) restarts the refill.
+  EXPECT_EQ(bucket.Refill(kStart, 0), 0u);
+  EXPECT_EQ(bucket.NextTokenAt(), kStart + absl::Milliseconds(250));
+  EXPECT_EQ(bucket.Refill(kStart + absl::Milliseconds(250), 0), 1u);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(10), 1), 1u);  // capped at 2 held
+  EXPECT_TRUE(bucket.Full());
+}
+
+TEST(FallbackBucketTest, RefillLostWhileFullIsNeverCredited) {
+  FallbackBucket bucket({.capacity = 5, .refill_per_second = 1}, kStart);
+  ASSERT_EQ(bucket.Refill(kStart, 0), 5u);
+  // Full for 100 s, then all 5 taken: the next step does not hand out 100 s of refill.
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(100), 0), 0u);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(101), 0), 1u);
+}
+
+TEST(FallbackBucketTest, NeverHandsOutMoreThanCapacityPlusRefillTimesElapsed) {
+  FallbackBucket bucket({.capacity = 3, .refill_per_second = 0.7}, kStart);
+  uint64_t handed = bucket.Refill(kStart, 0);
+  uint64_t held = handed;
+  for (int ms = 1; ms <= 60'000; ms += 37) {
+    held = held > 0 ? held - 1 : 0;  // a worker takes one now and then
+    const uint64_t add = bucket.Refill(kStart + absl::Milliseconds(ms), held);
+    held += add;
+    handed += add;
+    EXPECT_LE(static_cast<double>(handed), 3 + 0.7 * ms / 1000.0 + 1e-6) << ms;
+  }
+  EXPECT_GE(static_cast<double>(handed), 3 + 0.7 * 60 - 2);
+}
+
+TEST(FallbackBucketTest, AShareBelowOneTokenStillAccumulatesOne) {
+  FallbackBucket bucket({.capacity = 0.5, .refill_per_second = 0.25}, kStart);
+  EXPECT_EQ(bucket.Refill(kStart, 0), 0u);
+  EXPECT_EQ(bucket.NextTokenAt(), kStart + absl::Seconds(2));
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(2), 0), 1u);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(60), 1), 0u);  // at most one
+}
+
+TEST(FallbackBucketTest, AZeroShareNeverAllows) {
+  FallbackBucket bucket({.capacity = 0, .refill_per_second = 0}, kStart);
+  EXPECT_EQ(bucket.Refill(kStart, 0), 0u);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Hours(1), 0), 0u);
+  EXPECT_EQ(bucket.NextTokenAt(), absl::InfiniteFuture());
+}
+
+TEST(FallbackBucketTest, BadValuesCountAsZero) {
+  FallbackBucket bucket({.capacity = -3, .refill_per_second = std::nan("")}, kStart);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Hours(1), 0), 0u);
+  EXPECT_EQ(bucket.shape().capacity, 0);
+  EXPECT_EQ(bucket.shape().refill_per_second, 0);
+}
+
+}  // namespace
+}  // namespace retrybudget::client_internal
