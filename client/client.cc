@@ -21,16 +21,20 @@ absl::StatusOr<std::unique_ptr<BudgetClient>> BudgetClient::Create(ClientOptions
   absl::StatusOr<ClientOptions> valid = client_internal::ValidateAndDefault(std::move(options));
   if (!valid.ok()) return valid.status();
   // One channel per client; gRPC connects lazily, so Create() does not wait for the server.
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(valid->target, grpc::InsecureChannelCredentials());
+  // Insecure only when no credentials are given (loopback, tests); production passes TLS.
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      valid->channel_credentials != nullptr ? valid->channel_credentials
+                                            : grpc::InsecureChannelCredentials();
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(valid->target, credentials);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("options.target \"", valid->target, "\": cannot create a channel"));
   }
-  auto client = std::make_unique<client_internal::BudgetClientImpl>(
-      *valid, v1::RetryBudgetService::NewStub(channel));
-  client->Start();
-  return client;
+  absl::StatusOr<std::unique_ptr<client_internal::BudgetClientImpl>> client =
+      client_internal::NewBudgetClientImpl(*valid, v1::RetryBudgetService::NewStub(channel));
+  if (!client.ok()) return client.status();
+  (*client)->Start();
+  return std::unique_ptr<BudgetClient>(*std::move(client));
 }
 
 absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
@@ -39,9 +43,11 @@ absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTestin
   if (stub == nullptr) return absl::InvalidArgumentError("stub is null");
   absl::StatusOr<ClientOptions> valid = client_internal::ValidateAndDefault(std::move(options));
   if (!valid.ok()) return valid.status();
-  auto client = std::make_unique<client_internal::BudgetClientImpl>(*valid, std::move(stub));
-  if (start_refresher_thread) client->Start();
-  return client;
+  absl::StatusOr<std::unique_ptr<client_internal::BudgetClientImpl>> client =
+      client_internal::NewBudgetClientImpl(*valid, std::move(stub));
+  if (!client.ok()) return client.status();
+  if (start_refresher_thread) (*client)->Start();
+  return std::unique_ptr<TestingBudgetClient>(*std::move(client));
 }
 
 }  // namespace retrybudget

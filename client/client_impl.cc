@@ -1,10 +1,12 @@
 #include "client/client_impl.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/prometheus_client_metrics.h"
 #include "retrybudget/names.h"
 
 namespace retrybudget::client_internal {
@@ -19,11 +21,47 @@ std::string RandomInstanceId() {
 RefresherOptions ToRefresherOptions(const ClientOptions& options) {
   RefresherOptions out;
   out.instance_id = options.instance_id;
+  out.bearer_token = options.bearer_token;
   out.policy.refresh_period = options.refresh_period;
   out.policy.min_sync_interval = options.min_sync_interval;
   out.policy.lease_burst = options.lease_burst;
   out.sync_timeout = options.sync_timeout;
   return out;
+}
+
+FallbackConfig ToFallbackConfig(const ClientOptions& options) {
+  return FallbackConfig{.mode = options.fallback,
+                        .never_reached = {.capacity = options.fallback_capacity,
+                                          .refill_per_second = options.fallback_refill_per_second}};
+}
+
+// Largest fallback_capacity / fallback_refill_per_second accepted.
+constexpr double kMaxFallbackValue = 1e9;
+constexpr size_t kMaxBearerTokenLength = 4096;
+
+absl::Status CheckFallbackValue(absl::string_view field, double value) {
+  if (std::isfinite(value) && value >= 0 && value <= kMaxFallbackValue) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("options.", field, " is ", value, "; it must be in [0, 1e9]"));
+}
+
+absl::Status CheckBearerToken(const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  if (token.size() > kMaxBearerTokenLength) {
+    return absl::InvalidArgumentError(absl::StrCat("options.bearer_token has ", token.size(),
+                                                   " characters; at most ",
+                                                   kMaxBearerTokenLength, " are allowed"));
+  }
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    // gRPC metadata values must be printable ASCII; a space would split "Bearer <token>".
+    if (c <= 0x20 || c >= 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "options.bearer_token has character code ", static_cast<int>(c), " at position ", i,
+          "; only printable ASCII without spaces is allowed"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -56,15 +94,44 @@ absl::StatusOr<ClientOptions> ValidateAndDefault(ClientOptions options) {
     return absl::InvalidArgumentError(absl::StrCat("options.lease_burst is ", options.lease_burst,
                                                    "; at most ", kMaxWant, " is allowed"));
   }
+  if (options.fallback != FallbackMode::kLocalBucket && options.fallback != FallbackMode::kDeny) {
+    return absl::InvalidArgumentError(absl::StrCat("options.fallback is ",
+                                                   static_cast<int>(options.fallback),
+                                                   "; expected kLocalBucket or kDeny"));
+  }
+  if (absl::Status s = CheckFallbackValue("fallback_capacity", options.fallback_capacity);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckFallbackValue("fallback_refill_per_second", options.fallback_refill_per_second);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckBearerToken(options.bearer_token); !s.ok()) return s;
   if (options.clock == nullptr) options.clock = Clock::Real();
   return options;
 }
 
+absl::StatusOr<std::unique_ptr<BudgetClientImpl>> NewBudgetClientImpl(
+    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub) {
+  std::unique_ptr<ClientMetrics> metrics;
+  if (options.metrics_registry != nullptr) {
+    absl::StatusOr<std::unique_ptr<ClientMetrics>> registered =
+        NewPrometheusClientMetrics(*options.metrics_registry);
+    if (!registered.ok()) return registered.status();
+    metrics = *std::move(registered);
+  }
+  return std::make_unique<BudgetClientImpl>(options, std::move(stub), std::move(metrics));
+}
+
 BudgetClientImpl::BudgetClientImpl(const ClientOptions& options,
-                                   std::unique_ptr<v1::RetryBudgetService::StubInterface> stub)
+                                   std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+                                   std::unique_ptr<ClientMetrics> metrics)
     : instance_id_(options.instance_id),
-      tenants_(options.clock, &refresher_),
-      refresher_(ToRefresherOptions(options), std::move(stub), options.clock, &tenants_) {}
+      tenants_(options.clock, &refresher_, ToFallbackConfig(options)),
+      refresher_(ToRefresherOptions(options), std::move(stub), options.clock, &tenants_,
+                 std::move(metrics)) {}
 
 BudgetClientImpl::~BudgetClientImpl() { Shutdown().IgnoreError(); }
 

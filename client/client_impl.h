@@ -19,12 +19,21 @@ namespace retrybudget::client_internal {
 // instance_id, Clock::Real().
 absl::StatusOr<ClientOptions> ValidateAndDefault(ClientOptions options);
 
+class BudgetClientImpl;
+
+// A client over `stub` (owned), not started, with its metrics registered into
+// options.metrics_registry when set. `options` must have been through ValidateAndDefault().
+// INVALID_ARGUMENT when the metrics cannot be registered.
+absl::StatusOr<std::unique_ptr<BudgetClientImpl>> NewBudgetClientImpl(
+    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub);
+
 // Thread-safe. Owns one refresher (one thread once started) whatever the number of tenants.
 class BudgetClientImpl final : public TestingBudgetClient {
  public:
-  // `options` must have been through ValidateAndDefault().
+  // `options` must have been through ValidateAndDefault(). `metrics` (owned) may be null.
   BudgetClientImpl(const ClientOptions& options,
-                   std::unique_ptr<v1::RetryBudgetService::StubInterface> stub);
+                   std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+                   std::unique_ptr<ClientMetrics> metrics = nullptr);
   // Shutdown(), then stops everything.
   ~BudgetClientImpl() override;
 

@@ -22,21 +22,46 @@ absl::Status ToAbsl(const grpc::Status& status) {
                       absl::StrCat("Sync to the budget server failed: ", status.error_message()));
 }
 
-// Sends one Sync attempt with its own deadline. The deadline is wall-clock time (it is gRPC's),
-// never the injected Clock.
-grpc::Status CallSync(v1::RetryBudgetService::StubInterface& stub, const v1::SyncRequest& request,
-                      absl::Duration timeout, v1::SyncResponse* response) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-  return stub.Sync(&context, request, response);
+ServerState StateAfter(const grpc::Status& status) {
+  if (status.ok()) return ServerState::kAnswering;
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return ServerState::kRefusing;
+  }
+  return ServerState::kUnreachable;
 }
 
 }  // namespace
 
 Refresher::Refresher(RefresherOptions options,
                      std::unique_ptr<v1::RetryBudgetService::StubInterface> stub, Clock* clock,
-                     TenantRegistry* tenants)
-    : options_(std::move(options)), stub_(std::move(stub)), clock_(clock), tenants_(tenants) {}
+                     TenantRegistry* tenants, std::unique_ptr<ClientMetrics> metrics)
+    : options_(std::move(options)),
+      stub_(std::move(stub)),
+      clock_(clock),
+      tenants_(tenants),
+      metrics_(metrics != nullptr ? std::move(metrics) : std::make_unique<NoClientMetrics>()) {}
+
+// Sends one Sync attempt with its own deadline and credentials, and counts it. The deadline is
+// wall-clock time (it is gRPC's), never the injected Clock.
+grpc::Status Refresher::CallSyncLocked(const v1::SyncRequest& request,
+                                       v1::SyncResponse* response) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(options_.sync_timeout));
+  if (!options_.bearer_token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
+  }
+  const grpc::Status status = stub_->Sync(&context, request, response);
+  metrics_->SyncAttempted(status.ok());
+  return status;
+}
+
+void Refresher::UpdateMetricsLocked(const std::vector<TenantBudgetImpl*>& tenants) {
+  for (const TenantBudgetImpl* tenant : tenants) {
+    metrics_->TenantUpdated(tenant->tenant(), tenant->Stats());
+  }
+}
 
 Refresher::~Refresher() { StopThread(); }
 
@@ -105,14 +130,18 @@ absl::Time Refresher::RunOnce() {
   if (shut_down_) return absl::InfiniteFuture();
   const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
   absl::Time now = clock_->Now();
-  for (TenantBudgetImpl* tenant : tenants) tenant->ExpireLeaseIfDue(now);
+  for (TenantBudgetImpl* tenant : tenants) tenant->Step(now, server_state_);
   if (!tenants.empty() && SyncDueLocked(tenants) <= now) {
     SyncLocked(tenants, now);
     now = clock_->Now();
   }
   // A response may carry a lease that already ended (the RPC outlived the TTL): expire it now.
+  // A failed attempt sends tenants without a lease into fallback now, not a step later.
   absl::Time next = SyncDueLocked(tenants);
-  for (TenantBudgetImpl* tenant : tenants) next = std::min(next, tenant->ExpireLeaseIfDue(now));
+  for (TenantBudgetImpl* tenant : tenants) {
+    next = std::min(next, tenant->Step(now, server_state_));
+  }
+  UpdateMetricsLocked(tenants);
   return next;
 }
 
@@ -126,6 +155,10 @@ absl::Time Refresher::SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenant
 }
 
 void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now) {
+  if (pending_.has_value() && now - pending_->first_sent >= options_.policy.refresh_period) {
+    // Failing for a whole refresh period: a new request (see the class comment).
+    pending_.reset();
+  }
   if (!pending_.has_value()) {
     // A new request: new seq, counters as of now. It is kept until a response arrives, so a
     // retry resends exactly these bytes (the server then answers it the same way).
@@ -140,14 +173,16 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
   }
   last_send_ = now;
   v1::SyncResponse response;
-  const grpc::Status status = CallSync(*stub_, pending_->request, options_.sync_timeout, &response);
+  const grpc::Status status = CallSyncLocked(pending_->request, &response);
   const absl::Time received = clock_->Now();
   last_status_ = ToAbsl(status);
+  server_state_ = StateAfter(status);
   if (!status.ok()) {
     ++failures_;
     retry_at_ = received + RetryBackoff(failures_, options_.policy);
     if (failures_ == 1) {
-      gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu failed, retrying with the same seq: %s",
+      gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu failed; retrying (tenants whose lease "
+                          "ends meanwhile fall back): %s",
               static_cast<unsigned long long>(pending_->request.seq()),
               last_status_.ToString().c_str());
     }
@@ -221,7 +256,7 @@ absl::Status Refresher::FinalSyncLocked() {
   grpc::Status status;
   for (int attempt = 1; attempt <= kFinalSyncAttempts; ++attempt) {
     v1::SyncResponse response;
-    status = CallSync(*stub_, request, options_.sync_timeout, &response);
+    status = CallSyncLocked(request, &response);
     last_status_ = ToAbsl(status);
     if (status.ok() || attempt == kFinalSyncAttempts) break;
     clock_->SleepUntil(clock_->Now() + RetryBackoff(attempt, options_.policy), std::stop_token());
@@ -230,6 +265,7 @@ absl::Status Refresher::FinalSyncLocked() {
     gpr_log(GPR_ERROR, "retrybudget: final Sync failed; unspent tokens are forfeited: %s",
             last_status_.ToString().c_str());
   }
+  UpdateMetricsLocked(tenants);
   return last_status_;
 }
 

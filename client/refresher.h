@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "retrybudget/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_metrics.h"
 #include "client/refresh_policy.h"
 #include "client/tenant_budget_impl.h"
 #include "client/tenant_registry.h"
@@ -27,6 +28,8 @@ struct RefresherOptions {
   std::string instance_id;
   RefreshPolicy policy;
   absl::Duration sync_timeout = absl::Seconds(1);
+  // Sent as `authorization: Bearer <token>` with every Sync when non-empty.
+  std::string bearer_token;
 };
 
 // Thread-safe. RunOnce() is the whole protocol step; Start() runs it on a background thread
@@ -36,15 +39,25 @@ struct RefresherOptions {
 // Protocol rules kept here:
 //  * One request carries every tenant. A NEW request gets seq + 1 (the first is 1). A request
 //    that failed (any non-OK status, deadline included) is resent unchanged, same seq, after a
-//    backoff (RetryBackoff); only a response (status OK) lets the next request have a new seq.
+//    backoff (RetryBackoff, at most 1 s), while it is younger than refresh_period (counted from
+//    its first send). An older one is abandoned for a new request (new seq, fresh counters): its
+//    lease would start at the old send time, and during an outage the fresh counters carry the
+//    fallback spending. Abandoning is safe: counters are cumulative, a later seq makes the old
+//    one stale, and a grant of the old one that the server applied is reclaimed through
+//    tokens_received.
+//  * The last attempt's outcome is the ServerState each tenant's Step() sees: a failure other
+//    than UNAUTHENTICATED / PERMISSION_DENIED means unreachable (tenants whose lease ended fall
+//    back), those two mean refusing (deny), a response means answering.
 //  * A response marked `stale` is dropped. Grants of a response apply to the tenants of the
 //    request that produced it (same order), leases ending at that request's FIRST send + TTL.
 //  * Syncs are never closer than min_sync_interval.
 class Refresher final : public SyncWaker {
  public:
-  // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher.
+  // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher. `metrics`,
+  // owned, is updated after every step (NoClientMetrics if null).
   Refresher(RefresherOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
-            Clock* clock, TenantRegistry* tenants);
+            Clock* clock, TenantRegistry* tenants,
+            std::unique_ptr<ClientMetrics> metrics = nullptr);
   // Stops the thread if Shutdown() was not called (without a final Sync).
   ~Refresher() override;
 
@@ -54,9 +67,11 @@ class Refresher final : public SyncWaker {
   // Starts the background thread. Call at most once.
   void Start();
 
-  // One step at clock->Now(): ends expired leases, then sends one Sync attempt if one is due
-  // (blocking for at most sync_timeout). Returns when the next step is due (a sync, a retry or a
-  // lease expiry); InfiniteFuture when nothing is scheduled (no tenants, or shut down).
+  // One step at clock->Now(): steps every tenant (ends expired leases, enters, refills or
+  // leaves fallback), then sends one Sync attempt if one is due (blocking for at most
+  // sync_timeout), steps the tenants again with its outcome, and updates the metrics. Returns
+  // when the next step is due (a sync, a retry, a lease expiry or the next fallback token);
+  // InfiniteFuture when nothing is scheduled (no tenants, or shut down).
   absl::Time RunOnce();
 
   // Interrupts the thread's sleep so that it re-plans at once (a worker found a lease low or
@@ -91,12 +106,17 @@ class Refresher final : public SyncWaker {
   void ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
                            absl::Time received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinalSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  grpc::Status CallSyncLocked(const v1::SyncRequest& request, v1::SyncResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateMetricsLocked(const std::vector<TenantBudgetImpl*>& tenants)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StopThread();
 
   const RefresherOptions options_;
   const std::unique_ptr<v1::RetryBudgetService::StubInterface> stub_;
   Clock* const clock_;
   TenantRegistry* const tenants_;
+  const std::unique_ptr<ClientMetrics> metrics_;
 
   // Held for a whole step (including its RPC): steps never overlap.
   mutable Mutex mu_;
@@ -106,6 +126,7 @@ class Refresher final : public SyncWaker {
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int failures_ ABSL_GUARDED_BY(mu_) = 0;  // consecutive failed attempts
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);
+  ServerState server_state_ ABSL_GUARDED_BY(mu_) = ServerState::kAnswering;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
 

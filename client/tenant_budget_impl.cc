@@ -6,9 +6,33 @@
 #include "absl/strings/str_cat.h"
 
 namespace retrybudget::client_internal {
+namespace {
 
-TenantBudgetImpl::TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created)
-    : tenant_(std::move(tenant)), waker_(waker), demand_(created) {}
+BudgetMode PublicMode(LeaseMode mode) {
+  switch (mode) {
+    case LeaseMode::kLeased:
+      return BudgetMode::kLease;
+    case LeaseMode::kFallback:
+      return BudgetMode::kFallback;
+    case LeaseMode::kDenyFallback:
+      return BudgetMode::kDenyFallback;
+    case LeaseMode::kAwaitingLease:
+    case LeaseMode::kExpired:
+    case LeaseMode::kRefused:
+    case LeaseMode::kShutdown:
+      break;
+  }
+  return BudgetMode::kNoLease;
+}
+
+}  // namespace
+
+TenantBudgetImpl::TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created,
+                                   FallbackConfig fallback)
+    : tenant_(std::move(tenant)),
+      waker_(waker),
+      fallback_config_(fallback),
+      demand_(created) {}
 
 bool TenantBudgetImpl::AcquireSlow() {
   slow_.denied.fetch_add(1, std::memory_order_relaxed);
@@ -23,12 +47,13 @@ TenantStats TenantBudgetImpl::Stats() const {
   stats.successes = successes_.value.load(std::memory_order_relaxed);
   stats.retries_allowed = ledger_.ExactSpent(held);
   stats.retries_denied = slow_.denied.load(std::memory_order_relaxed);
-  stats.fallback_allowed = 0;
+  stats.fallback_allowed = ledger_.ExactFallbackSpent(held);
   stats.tokens_received = ledger_.received();
   stats.tokens_returned = ledger_.returned();
   stats.tokens_held = static_cast<int64_t>(held);
   stats.refunds = slow_.refunds.load(std::memory_order_relaxed);
   stats.lease_active = mode_ == LeaseMode::kLeased && lease_.IsOpen();
+  stats.mode = PublicMode(mode_);
   stats.error = error_;
   return stats;
 }
@@ -50,19 +75,82 @@ absl::Time TenantBudgetImpl::SyncDueAt() const {
   return next_due_;
 }
 
-absl::Time TenantBudgetImpl::ExpireLeaseIfDue(absl::Time now) {
+void TenantBudgetImpl::WithdrawAllLocked() {
+  const uint64_t withdrawn = lease_.WithdrawAndClose();
+  ledger_.Withdrew(withdrawn, lease_.Held());
+  ledger_.SwitchTo(TenantLedger::Source::kLease);
+  fallback_.reset();
+}
+
+void TenantBudgetImpl::EnterFallbackLocked(absl::Time now) {
+  if (fallback_config_.mode == FallbackMode::kDeny) {
+    WithdrawAllLocked();
+    mode_ = LeaseMode::kDenyFallback;
+    return;
+  }
+  // The instance's share of the fleet's budget as the server last saw it; a tenant the server
+  // never answered for gets the configured (conservative) bucket.
+  fallback_.emplace(safe_share_.value_or(fallback_config_.never_reached), now);
+  const uint64_t first = fallback_->Refill(now, 0);
+  const uint64_t withdrawn = lease_.Replace(first, FallbackMarkLocked());
+  ledger_.Withdrew(withdrawn, 0);  // leased tokens (or raced-in refunds): returned
+  ledger_.SwitchTo(TenantLedger::Source::kFallback);
+  ledger_.FallbackDeposited(Lease::Capped(first));
+  mode_ = LeaseMode::kFallback;
+}
+
+uint64_t TenantBudgetImpl::FallbackMarkLocked() {
+  // The bucket only learns of takes at refresher steps, and counts them as made just before the
+  // step (so it never credits refill lost while full). A full bucket therefore asks to hear of
+  // the very first take (mark = held - 1), clearing the wake flag so that take wakes the
+  // refresher; the step that follows restarts the refill at once. Otherwise mark 0: an empty
+  // word wakes the refresher only if no wake is pending (never a busy loop on an empty bucket:
+  // the next token's time is scheduled anyway).
+  if (!fallback_->Full() || fallback_->held() == 0) return 0;
+  sync_wanted_.value.store(false, std::memory_order_release);
+  return fallback_->held() - 1;
+}
+
+absl::Time TenantBudgetImpl::RefillFallbackLocked(absl::Time now) {
+  const uint64_t add = fallback_->Refill(now, lease_.Held());
+  // Deposit even 0 tokens: it sets the low-water mark for the new level.
+  ledger_.FallbackDeposited(lease_.Deposit(add, FallbackMarkLocked()));
+  return fallback_->NextTokenAt();
+}
+
+absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
   MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kLeased) {
     if (now < expiry_) return expiry_;
+    if (server == ServerState::kUnreachable) {
+      // The lease ran out while the server cannot be reached: fall back (the leased tokens left
+      // are returned in the next Sync that gets through).
+      EnterFallbackLocked(now);
+      return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+    }
     // The lease ends at send time + TTL: take every unspent token back (one exchange) and report
     // it as returned in the next Sync.
-    const uint64_t withdrawn = lease_.WithdrawAndClose();
-    ledger_.Withdrew(withdrawn, lease_.Held());
+    WithdrawAllLocked();
     mode_ = LeaseMode::kExpired;
     return absl::InfiniteFuture();
   }
-  // No lease in force: tokens can only be here from a Refund() that raced with the withdrawal.
-  // They cannot be spent (the word is closed); give them back too.
+  if (mode_ == LeaseMode::kFallback) {
+    if (server != ServerState::kRefusing) return RefillFallbackLocked(now);
+    // The server answered and refuses this client (credentials): no fallback for that.
+    WithdrawAllLocked();
+    mode_ = LeaseMode::kExpired;
+    return absl::InfiniteFuture();
+  }
+  if (mode_ == LeaseMode::kDenyFallback && server == ServerState::kRefusing) {
+    mode_ = LeaseMode::kExpired;
+  }
+  if ((mode_ == LeaseMode::kAwaitingLease || mode_ == LeaseMode::kExpired) &&
+      server == ServerState::kUnreachable) {
+    EnterFallbackLocked(now);
+    return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+  }
+  // The word is closed: tokens can only be here from a Refund() that raced with the withdrawal.
+  // They cannot be spent; give them back too.
   if (lease_.Held() > 0) {
     const uint64_t withdrawn = lease_.WithdrawAndClose();
     ledger_.Withdrew(withdrawn, lease_.Held());
@@ -77,7 +165,7 @@ void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
   out->set_retries_denied(slow_.denied.load(std::memory_order_relaxed));
   out->set_tokens_returned(ledger_.returned());
   out->set_tokens_received(ledger_.received());
-  out->set_fallback_spent(0);
+  out->set_fallback_spent(ledger_.reported_fallback_spent());
 }
 
 void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
@@ -88,7 +176,9 @@ void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
   // Demand is what workers asked for, allowed or not: a starved tenant's denials count, so the
   // server's proportional split sees how much it really needs.
   demand_.Observe(now, out->retries_spent() + out->retries_denied());
-  out->set_want(WantFor(demand_.rate(), policy.refresh_period, policy.lease_burst, held));
+  // Fallback tokens are withdrawn when a grant arrives: only leased tokens reduce the want.
+  const uint64_t leased = ledger_.source() == TenantLedger::Source::kLease ? held : 0;
+  out->set_want(WantFor(demand_.rate(), policy.refresh_period, policy.lease_burst, leased));
 }
 
 void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::TenantSync& sent_entry,
@@ -100,8 +190,24 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
   // the refresher again; one that ran dry before is served by this grant.
   sync_wanted_.value.store(false, std::memory_order_release);
   const uint64_t granted = grant.granted();
-  const uint64_t deposited = lease_.Deposit(granted, LowWaterMark(granted));
+  uint64_t deposited = 0;
+  if (ledger_.source() == TenantLedger::Source::kFallback) {
+    // Back from fallback: swap the fallback tokens for the leased ones in one exchange. The
+    // fallback tokens vanish (the server never granted them); what was spent of them is in the
+    // ledger and goes out as fallback_spent with the next Sync.
+    deposited = Lease::Capped(granted);
+    const uint64_t withdrawn = lease_.Replace(granted, LowWaterMark(granted));
+    ledger_.Withdrew(withdrawn, 0);
+    ledger_.SwitchTo(TenantLedger::Source::kLease);
+    fallback_.reset();
+  } else {
+    deposited = lease_.Deposit(granted, LowWaterMark(granted));
+  }
   ledger_.Received(granted, deposited);
+  if (grant.has_safe_share()) {
+    safe_share_ = BucketShape{.capacity = grant.safe_share().capacity(),
+                              .refill_per_second = grant.safe_share().refill_per_second()};
+  }
   // The lease (everything held, old tokens included) now ends at the time the request was
   // first SENT plus the TTL: the client's clock can only end it earlier than the server's view.
   // A TTL <= 0 ends it at once (the safe reading of a missing value).
@@ -119,9 +225,8 @@ void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time rec
   MutexLock lock(&mu_);
   if (mode_ == LeaseMode::kShutdown) return;
   sync_wanted_.value.store(false, std::memory_order_release);
-  if (mode_ == LeaseMode::kLeased || lease_.Held() > 0) {
-    const uint64_t withdrawn = lease_.WithdrawAndClose();
-    ledger_.Withdrew(withdrawn, lease_.Held());
+  if (mode_ == LeaseMode::kLeased || mode_ == LeaseMode::kFallback || lease_.Held() > 0) {
+    WithdrawAllLocked();
   }
   mode_ = LeaseMode::kRefused;
   const auto code = static_cast<absl::StatusCode>(error.code());
@@ -135,8 +240,7 @@ void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time rec
 void TenantBudgetImpl::FillFinal(v1::TenantSync* out) {
   MutexLock lock(&mu_);
   mode_ = LeaseMode::kShutdown;
-  const uint64_t withdrawn = lease_.WithdrawAndClose();
-  ledger_.Withdrew(withdrawn, lease_.Held());
+  WithdrawAllLocked();
   FillCounters(lease_.Held(), out);
   out->set_want(0);
 }

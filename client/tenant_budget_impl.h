@@ -11,7 +11,10 @@
 #include "absl/status/status.h"
 #include "retrybudget/mutex.h"
 #include "absl/time/time.h"
+#include <optional>
+
 #include "client/demand_estimator.h"
+#include "client/fallback_bucket.h"
 #include "client/lease.h"
 #include "client/refresh_policy.h"
 #include "client/tenant_ledger.h"
@@ -28,14 +31,30 @@ class SyncWaker {
   virtual void Wake() = 0;
 };
 
-// Where a tenant's tokens come from right now. Only kLeased lets TryAcquire() take tokens; the
-// local fallback bucket of a later issue becomes one more mode, consulted on the slow path.
+// Where a tenant's tokens come from right now. kLeased and kFallback let TryAcquire() take
+// tokens (both from the same lease word); every other mode keeps the word closed.
 enum class LeaseMode {
-  kAwaitingLease,  // no grant received yet: deny
+  kAwaitingLease,  // no grant received yet and the server not known unreachable: deny
   kLeased,         // a lease is in force until its expiry
-  kExpired,        // the lease expired and no Sync renewed it: deny
+  kExpired,        // the lease expired and no Sync renewed it (server answering): deny
   kRefused,        // the server refused the tenant (per-tenant error): deny
+  kFallback,       // server unreachable, no lease: tokens from the local fallback bucket
+  kDenyFallback,   // server unreachable, no lease, fallback = deny: deny
   kShutdown,       // the client shut down: deny for good
+};
+
+// What the refresher knows of the server from its last Sync attempt.
+enum class ServerState {
+  kAnswering,    // no attempt yet, or the last one got a response
+  kUnreachable,  // the last attempt failed (unavailable, deadline, ...): fall back
+  kRefusing,     // the last attempt was refused (UNAUTHENTICATED, PERMISSION_DENIED): deny
+};
+
+// How a tenant falls back (from ClientOptions).
+struct FallbackConfig {
+  FallbackMode mode = FallbackMode::kLocalBucket;
+  // The bucket of a tenant the server never sent a SafeShare for.
+  BucketShape never_reached{.capacity = 1, .refill_per_second = 0.1};
 };
 
 // Thread-safe. Worker-facing methods (TryAcquire, Refund, RecordSuccess) are lock-free and touch
@@ -44,7 +63,8 @@ enum class LeaseMode {
 class TenantBudgetImpl final : public TenantBudget {
  public:
   // `waker` (not owned) must outlive this object. `created` starts the demand estimate.
-  TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created);
+  TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created,
+                   FallbackConfig fallback = {});
 
   TenantBudgetImpl(const TenantBudgetImpl&) = delete;
   TenantBudgetImpl& operator=(const TenantBudgetImpl&) = delete;
@@ -82,16 +102,21 @@ class TenantBudgetImpl final : public TenantBudget {
   // the server's retry-after).
   absl::Time SyncDueAt() const;
 
-  // Ends the lease if `now` reached its expiry, and withdraws tokens refunded into a closed
-  // lease. Returns the expiry to watch next (InfiniteFuture when no lease is in force).
-  absl::Time ExpireLeaseIfDue(absl::Time now);
+  // One refresher step for this tenant at `now`, given what the last Sync attempt said of the
+  // server: ends the lease if `now` reached its expiry; with no lease in force and the server
+  // unreachable, enters fallback (the local bucket, or deny); in fallback, refills the word from
+  // the local bucket; with the server refusing the client, leaves fallback (deny); withdraws
+  // tokens refunded into a closed word. Returns when this tenant next needs a step (lease
+  // expiry, next fallback token; InfiniteFuture when nothing is due).
+  absl::Time Step(absl::Time now, ServerState server);
 
   // Fills `out` for a NEW request built at `now`: cumulative counters and `want`.
   void FillSync(absl::Time now, const RefreshPolicy& policy, v1::TenantSync* out);
 
   // Applies the grant answering `sent_entry` of a request first sent at `sent` and answered at
-  // `received`: deposits `granted`, renews the lease to `sent` + lease_ttl_ms, schedules the
-  // next sync.
+  // `received`: leaves fallback (its tokens are withdrawn, never returned to the server),
+  // deposits `granted`, renews the lease to `sent` + lease_ttl_ms, keeps the SafeShare for a
+  // later fallback, schedules the next sync.
   void ApplyGrant(const v1::TenantGrant& grant, const v1::TenantSync& sent_entry, absl::Time sent,
                   absl::Time received, const RefreshPolicy& policy);
 
@@ -107,9 +132,23 @@ class TenantBudgetImpl final : public TenantBudget {
   LeaseMode mode() const;
 
  private:
-  // Lease empty or closed: count the denial and wake the refresher. (A fallback mode would
-  // consult its local bucket here.)
+  // Lease word empty or closed: count the denial and wake the refresher. (In fallback the
+  // refresher refills the word itself; the hot path never reads a clock.)
   bool AcquireSlow();
+
+  // Empties the word (attributing its tokens to the current source) and closes it.
+  void WithdrawAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enters fallback at `now` (kFallback or kDenyFallback as configured). In one exchange, takes
+  // out whatever the word holds (leased tokens: returned) and puts the local bucket's first
+  // tokens in, so workers never see a closed word in between.
+  void EnterFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The low-water mark for the fallback tokens in the word (see the .cc).
+  uint64_t FallbackMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts the tokens the fallback bucket owes into the word; returns the next token's time.
+  absl::Time RefillFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static bool InFallback(LeaseMode mode) {
+    return mode == LeaseMode::kFallback || mode == LeaseMode::kDenyFallback;
+  }
 
   // The first worker to find the lease low or empty since the last applied response wakes the
   // refresher; later ones only see the flag already set.
@@ -130,6 +169,7 @@ class TenantBudgetImpl final : public TenantBudget {
 
   const std::string tenant_;
   SyncWaker* const waker_;
+  const FallbackConfig fallback_config_;
 
   // Hot-path atomics, one cache line each.
   Lease lease_;
@@ -147,6 +187,10 @@ class TenantBudgetImpl final : public TenantBudget {
   // The server granted less than wanted: a low/empty lease does not sync before this.
   absl::Time dry_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  // The last SafeShare the server sent for this tenant (none: never answered for it).
+  std::optional<BucketShape> safe_share_ ABSL_GUARDED_BY(mu_);
+  // The local bucket while mode_ == kFallback.
+  std::optional<FallbackBucket> fallback_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace retrybudget::client_internal

@@ -23,8 +23,9 @@ inline constexpr size_t kMaxTenantsPerClient = 256;
 class TenantRegistry {
  public:
   // `clock` and `waker` (not owned) must outlive the registry; `waker` is told when a tenant is
-  // created so that its first lease is asked for at once.
-  TenantRegistry(Clock* clock, SyncWaker* waker);
+  // created so that its first lease is asked for at once. Every tenant falls back per
+  // `fallback`.
+  TenantRegistry(Clock* clock, SyncWaker* waker, FallbackConfig fallback = {});
 
   // The handle for `name`, created on first use. INVALID_ARGUMENT for a malformed name,
   // RESOURCE_EXHAUSTED past kMaxTenantsPerClient tenants, FAILED_PRECONDITION for a new name
@@ -40,6 +41,7 @@ class TenantRegistry {
  private:
   Clock* const clock_;
   SyncWaker* const waker_;
+  const FallbackConfig fallback_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<TenantBudgetImpl>> by_name_ ABSL_GUARDED_BY(mu_);
   std::vector<TenantBudgetImpl*> ordered_ ABSL_GUARDED_BY(mu_);

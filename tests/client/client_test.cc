@@ -17,8 +17,15 @@ using testing_util::Failing;
 using testing_util::GrantAll;
 using testing_util::Granting;
 
+// Deny fallback: these tests are about what happens without a lease, not about the local bucket.
+ClientOptions DenyFallbackOptions() {
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.fallback = FallbackMode::kDeny;
+  return options;
+}
+
 TEST(BudgetClientTest, TryAcquireDeniesWithoutLeaseAndWakesRefresher) {
-  ClientHarness h;
+  ClientHarness h(DenyFallbackOptions());
   TenantBudget* budget = h.Tenant("payments");
   h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
   h.client().RunOnce();  // the creation wake is consumed; the Sync fails: still no lease
@@ -31,7 +38,7 @@ TEST(BudgetClientTest, TryAcquireDeniesWithoutLeaseAndWakesRefresher) {
 }
 
 TEST(BudgetClientTest, OnlyTheFirstDenialNotifiesUntilTheNextResponse) {
-  ClientHarness h;
+  ClientHarness h(DenyFallbackOptions());
   TenantBudget* budget = h.Tenant("payments");
   h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
   h.client().RunOnce();
@@ -230,7 +237,7 @@ TEST(BudgetClientTest, LeaseExpiresAtSendTimePlusTtl) {
 }
 
 TEST(BudgetClientTest, SuccessfulSyncRenewsTheLeaseOfTokensHeld) {
-  ClientHarness h;
+  ClientHarness h(DenyFallbackOptions());
   TenantBudget* budget = h.Tenant("payments");
   const absl::Time t0 = h.clock().Now();
   h.set_handler(Granting(5, /*lease_ttl_ms=*/5000, /*next_sync_ms=*/200));

@@ -8,7 +8,14 @@
 #include <utility>
 #include <vector>
 
+#include <map>
 #include <mutex>
+#include <string>
+
+#include <grpcpp/test/client_context_test_peer.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
@@ -49,20 +56,81 @@ inline SyncHandler Failing(grpc::StatusCode code) {
   };
 }
 
+// Answers every tenant with `granted` tokens and a SafeShare.
+inline SyncHandler GrantingWithShare(uint64_t granted, double share_capacity,
+                                     double share_refill_per_second, int64_t lease_ttl_ms = 5000,
+                                     int64_t next_sync_ms = 200) {
+  return [=](const v1::SyncRequest& request, v1::SyncResponse* response) {
+    GrantAll(request, response, granted, lease_ttl_ms, next_sync_ms);
+    for (v1::TenantGrant& grant : *response->mutable_tenants()) {
+      grant.mutable_safe_share()->set_capacity(share_capacity);
+      grant.mutable_safe_share()->set_refill_per_second(share_refill_per_second);
+    }
+    return grpc::Status::OK;
+  };
+}
+
+// The checks the real server makes on every tenant entry before applying it (a request failing
+// them is refused with INVALID_ARGUMENT): fallback_spent <= retries_spent,
+// (retries_spent - fallback_spent) + tokens_returned <= tokens_received, and no cumulative
+// counter lower than in an earlier request of the instance. Returns what is wrong, or "".
+class ServerRules {
+ public:
+  std::string Check(const v1::SyncRequest& request) {
+    std::string problems;
+    for (const v1::TenantSync& t : request.tenants()) {
+      const std::string where = absl::StrCat("seq ", request.seq(), " tenant ", t.tenant(), ": ");
+      if (t.fallback_spent() > t.retries_spent()) {
+        absl::StrAppend(&problems, where, "fallback_spent ", t.fallback_spent(),
+                        " > retries_spent ", t.retries_spent(), "; ");
+      } else if ((t.retries_spent() - t.fallback_spent()) + t.tokens_returned() >
+                 t.tokens_received()) {
+        absl::StrAppend(&problems, where, "leased spent ", t.retries_spent() - t.fallback_spent(),
+                        " + returned ", t.tokens_returned(), " > received ",
+                        t.tokens_received(), "; ");
+      }
+      v1::TenantSync& last = last_[t.tenant()];
+      auto backwards = [&](const char* name, uint64_t before, uint64_t now) {
+        if (now < before) {
+          absl::StrAppend(&problems, where, name, " went back from ", before, " to ", now, "; ");
+        }
+      };
+      backwards("successes", last.successes(), t.successes());
+      backwards("retries_spent", last.retries_spent(), t.retries_spent());
+      backwards("retries_denied", last.retries_denied(), t.retries_denied());
+      backwards("tokens_returned", last.tokens_returned(), t.tokens_returned());
+      backwards("tokens_received", last.tokens_received(), t.tokens_received());
+      backwards("fallback_spent", last.fallback_spent(), t.fallback_spent());
+      last = t;
+    }
+    return problems;
+  }
+
+ private:
+  absl::flat_hash_map<std::string, v1::TenantSync> last_;
+};
+
 // Owns a FakeClock, a mock stub (through the client) and a testing client. Every Sync is
-// recorded and answered by `handler`, which tests swap between steps.
+// recorded (with the metadata the client set on its context), checked against ServerRules
+// (violations fail the test when the harness is destroyed) and answered by `handler`, which
+// tests swap between steps.
 class ClientHarness {
  public:
   explicit ClientHarness(ClientOptions options = DefaultOptions(),
                          bool start_refresher_thread = false) {
     auto stub = std::make_unique<v1::MockRetryBudgetServiceStub>();
     EXPECT_CALL(*stub, Sync(::testing::_, ::testing::_, ::testing::_))
-        .WillRepeatedly([this](grpc::ClientContext*, const v1::SyncRequest& request,
+        .WillRepeatedly([this](grpc::ClientContext* context, const v1::SyncRequest& request,
                                v1::SyncResponse* response) {
           SyncHandler handler;
           {
             std::lock_guard<std::mutex> lock(mu_);
             requests_.push_back(request);
+            metadata_.push_back(
+                grpc::testing::ClientContextTestPeer(context).GetSendInitialMetadata());
+            if (std::string problems = rules_.Check(request); !problems.empty()) {
+              violations_.push_back(problems);
+            }
             handler = handler_;
           }
           return handler(request, response);
@@ -100,19 +168,36 @@ class ClientHarness {
     return requests_.empty() ? v1::SyncRequest() : requests_.back();
   }
 
+  // The metadata the client sent with the last Sync.
+  std::multimap<std::string, std::string> last_metadata() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return metadata_.empty() ? std::multimap<std::string, std::string>() : metadata_.back();
+  }
+  // Requests the real server would have refused (see ServerRules).
+  std::vector<std::string> violations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return violations_;
+  }
+
   FakeClock& clock() { return clock_; }
   TestingBudgetClient& client() { return *client_; }
   TenantBudget* Tenant(absl::string_view name) { return client_->Tenant(name).value(); }
 
   // Destroys the client (a final Sync goes through the handler) before the harness members.
   void DestroyClient() { client_.reset(); }
-  ~ClientHarness() { DestroyClient(); }
+  ~ClientHarness() {
+    DestroyClient();
+    EXPECT_THAT(violations(), ::testing::IsEmpty()) << "requests the server would refuse";
+  }
 
  private:
   FakeClock clock_;
-  // std::mutex rather than absl::Mutex: visible to TSan (see client/mutex.h).
+  // std::mutex rather than absl::Mutex: visible to TSan (see retrybudget/mutex.h).
   std::mutex mu_;
   std::vector<v1::SyncRequest> requests_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::multimap<std::string, std::string>> metadata_ ABSL_GUARDED_BY(mu_);
+  ServerRules rules_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   SyncHandler handler_ ABSL_GUARDED_BY(mu_) = Granting(0);
   std::unique_ptr<TestingBudgetClient> client_;
 };

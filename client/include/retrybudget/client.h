@@ -12,6 +12,11 @@
 // allocation. A background refresher (one thread per BudgetClient, whatever the number of
 // tenants) leases tokens from the server with one Sync RPC for all tenants, reports successes,
 // returns unspent tokens, and is woken at once when a worker finds its lease empty.
+//
+// When the server is unreachable the client never fails open: it spends its current lease until
+// the lease expires, then falls back to a local token bucket sized by the last `safe_share` the
+// server sent for the tenant (ClientOptions::fallback), and goes back to leases, reporting what
+// it spent in fallback, as soon as the server answers again.
 #ifndef RETRYBUDGET_CLIENT_H_
 #define RETRYBUDGET_CLIENT_H_
 
@@ -20,16 +25,58 @@
 #include <string>
 #include "absl/strings/string_view.h"
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "retrybudget/clock.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
 
 namespace retrybudget {
 
 namespace v1 {
 class RetryBudgetService;
 }  // namespace v1
+
+// Where a tenant's retry tokens come from right now.
+enum class BudgetMode {
+  kNoLease,       // no lease in force and the server is answering (none yet, expired, refused,
+                  // shut down): TryAcquire() denies until a grant arrives
+  kLease,         // a lease from the server is in force
+  kFallback,      // the server is unreachable and no lease is in force: tokens come from the
+                  // local fallback bucket
+  kDenyFallback,  // the server is unreachable, no lease is in force, and fallback = kDeny
+};
+
+// "no_lease", "lease", "fallback", "deny_fallback" (the `mode` label of the client metrics).
+inline absl::string_view BudgetModeName(BudgetMode mode) {
+  switch (mode) {
+    case BudgetMode::kNoLease:
+      return "no_lease";
+    case BudgetMode::kLease:
+      return "lease";
+    case BudgetMode::kFallback:
+      return "fallback";
+    case BudgetMode::kDenyFallback:
+      return "deny_fallback";
+  }
+  return "unknown";
+}
+
+// What a client does once the server is unreachable and its lease has expired.
+enum class FallbackMode {
+  // Allow retries from a local token bucket: the last SafeShare the server sent for the tenant
+  // (this instance's share of capacity and refill, so a fleet in fallback still spends about one
+  // budget), or ClientOptions::fallback_capacity / fallback_refill_per_second when the server
+  // never answered for the tenant.
+  kLocalBucket,
+  // Deny every retry until the server answers again.
+  kDeny,
+};
 
 // Counters of one tenant in this process, cumulative since the client was created.
 struct TenantStats {
@@ -42,6 +89,7 @@ struct TenantStats {
   int64_t tokens_held = 0;        // in the lease right now
   uint64_t refunds = 0;           // Refund() calls (already deducted from retries_allowed)
   bool lease_active = false;      // a lease from the server is in force (tokens may be taken)
+  BudgetMode mode = BudgetMode::kNoLease;  // where tokens come from right now
   // Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict server);
   // OK when the last answer for the tenant was a grant or none came yet.
   absl::Status error;
@@ -86,6 +134,39 @@ struct ClientOptions {
   uint64_t lease_burst = 2;
   // Time source; Clock::Real() if null. Not owned.
   Clock* clock = nullptr;
+
+  // ---- When the server is unreachable (see FallbackMode) ----
+  // A tenant enters fallback when its lease has expired (or it never had one) and the last Sync
+  // attempt failed with anything but UNAUTHENTICATED or PERMISSION_DENIED (those mean the
+  // server answered and refuses this client: deny). It stays there, with the refresher retrying
+  // Sync at most 1 s apart, until a response grants it a lease again; the next Sync then reports
+  // the retries allowed in fallback (TenantSync.fallback_spent). A tenant the server refused
+  // (TenantStats::error) stays denied. A lease still in force is spent first, to its expiry.
+  FallbackMode fallback = FallbackMode::kLocalBucket;
+  // The local bucket of a tenant the server never answered for (no SafeShare known), per
+  // process: starts full, at most `fallback_capacity` tokens, refilled at
+  // `fallback_refill_per_second`. Conservative on purpose (one retry now, then one per 10 s):
+  // the process does not know how large the fleet is. Ranges [0, 1e9].
+  double fallback_capacity = 1;
+  double fallback_refill_per_second = 0.1;
+
+  // ---- Observability ----
+  // Where the client registers its metrics (retry_budget_client_*: retries allowed, denied and
+  // allowed in fallback, tokens held, mode per tenant; syncs by result). Not owned; must outlive
+  // the client. Null: no metrics. The refresher updates them after each of its steps, never the
+  // hot path, so they lag by at most one step. Two clients must not share one registry.
+  prometheus::Registry* metrics_registry = nullptr;
+
+  // ---- Security ----
+  // Credentials of the channel to `target`. Null means insecure (plaintext), fit only for
+  // loopback and tests: production uses TLS, e.g. grpc::SslCredentials(...) (mutual TLS with a
+  // client certificate and key in the SslCredentialsOptions). Ignored by
+  // CreateBudgetClientForTesting().
+  std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+  // When non-empty, every Sync carries the metadata `authorization: Bearer <bearer_token>` (the
+  // tenant credential the server checks). Sent in the clear unless the channel is TLS.
+  // 1-4096 printable ASCII characters, no spaces.
+  std::string bearer_token;
 };
 
 // Thread-safe. Destroying it stops the refresher after a final Sync that reports every counter

@@ -1,0 +1,135 @@
+#include "client/prometheus_client_metrics.h"
+
+#include <algorithm>
+#include <array>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace retrybudget::client_internal {
+namespace {
+
+constexpr std::array<BudgetMode, 4> kModes = {BudgetMode::kNoLease, BudgetMode::kLease,
+                                              BudgetMode::kFallback, BudgetMode::kDenyFallback};
+
+// A prometheus counter fed from a cumulative count: adds only what is new, so a count that
+// dips (a Refund() after an update) never makes the counter go back.
+class CumulativeCounter {
+ public:
+  explicit CumulativeCounter(prometheus::Counter* counter) : counter_(counter) {}
+  void Update(uint64_t total) {
+    if (total <= published_) return;
+    counter_->Increment(static_cast<double>(total - published_));
+    published_ = total;
+  }
+
+ private:
+  prometheus::Counter* counter_;
+  uint64_t published_ = 0;
+};
+
+class PrometheusClientMetrics final : public ClientMetrics {
+ public:
+  explicit PrometheusClientMetrics(prometheus::Registry& registry)
+      : allowed_(Counters(registry, "retry_budget_client_retries_allowed_total",
+                          "Retries this process allowed (TryAcquire() true, net of refunds), "
+                          "from leases and from the local fallback bucket.")),
+        denied_(Counters(registry, "retry_budget_client_retries_denied_total",
+                         "Retries this process denied for lack of a token.")),
+        fallback_(Counters(registry, "retry_budget_client_fallback_retries_total",
+                           "Of the retries allowed, those from the local fallback bucket while "
+                           "the budget server was unreachable.")),
+        successes_(Counters(registry, "retry_budget_client_successes_total",
+                            "Successful calls recorded by this process.")),
+        held_(prometheus::BuildGauge()
+                  .Name("retry_budget_client_tokens_held")
+                  .Help("Retry tokens this process holds right now (lease or fallback).")
+                  .Register(registry)),
+        mode_(prometheus::BuildGauge()
+                  .Name("retry_budget_client_mode")
+                  .Help("1 for the mode the tenant's budget is in (no_lease, lease, fallback, "
+                        "deny_fallback), 0 for the others.")
+                  .Register(registry)),
+        syncs_(Counters(registry, "retry_budget_client_syncs_total",
+                        "Sync attempts to the budget server, by result (ok: a response; "
+                        "error: the RPC failed).")),
+        syncs_ok_(&syncs_.Add({{"result", "ok"}})),
+        syncs_error_(&syncs_.Add({{"result", "error"}})) {}
+
+  void SyncAttempted(bool ok) override { (ok ? syncs_ok_ : syncs_error_)->Increment(); }
+
+  void TenantUpdated(const std::string& tenant, const TenantStats& stats) override {
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) it = tenants_.emplace(tenant, NewTenant(tenant)).first;
+    PerTenant& t = it->second;
+    t.allowed.Update(stats.retries_allowed);
+    t.denied.Update(stats.retries_denied);
+    t.fallback.Update(stats.fallback_allowed);
+    t.successes.Update(stats.successes);
+    t.held->Set(static_cast<double>(std::max<int64_t>(0, stats.tokens_held)));
+    for (size_t i = 0; i < kModes.size(); ++i) t.mode[i]->Set(kModes[i] == stats.mode ? 1 : 0);
+  }
+
+ private:
+  struct PerTenant {
+    CumulativeCounter allowed;
+    CumulativeCounter denied;
+    CumulativeCounter fallback;
+    CumulativeCounter successes;
+    prometheus::Gauge* held;
+    std::array<prometheus::Gauge*, kModes.size()> mode;
+  };
+
+  static prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& registry,
+                                                           const std::string& name,
+                                                           const std::string& help) {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+  }
+
+  PerTenant NewTenant(const std::string& tenant) {
+    const prometheus::Labels labels = {{"tenant", tenant}};
+    PerTenant t{CumulativeCounter(&allowed_.Add(labels)),
+                CumulativeCounter(&denied_.Add(labels)),
+                CumulativeCounter(&fallback_.Add(labels)),
+                CumulativeCounter(&successes_.Add(labels)), &held_.Add(labels), {}};
+    for (size_t i = 0; i < kModes.size(); ++i) {
+      t.mode[i] = &mode_.Add({{"tenant", tenant}, {"mode", std::string(BudgetModeName(kModes[i]))}});
+    }
+    return t;
+  }
+
+  prometheus::Family<prometheus::Counter>& allowed_;
+  prometheus::Family<prometheus::Counter>& denied_;
+  prometheus::Family<prometheus::Counter>& fallback_;
+  prometheus::Family<prometheus::Counter>& successes_;
+  prometheus::Family<prometheus::Gauge>& held_;
+  prometheus::Family<prometheus::Gauge>& mode_;
+  prometheus::Family<prometheus::Counter>& syncs_;
+  prometheus::Counter* const syncs_ok_;
+  prometheus::Counter* const syncs_error_;
+  absl::flat_hash_map<std::string, PerTenant> tenants_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClientMetrics>> NewPrometheusClientMetrics(
+    prometheus::Registry& registry) {
+  // prometheus-cpp reports a clash (a name registered with another type) by throwing.
+  try {
+    return std::make_unique<PrometheusClientMetrics>(registry);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("options.metrics_registry: cannot register the client metrics: ", e.what()));
+  }
+}
+
+}  // namespace retrybudget::client_internal

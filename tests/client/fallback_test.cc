@@ -1,0 +1,310 @@
+// Fallback while the budget server is unreachable: the lease is spent to its expiry, then a
+// local bucket sized by the last SafeShare (or the configured bucket), or deny; back to leases
+// when the server answers, reporting the fallback spending exactly. Every request the tests
+// send is checked against the server's validation rules (ClientHarness).
+#include <string>
+
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "retrybudget/client.h"
+#include "retrybudget/client_testing.h"
+#include "tests/client/client_test_util.h"
+
+namespace retrybudget {
+namespace {
+
+using testing_util::ClientHarness;
+using testing_util::Failing;
+using testing_util::GrantAll;
+using testing_util::Granting;
+using testing_util::GrantingWithShare;
+
+// Takes tokens until one is refused; returns how many were taken.
+int TakeAll(TenantBudget* budget) {
+  int taken = 0;
+  while (budget->TryAcquire()) ++taken;
+  return taken;
+}
+
+// Runs refresher steps at the times they ask for until the tenant is in `mode` (the clock is
+// left at the step that switched it).
+void StepUntilMode(ClientHarness& h, TenantBudget* budget, BudgetMode mode,
+                   absl::Duration at_most = absl::Minutes(1)) {
+  const absl::Time give_up = h.clock().Now() + at_most;
+  absl::Time next = h.client().RunOnce();
+  while (budget->Stats().mode != mode) {
+    ASSERT_LE(next, give_up) << "still in " << BudgetModeName(budget->Stats().mode);
+    h.clock().Set(next);
+    next = h.client().RunOnce();
+  }
+}
+
+// Runs refresher steps at the times they ask for until `until` (and at once when a worker woke
+// it, as its thread would), taking every token as soon as it is there. Returns the tokens taken.
+int SpendGreedilyUntil(ClientHarness& h, TenantBudget* budget, absl::Time until) {
+  int taken = TakeAll(budget);
+  while (true) {
+    absl::Time next = h.client().RunOnce();
+    taken += TakeAll(budget);
+    while (h.client().wake_requested()) {
+      next = h.client().RunOnce();
+      taken += TakeAll(budget);
+    }
+    if (next > until) break;
+    h.clock().Set(next);
+  }
+  h.clock().Set(until);
+  h.client().RunOnce();
+  return taken + TakeAll(budget);
+}
+
+TEST(FallbackTest, LeaseIsSpentUntilItsExpiryThenTheSafeShareBucketTakesOver) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(5, /*share_capacity=*/3, /*share_refill_per_second=*/2,
+                                  /*lease_ttl_ms=*/1000));
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+
+  // The server goes away: the lease stays good until t0 + 1 s.
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  ASSERT_TRUE(budget->TryAcquire());
+  ASSERT_TRUE(budget->TryAcquire());
+  h.clock().Set(t0 + absl::Milliseconds(200));
+  h.client().RunOnce();
+  h.clock().Set(t0 + absl::Milliseconds(999));
+  h.client().RunOnce();
+  EXPECT_EQ(h.client().last_sync_status().code(), absl::StatusCode::kUnavailable);
+  TenantStats stats = budget->Stats();
+  EXPECT_EQ(stats.mode, BudgetMode::kLease);
+  EXPECT_EQ(stats.tokens_held, 3);
+  EXPECT_EQ(stats.fallback_allowed, 0u);
+
+  h.clock().Set(t0 + absl::Seconds(1));
+  h.client().RunOnce();
+  stats = budget->Stats();
+  EXPECT_EQ(stats.mode, BudgetMode::kFallback);
+  EXPECT_FALSE(stats.lease_active);
+  EXPECT_EQ(stats.tokens_returned, 3u);  // the unspent leased tokens
+  EXPECT_EQ(stats.tokens_held, 3);       // the share's burst
+  EXPECT_EQ(TakeAll(budget), 3);
+  stats = budget->Stats();
+  EXPECT_EQ(stats.fallback_allowed, 3u);
+  EXPECT_EQ(stats.retries_allowed, 5u);
+}
+
+TEST(FallbackTest, FallbackRateAndBurstAreTheLastSafeShare) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(GrantingWithShare(0, /*share_capacity=*/4, /*share_refill_per_second=*/2.5,
+                                  /*lease_ttl_ms=*/500));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::DEADLINE_EXCEEDED));
+  // Step until the lease has ended and the fallback begun.
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  const absl::Time start = h.clock().Now();
+  const size_t syncs_before = h.sync_count();
+
+  const absl::Duration elapsed = absl::Seconds(30);
+  const int allowed = SpendGreedilyUntil(h, budget, start + elapsed);
+  const double bound = 4 + 2.5 * absl::ToDoubleSeconds(elapsed);  // 79
+  EXPECT_LE(allowed, bound);
+  EXPECT_GE(allowed, bound - 2);
+  EXPECT_EQ(budget->Stats().fallback_allowed, static_cast<uint64_t>(allowed));
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+  // Sync kept being retried, never more than ~1 s apart.
+  EXPECT_GE(h.sync_count() - syncs_before, 29u);
+
+  // An idle bucket fills to the share's burst, not beyond.
+  h.clock().Advance(absl::Minutes(5));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 4);
+}
+
+TEST(FallbackTest, AClientThatNeverReachedTheServerUsesTheConfiguredBucket) {
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.fallback_capacity = 2;
+  options.fallback_refill_per_second = 0.5;
+  ClientHarness h(options);
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_FALSE(budget->TryAcquire());  // before the first attempt: no lease, not yet unreachable
+  const absl::Time start = h.clock().Now();
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+  const int allowed = SpendGreedilyUntil(h, budget, start + absl::Seconds(20));
+  EXPECT_EQ(allowed, 2 + 10);
+}
+
+TEST(FallbackTest, DefaultConfiguredBucketIsOneTokenThenOnePerTenSeconds) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  const absl::Time start = h.clock().Now();
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 1);
+  EXPECT_EQ(SpendGreedilyUntil(h, budget, start + absl::Seconds(9)), 0);
+  EXPECT_EQ(SpendGreedilyUntil(h, budget, start + absl::Seconds(10)), 1);
+}
+
+TEST(FallbackTest, DenyModeDeniesOnceTheLeaseHasExpired) {
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.fallback = FallbackMode::kDeny;
+  ClientHarness h(options);
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(2, 10, 10, /*lease_ttl_ms=*/1000));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  ASSERT_TRUE(budget->TryAcquire());  // the lease is still spent
+  const int after = SpendGreedilyUntil(h, budget, t0 + absl::Seconds(20));
+  EXPECT_EQ(after, 1);  // the lease's last token, nothing after its expiry
+  const TenantStats stats = budget->Stats();
+  EXPECT_EQ(stats.mode, BudgetMode::kDenyFallback);
+  EXPECT_EQ(stats.fallback_allowed, 0u);
+  EXPECT_EQ(stats.tokens_held, 0);
+  EXPECT_FALSE(budget->TryAcquire());
+
+  // The server returns: leases again.
+  h.set_handler(Granting(3));
+  h.clock().Set(h.client().RunOnce());
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+  EXPECT_TRUE(budget->TryAcquire());
+}
+
+TEST(FallbackTest, BackToLeasesReportsFallbackSpendingExactlyAndReturnsOnlyLeasedTokens) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(5, /*share_capacity=*/4, /*share_refill_per_second=*/1,
+                                  /*lease_ttl_ms=*/1000));
+  h.client().RunOnce();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(budget->TryAcquire());  // 3 leased spent, 2 left
+
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  EXPECT_EQ(h.clock().Now(), t0 + absl::Seconds(1));
+  int fallback_taken = TakeAll(budget);
+  EXPECT_EQ(fallback_taken, 4);
+  fallback_taken += SpendGreedilyUntil(h, budget, t0 + absl::Seconds(6));
+  EXPECT_EQ(fallback_taken, 4 + 5);
+  // Let the bucket refill a little and leave those tokens unspent: they must not be returned.
+  h.clock().Set(t0 + absl::Seconds(9));
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().tokens_held, 3);
+  EXPECT_EQ(budget->Stats().fallback_allowed, 9u);
+
+  // The server answers again: back to leases within about a second.
+  const absl::Time back = h.clock().Now();
+  h.set_handler(GrantingWithShare(6, 4, 1));
+  StepUntilMode(h, budget, BudgetMode::kLease, /*at_most=*/absl::Seconds(1));
+  EXPECT_LE(h.clock().Now() - back, absl::Seconds(1));
+  TenantStats stats = budget->Stats();
+  EXPECT_EQ(stats.tokens_held, 6);  // the 3 fallback tokens were withdrawn, not kept
+  EXPECT_EQ(stats.tokens_returned, 2u);
+
+  // The Sync that got through was built fresh (the failing one was abandoned after a refresh
+  // period), so it already carried the fallback spending; so does every later one.
+  const v1::TenantSync through = h.last_request().tenants(0);
+  EXPECT_EQ(through.fallback_spent(), 9u);
+  EXPECT_EQ(through.retries_spent(), 3u + 9u);
+  EXPECT_EQ(through.tokens_returned(), 2u);
+  EXPECT_EQ(through.tokens_received(), 5u);
+
+  ASSERT_TRUE(budget->TryAcquire());
+  h.clock().Advance(absl::Milliseconds(200));
+  h.client().RunOnce();
+  const v1::TenantSync next = h.last_request().tenants(0);
+  EXPECT_EQ(next.fallback_spent(), 9u);
+  EXPECT_EQ(next.retries_spent(), 3u + 9u + 1u);
+  EXPECT_EQ(next.tokens_returned(), 2u);  // never the fallback tokens
+  EXPECT_EQ(next.tokens_received(), 11u);
+
+  ASSERT_TRUE(h.client().Shutdown().ok());
+  const v1::TenantSync last = h.last_request().tenants(0);
+  EXPECT_EQ(last.retries_spent() - last.fallback_spent() + last.tokens_returned(),
+            last.tokens_received());
+  EXPECT_EQ(last.fallback_spent(), 9u);
+  EXPECT_THAT(h.violations(), ::testing::IsEmpty());
+}
+
+TEST(FallbackTest, AFailingRequestIsReplacedByAFreshOneAfterARefreshPeriod) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(Granting(10));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  h.clock().Advance(absl::Milliseconds(200));
+  const absl::Time first_sent = h.clock().Now();
+  h.client().RunOnce();
+  EXPECT_EQ(h.last_request().seq(), 2u);
+  ASSERT_TRUE(budget->TryAcquire());
+  absl::Time next = h.client().RunOnce();
+  while (next < first_sent + absl::Milliseconds(200)) {
+    h.clock().Set(next);
+    next = h.client().RunOnce();
+    EXPECT_EQ(h.last_request().seq(), 2u);  // resent unchanged
+    EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 0u);
+  }
+  EXPECT_GE(h.sync_count(), 4u);
+  h.clock().Set(next);
+  h.client().RunOnce();
+  EXPECT_EQ(h.last_request().seq(), 3u);
+  EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 1u);
+}
+
+TEST(FallbackTest, AnUnauthenticatedClientDoesNotFallBack) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(2, 10, 10, /*lease_ttl_ms=*/1000));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAUTHENTICATED));
+  EXPECT_EQ(SpendGreedilyUntil(h, budget, t0 + absl::Seconds(5)), 2);  // the lease only
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kNoLease);
+
+  // Unreachable: fallback; then refused again: out of fallback.
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  SpendGreedilyUntil(h, budget, t0 + absl::Seconds(7));
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+  h.set_handler(Failing(grpc::StatusCode::PERMISSION_DENIED));
+  SpendGreedilyUntil(h, budget, t0 + absl::Seconds(9));
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kNoLease);
+  EXPECT_FALSE(budget->TryAcquire());
+}
+
+TEST(FallbackTest, ATenantTheServerRefusedStaysDeniedWhenTheServerIsUnreachable) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler([](const v1::SyncRequest& request, v1::SyncResponse* response) {
+    GrantAll(request, response, 0);
+    response->mutable_tenants(0)->mutable_error()->set_code(
+        static_cast<int>(absl::StatusCode::kNotFound));
+    return grpc::Status::OK;
+  });
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(SpendGreedilyUntil(h, budget, h.clock().Now() + absl::Seconds(10)), 0);
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kNoLease);
+}
+
+TEST(FallbackTest, AStaleAnswerDoesNotEndTheFallback) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  h.client().RunOnce();
+  ASSERT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+  h.set_handler([](const v1::SyncRequest&, v1::SyncResponse* response) {
+    response->set_stale(true);
+    return grpc::Status::OK;
+  });
+  h.clock().Set(h.client().RunOnce());
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+}
+
+}  // namespace
+}  // namespace retrybudget
