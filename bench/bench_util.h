@@ -1,0 +1,80 @@
+// Small helpers the benchmarks share: latency percentiles, free loopback ports, child processes
+// (the budget server binary, redis-server, worker processes), memory readings. No gRPC here.
+#ifndef RETRYBUDGET_BENCH_BENCH_UTIL_H_
+#define RETRYBUDGET_BENCH_BENCH_UTIL_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace retrybudget::bench {
+
+// p-th percentile (p in [0, 100]) of `values`, by nearest rank. Sorts `values`. 0 when empty.
+double Percentile(std::vector<double>& values, double p);
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed). For
+// programs that cannot listen on port 0 themselves (redis-server). UNAVAILABLE on failure.
+absl::StatusOr<int> PickFreeLoopbackPort();
+
+// True once something accepts TCP connections on 127.0.0.1:`port`, false after `timeout`.
+bool WaitForTcpPort(int port, absl::Duration timeout);
+
+// A child process with its stdin and stdout as pipes. Kills (SIGKILL) and reaps the child on
+// destruction if it is still running. Thread-compatible.
+class Child {
+ public:
+  // Starts `argv[0]` (a path) with `argv`. UNAVAILABLE if it cannot be started.
+  static absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv);
+
+  Child(Child&& other) noexcept;
+  Child& operator=(Child&& other) noexcept;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child();
+
+  pid_t pid() const { return pid_; }
+
+  // The next line of the child's stdout without its '\n'. DEADLINE_EXCEEDED after `timeout`,
+  // OUT_OF_RANGE at end of file.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+  // Writes `line` and a '\n' to the child's stdin.
+  absl::Status WriteLine(const std::string& line);
+  // Sends `signo` and waits up to `timeout` for the child to exit (then SIGKILL). Returns the
+  // wait status.
+  int Stop(int signo, absl::Duration timeout);
+
+ private:
+  Child() = default;
+  void Reset();
+
+  pid_t pid_ = -1;
+  int in_fd_ = -1;   // child's stdin (we write)
+  int out_fd_ = -1;  // child's stdout (we read)
+  std::string buffer_;
+};
+
+// Resident set size of process `pid` (0: this process) in bytes, from /proc/PID/statm; -1 on
+// error.
+int64_t RssBytes(pid_t pid = 0);
+
+// CPU time (user + system) process `pid` has used so far, in seconds; -1 on error.
+double ProcessCpuSeconds(pid_t pid);
+
+// Bytes currently allocated by malloc in this process (glibc mallinfo2().uordblks + hblkhd).
+int64_t MallocInUseBytes();
+
+// `s` with JSON string escaping, without the quotes.
+std::string JsonEscape(const std::string& s);
+
+// The path of this executable (/proc/self/exe resolved).
+std::string SelfExe();
+
+}  // namespace retrybudget::bench
+
+#endif  // RETRYBUDGET_BENCH_BENCH_UTIL_H_

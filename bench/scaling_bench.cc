@@ -1,0 +1,251 @@
+// Scaling: what one BudgetCore::Sync costs (called directly: no network, no gRPC) and how much
+// memory the server's state takes, as tenants grow 1 -> 1,000,000 and instances 1 -> 100,000.
+//
+// Why: a budget server holds every tenant's bucket and, per instance, the last counters it
+// applied (for idempotent Syncs). This bench shows the bytes each costs and whether a Sync gets
+// slower as they grow (it should not: lookups are hash maps).
+//
+// Three series, each on a fresh BudgetCore (limits raised: max_tenants 2M, max_instances 200k),
+// on a FakeClock that moves 10 us per Sync so every instance stays active (within its lease TTL):
+//   tenants          tenants created by PutPolicy (bucket + policy, no instance state); Syncs
+//                    come from 1,000 instances, each naming one random existing tenant.
+//   instances_spread instances each syncing their own tenant (1,000 tenants, 1 per request).
+//   instances_shared instances all syncing ONE tenant: the tenant's active-instance set grows
+//                    with the fleet (a large service sharing one budget).
+// Memory is the malloc'd bytes (glibc mallinfo2) added while the state grew, divided by what
+// was added; Sync cost is the mean of timed Syncs of existing instances (seq + 1 each) after
+// each step. Ratios compare each step with the first step of its series, measured in the same
+// run.
+//
+// Output: one JSON line per step ({"bench":"scaling_step",...}), then {"bench":"scaling",...}.
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench_util.h"
+#include "retrybudget/clock.h"
+#include "server/budget_core.h"
+
+ABSL_FLAG(int64_t, max_tenants, 1'000'000, "largest tenant step (1, 100, 10k, 100k, 1M)");
+ABSL_FLAG(int64_t, max_instances, 100'000, "largest instance step (1, 100, 1k, 10k, 100k)");
+ABSL_FLAG(int, timed_syncs, 5000, "Syncs timed per step");
+ABSL_FLAG(absl::Duration, step_budget, absl::Seconds(60),
+          "skip the larger steps of a series once one step took longer than this");
+
+namespace retrybudget::bench {
+namespace {
+
+struct Step {
+  std::string series;
+  int64_t count = 0;          // tenants or instances after the step
+  double bytes_per_item = 0;  // malloc bytes added / items added in this step
+  double rss_mb = 0;
+  double sync_ns = 0;
+  double build_seconds = 0;
+};
+
+std::string InstanceId(int64_t i) { return absl::StrFormat("inst-%012d-%08x", i, i * 2654435761u); }
+std::string TenantId(int64_t i) { return absl::StrFormat("tenant-%08d", i); }
+
+class Series {
+ public:
+  Series() {
+    CoreOptions options;
+    options.max_tenants = 2'000'000;
+    options.max_instances = 200'000;
+    options.clock = &clock_;
+    options.policy.mutable_default_policy()->set_capacity(1e9);
+    options.policy.mutable_default_policy()->set_refill_per_second(1e9);
+    core_ = *BudgetCore::Create(options);
+  }
+
+  // The next Sync of instance `i` naming `tenant`: its counters grow a little each time.
+  absl::Status SyncOnce(int64_t i, const std::string& tenant) {
+    if (static_cast<size_t>(i) >= seq_.size()) seq_.resize(i + 1, 0);
+    const uint64_t seq = ++seq_[i];
+    request_.Clear();
+    request_.set_instance_id(InstanceId(i));
+    request_.set_seq(seq);
+    v1::TenantSync* t = request_.add_tenants();
+    t->set_tenant(tenant);
+    t->set_successes(seq * 10);
+    t->set_want(5);
+    // Report nothing spent and nothing received so the counters stay valid without tracking
+    // grants: the server reclaims the unreceived grants, a path it also runs in production.
+    clock_.Advance(absl::Microseconds(10));
+    absl::StatusOr<v1::SyncResponse> r = core_->Sync(request_);
+    return r.status();
+  }
+
+  BudgetCore& core() { return *core_; }
+
+ private:
+  FakeClock clock_;
+  std::unique_ptr<BudgetCore> core_;
+  std::vector<uint64_t> seq_;
+  v1::SyncRequest request_;
+};
+
+std::string StepJson(const Step& s) {
+  return absl::StrFormat(
+      "{\"bench\":\"scaling_step\",\"series\":\"%s\",\"count\":%d,\"bytes_per_item\":%.0f,"
+      "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"build_seconds\":%.2f}",
+      s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.build_seconds);
+}
+
+// Times `n` Syncs, instance and tenant chosen by `pick`; mean ns per Sync.
+template <typename Pick>
+double TimeSyncs(Series& series, int n, Pick pick) {
+  int errors = 0;
+  // Untimed pass first: the first Sync of an instance or tenant pair creates state; the timed
+  // ones measure the steady state of existing instances.
+  for (int k = 0; k < std::min(n, 1000); ++k) {
+    auto [instance, tenant] = pick(k);
+    (void)series.SyncOnce(instance, tenant);
+  }
+  const absl::Time start = absl::Now();
+  for (int k = 0; k < n; ++k) {
+    auto [instance, tenant] = pick(k);
+    if (!series.SyncOnce(instance, tenant).ok()) ++errors;
+  }
+  const double ns = absl::ToDoubleNanoseconds(absl::Now() - start) / n;
+  if (errors > 0) std::fprintf(stderr, "%d timed Syncs failed\n", errors);
+  return ns;
+}
+
+std::vector<Step> TenantSeries(const std::vector<int64_t>& steps) {
+  std::vector<Step> out;
+  Series series;
+  std::mt19937_64 rng(1);
+  constexpr int kInstances = 1000;
+  std::vector<std::string> instance_tenant(kInstances);
+  int64_t have = 0;
+  v1::BudgetPolicy policy;
+  policy.set_capacity(1e9);
+  policy.set_refill_per_second(1e9);
+  for (int64_t target : steps) {
+    const absl::Time t0 = absl::Now();
+    const int64_t before = MallocInUseBytes();
+    for (; have < target; ++have) {
+      if (!series.core().PutPolicy(TenantId(have), policy).ok()) {
+        std::fprintf(stderr, "PutPolicy failed at %d\n", static_cast<int>(have));
+        return out;
+      }
+    }
+    const int64_t added_bytes = MallocInUseBytes() - before;
+    Step s;
+    s.series = "tenants";
+    s.count = target;
+    s.build_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    s.bytes_per_item =
+        out.empty() ? static_cast<double>(added_bytes) / static_cast<double>(target)
+                    : static_cast<double>(added_bytes) / static_cast<double>(target - out.back().count);
+    // Each of the 1,000 instances uses one tenant, picked at random among those that exist now.
+    for (auto& t : instance_tenant) t = TenantId(static_cast<int64_t>(rng() % target));
+    s.sync_ns = TimeSyncs(series, absl::GetFlag(FLAGS_timed_syncs), [&](int k) {
+      const int64_t i = k % kInstances;
+      return std::pair<int64_t, const std::string&>(i, instance_tenant[i]);
+    });
+    s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
+    std::printf("%s\n", StepJson(s).c_str());
+    std::fflush(stdout);
+    out.push_back(s);
+    if (absl::Now() - t0 > absl::GetFlag(FLAGS_step_budget)) break;
+  }
+  return out;
+}
+
+// `shared`: every instance syncs tenant 0; otherwise instance i syncs tenant i % 1000.
+std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared) {
+  std::vector<Step> out;
+  Series series;
+  std::vector<std::string> tenants;
+  for (int i = 0; i < 1000; ++i) tenants.push_back(TenantId(i));
+  auto tenant_of = [&](int64_t i) -> const std::string& {
+    return tenants[shared ? 0 : static_cast<size_t>(i % 1000)];
+  };
+  // Create the tenants up front so the instance steps measure instances only.
+  for (int i = 0; i < (shared ? 1 : 1000); ++i) (void)series.SyncOnce(-1 + 1'000'000, tenants[i]);
+  std::mt19937_64 rng(2);
+  int64_t have = 0;
+  for (int64_t target : steps) {
+    const absl::Time t0 = absl::Now();
+    const int64_t before = MallocInUseBytes();
+    for (; have < target; ++have) {
+      if (absl::Status st = series.SyncOnce(have, tenant_of(have)); !st.ok()) {
+        std::fprintf(stderr, "Sync failed: %s\n", std::string(st.message()).c_str());
+        return out;
+      }
+    }
+    const int64_t added_bytes = MallocInUseBytes() - before;
+    Step s;
+    s.series = shared ? "instances_shared" : "instances_spread";
+    s.count = target;
+    s.build_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    s.bytes_per_item =
+        out.empty() ? static_cast<double>(added_bytes) / static_cast<double>(target)
+                    : static_cast<double>(added_bytes) / static_cast<double>(target - out.back().count);
+    s.sync_ns = TimeSyncs(series, absl::GetFlag(FLAGS_timed_syncs), [&](int) {
+      const int64_t i = static_cast<int64_t>(rng() % target);
+      return std::pair<int64_t, const std::string&>(i, tenant_of(i));
+    });
+    s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
+    std::printf("%s\n", StepJson(s).c_str());
+    std::fflush(stdout);
+    out.push_back(s);
+    if (absl::Now() - t0 > absl::GetFlag(FLAGS_step_budget)) break;
+  }
+  return out;
+}
+
+std::vector<int64_t> Steps(std::vector<int64_t> all, int64_t max) {
+  std::vector<int64_t> out;
+  for (int64_t s : all) {
+    if (s <= max) out.push_back(s);
+  }
+  return out;
+}
+
+std::string SeriesSummary(const std::vector<Step>& steps) {
+  if (steps.empty()) return "null";
+  const Step& first = steps.front();
+  const Step& last = steps.back();
+  return absl::StrFormat(
+      "{\"from\":%d,\"to\":%d,\"sync_ns_first\":%.0f,\"sync_ns_last\":%.0f,"
+      "\"sync_cost_ratio_last_vs_first\":%.2f,\"bytes_per_item_last_step\":%.0f}",
+      first.count, last.count, first.sync_ns, last.sync_ns,
+      first.sync_ns > 0 ? last.sync_ns / first.sync_ns : -1, last.bytes_per_item);
+}
+
+int Main() {
+  const auto tenants =
+      TenantSeries(Steps({1, 100, 10'000, 100'000, 1'000'000}, absl::GetFlag(FLAGS_max_tenants)));
+  const std::vector<int64_t> instance_steps =
+      Steps({1, 100, 1'000, 10'000, 100'000}, absl::GetFlag(FLAGS_max_instances));
+  const auto spread = InstanceSeries(instance_steps, /*shared=*/false);
+  const auto shared = InstanceSeries(instance_steps, /*shared=*/true);
+  std::printf("{\"bench\":\"scaling\",\"tenants\":%s,\"instances_spread\":%s,"
+              "\"instances_shared\":%s}\n",
+              SeriesSummary(tenants).c_str(), SeriesSummary(spread).c_str(),
+              SeriesSummary(shared).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace retrybudget::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return retrybudget::bench::Main();
+}
