@@ -1,6 +1,8 @@
 # The two commands of the README's Quick start:
 #   make run    builds and starts the server on its embedded default (127.0.0.1:50051)
 #   make test   builds and runs the whole test suite
+#   make bench  builds the benchmarks in Release into build-bench/ and runs them all
+#               (bench/run_all.sh; results in build-bench/bench-results/, see docs/BENCHMARKS.md)
 # Both install the Debian packages they need when missing.
 
 BUILD_DIR ?= build
@@ -10,7 +12,7 @@ LISTEN ?= 127.0.0.1:50051
 DATA_DIR ?= $(CURDIR)/data
 CMAKE_FLAGS ?=
 
-.PHONY: deps build run test clean
+.PHONY: deps build run test bench clean
 
 deps:
 	@scripts/install-deps.sh
@@ -27,6 +29,13 @@ run: deps $(BUILD_DIR)/CMakeCache.txt
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j$(JOBS)
+
+BENCH_DIR ?= build-bench
+
+bench: deps
+	cmake -S . -B $(BENCH_DIR) -DCMAKE_BUILD_TYPE=Release -DRETRYBUDGET_BUILD_TESTS=OFF $(CMAKE_FLAGS)
+	cmake --build $(BENCH_DIR) -j$(JOBS) --target benchmarks
+	bench/run_all.sh $(BENCH_DIR)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -9,6 +9,7 @@ packages=(
   prometheus-cpp-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server prometheus openssl python3-grpcio
+  libhiredis-dev gnuplot-nox
 )
 if [ "${1:-}" = "--runtime-only" ]; then
   packages=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
