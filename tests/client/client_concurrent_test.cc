@@ -168,7 +168,15 @@ TEST(BudgetClientConcurrentTest, BooksStayValidThroughLeaseFallbackAndBack) {
     if (step % 100 == 50) h.set_handler(testing_util::Failing(grpc::StatusCode::UNAVAILABLE));
     h.clock().Advance(absl::Milliseconds(45));
     h.client().RunOnce();
-    saw_fallback = saw_fallback || budget->Stats().mode == BudgetMode::kFallback;
+    if (budget->Stats().mode == BudgetMode::kFallback) {
+      saw_fallback = true;
+      // Let the workers drain the fallback tokens before the next step (they spin on
+      // TryAcquire; the deadline is a safety net, not a sleep).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (budget->Stats().tokens_held > 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+    }
   }
   stop = true;
   for (std::thread& thread : threads) thread.join();
