@@ -27,11 +27,14 @@ namespace retrybudget {
 // A BudgetClient with its refresher exposed. Thread-safe like BudgetClient.
 class TestingBudgetClient : public BudgetClient {
  public:
-  // One refresher step at clock->Now(): ends leases whose expiry passed, then sends at most one
-  // Sync attempt if one is due (a new request, or the resend of a failed one) and applies its
-  // response. Blocks only for the stub call. Returns when the next step is due (the next sync,
-  // retry or lease expiry); InfiniteFuture when nothing is scheduled. The test advances the
-  // FakeClock to that time (or not) and calls RunOnce() again.
+  // One refresher step at clock->Now(): ends leases whose expiry passed, enters, refills or
+  // leaves fallback, then sends at most one Sync attempt if one is due (a new request, or the
+  // resend of a failed one) and applies its response, and updates the metrics. Blocks only for
+  // the stub call. Returns when the next step is due (the next sync, retry, lease expiry or
+  // fallback token); InfiniteFuture when nothing is scheduled. The test advances the FakeClock
+  // to that time (or not) and calls RunOnce() again; the real refresher thread also steps at
+  // once when wake_requested() (a worker took the first token of a full fallback bucket, or
+  // found its lease low or empty).
   virtual absl::Time RunOnce() = 0;
 
   // True when something woke the refresher (a worker found a lease low or empty, a tenant was
