@@ -138,18 +138,22 @@ BENCHMARK(BM_TryAcquire)->Threads(1)->Threads(2)->UseRealTime()->Repetitions(3);
 BENCHMARK(BM_BareAtomicIncrement)->Threads(1)->Threads(2)->UseRealTime()->Repetitions(3);
 BENCHMARK(BM_RecordSuccess)->Threads(1)->Threads(2)->UseRealTime()->Repetitions(3);
 
-// Collects ns/op per run name (e.g. "BM_TryAcquire/real_time/threads:2"), for the JSON line.
+// Collects ns/op per benchmark and thread count (e.g. "BM_TryAcquire/2"), for the JSON line.
 // With UseRealTime and N threads, Google Benchmark reports wall time per iteration of one
 // thread; the per-operation cost of the whole process is that divided by N, which is the same
 // for the baseline and the library, so ratios are unaffected.
 class SummaryReporter final : public benchmark::ConsoleReporter {
  public:
+  // No colour codes: the JSON line must start its line for scripts (grep '^{').
+  SummaryReporter() : ConsoleReporter(OO_Tabular) {}
+
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
       // The fastest of the repetitions: on a shared VM, noise only ever adds time.
       const double ns = run.GetAdjustedRealTime();  // ns (the default time unit)
-      auto [it, inserted] = ns_.emplace(run.benchmark_name(), ns);
+      auto [it, inserted] =
+          ns_.emplace(absl::StrCat(run.run_name.function_name, "/", run.threads), ns);
       if (!inserted) it->second = std::min(it->second, ns);
     }
     ConsoleReporter::ReportRuns(runs);
@@ -157,7 +161,7 @@ class SummaryReporter final : public benchmark::ConsoleReporter {
 
   void PrintSummary() const {
     auto get = [&](const std::string& bm, int threads) {
-      auto it = ns_.find(absl::StrCat(bm, "/real_time/threads:", threads));
+      auto it = ns_.find(absl::StrCat(bm, "/", threads));
       return it == ns_.end() ? -1.0 : it->second;
     };
     std::vector<std::string> ns_fields, ratio_fields, target_fields;

@@ -31,7 +31,7 @@ run() {
   echo "   ($name took $((SECONDS - start)) s)" >&2
 }
 
-run client_fast_path "$bin/bench_client_fast_path" --benchmark_min_time=0.3
+run client_fast_path "$bin/bench_client_fast_path" --benchmark_min_time=0.3 --benchmark_color=false
 run server_load "$bin/bench_server_load"
 run redis_peer "$bin/bench_redis_peer"
 run scaling "$bin/bench_scaling"
