@@ -192,7 +192,7 @@ TEST(BudgetClientConcurrentTest, BooksStayValidThroughLeaseFallbackAndBack) {
   EXPECT_GE(stats.retries_allowed, total_kept);
   EXPECT_LE(stats.retries_allowed, total_kept + kThreads);
   EXPECT_GT(stats.fallback_allowed, 0u);
-  const v1::TenantSync& last = h.last_request().tenants(0);
+  const v1::TenantSync last = h.last_request().tenants(0);
   EXPECT_TRUE(h.last_request().final());
   EXPECT_GE(last.retries_spent(), total_kept);
   EXPECT_GT(last.fallback_spent(), 0u);

@@ -230,7 +230,7 @@ TEST(BudgetClientTest, LeaseExpiresAtSendTimePlusTtl) {
   h.set_handler(Granting(0));
   h.client().RunOnce();
   ASSERT_EQ(h.sync_count(), 2u);
-  const v1::TenantSync& entry = h.last_request().tenants(0);
+  const v1::TenantSync entry = h.last_request().tenants(0);
   EXPECT_EQ(entry.tokens_returned(), 2u);
   EXPECT_EQ(entry.retries_spent(), 3u);
   EXPECT_EQ(entry.tokens_received(), 5u);
@@ -373,7 +373,7 @@ TEST(BudgetClientTest, RefundKeepsSpentExact) {
   EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 4u);
 
   ASSERT_TRUE(h.client().Shutdown().ok());
-  const v1::TenantSync& last = h.last_request().tenants(0);
+  const v1::TenantSync last = h.last_request().tenants(0);
   EXPECT_TRUE(h.last_request().final());
   EXPECT_EQ(last.retries_spent() + last.tokens_returned(), last.tokens_received());
   EXPECT_EQ(budget->Stats().retries_allowed, 3u);
