@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "retrybudget/names.h"
 
 namespace retrybudget {
@@ -18,6 +20,15 @@ bool SplitHostPort(absl::string_view listen, absl::string_view* host, int* port)
   *host = listen.substr(0, colon);
   *port = p;
   return true;
+}
+
+// Sets the standard grpc.health.v1 status of the whole server ("") and of both services.
+void SetHealth(grpc::Server& server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(v1::RetryBudgetService::service_full_name(), serving);
+  health->SetServingStatus(v1::BudgetAdminService::service_full_name(), serving);
+  health->SetServingStatus(serving);
 }
 
 ServiceOptions Tracked(ServiceOptions options, InFlightRpcs* in_flight) {
@@ -54,6 +65,10 @@ BudgetServer::BudgetServer(ServerOptions options)
       admin_service_(Tracked(options_.service, &in_flight_)) {}
 
 absl::Status BudgetServer::Init() {
+  // Standard health checking (grpc.health.v1, NOT_SERVING from the start of Shutdown()) and
+  // server reflection, so generic gRPC tools can talk to the server. Process-wide switches.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int selected_port = 0;
   builder.AddListeningPort(
@@ -73,6 +88,7 @@ absl::Status BudgetServer::Init() {
   int ignored = 0;
   SplitHostPort(options_.listen, &host, &ignored);
   address_ = absl::StrCat(host, ":", port_);
+  SetHealth(*server_, true);
   return absl::OkStatus();
 }
 
@@ -82,6 +98,8 @@ void BudgetServer::Shutdown(absl::Duration grace) {
   absl::MutexLock lock(&mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  // Health checks say NOT_SERVING while in-flight RPCs drain (load balancers stop sending).
+  SetHealth(*server_, false);
   // grpc::Server::Shutdown(deadline) alone would also wait for idle client connections to
   // close after its GOAWAY, which an idle synchronous client only notices at its next poll (up
   // to 5 s later). So drain first: refuse new RPCs, wait for exactly the ones in flight, then
