@@ -2,12 +2,13 @@
 // the call on a denial, report successes. A fake budget and a scripted backend, no server.
 #include "tools/fleet/worker_loop.h"
 
-#include <atomic>
 #include <deque>
+#include <stop_token>
 #include <string>
 
 #include "gtest/gtest.h"
 #include "retrybudget/clock.h"
+#include "retrybudget/retry.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -54,9 +55,9 @@ class ScriptedBackend : public Backend {
 TEST(RunLogicalCallTest, BudgetRetriesWhileTokensLastThenTheDenialEndsTheCall) {
   FakeBudget budget(2);
   ScriptedBackend backend({false, false, false, false});
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop.get_token(), counts);
   EXPECT_EQ(backend.calls, 3);  // first attempt + 2 retries, then denied
   EXPECT_EQ(counts.calls, 1u);
   EXPECT_EQ(counts.attempts, 3u);
@@ -70,9 +71,9 @@ TEST(RunLogicalCallTest, BudgetRetriesWhileTokensLastThenTheDenialEndsTheCall) {
 TEST(RunLogicalCallTest, BudgetSuccessAfterARetryRecordsOneSuccess) {
   FakeBudget budget(5);
   ScriptedBackend backend({false, true});
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop.get_token(), counts);
   EXPECT_EQ(counts.attempts, 2u);
   EXPECT_EQ(counts.retries_allowed, 1u);
   EXPECT_EQ(counts.successes, 1u);
@@ -83,9 +84,9 @@ TEST(RunLogicalCallTest, BudgetSuccessAfterARetryRecordsOneSuccess) {
 TEST(RunLogicalCallTest, FirstAttemptSuccessNeverAsksTheBudget) {
   FakeBudget budget(0);
   ScriptedBackend backend({true});
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop.get_token(), counts);
   EXPECT_EQ(budget.acquires, 0);
   EXPECT_EQ(counts.successes, 1u);
 }
@@ -93,9 +94,9 @@ TEST(RunLogicalCallTest, FirstAttemptSuccessNeverAsksTheBudget) {
 TEST(RunLogicalCallTest, MaxAttemptsCapsABudgetedCallWithoutSpendingATokenForIt) {
   FakeBudget budget(100);
   ScriptedBackend backend({});
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kBudget, {.max_attempts = 3}, backend, &budget, stop, counts);
+  RunLogicalCall(RetryStrategy::kBudget, {.max_attempts = 3}, backend, &budget, stop.get_token(), counts);
   EXPECT_EQ(counts.attempts, 3u);
   EXPECT_EQ(counts.retries_allowed, 2u);
   EXPECT_EQ(budget.acquires, 2);
@@ -105,9 +106,10 @@ TEST(RunLogicalCallTest, MaxAttemptsCapsABudgetedCallWithoutSpendingATokenForIt)
 TEST(RunLogicalCallTest, StopEndsTheCallWithoutTakingAToken) {
   FakeBudget budget(100);
   ScriptedBackend backend({});
-  std::atomic<bool> stop{true};
+  std::stop_source stop;
+  stop.request_stop();
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop, counts);
+  RunLogicalCall(RetryStrategy::kBudget, {}, backend, &budget, stop.get_token(), counts);
   EXPECT_EQ(counts.attempts, 1u);
   EXPECT_EQ(budget.acquires, 0);
   EXPECT_EQ(counts.retries_denied, 0u);
@@ -116,17 +118,83 @@ TEST(RunLogicalCallTest, StopEndsTheCallWithoutTakingAToken) {
 
 TEST(RunLogicalCallTest, UnbudgetedRetriesUpToFourAttemptsWithNoBudget) {
   ScriptedBackend backend({});
-  std::atomic<bool> stop{false};
+  std::stop_source stop;
   CallCounts counts;
-  RunLogicalCall(RetryStrategy::kUnbudgeted, {}, backend, nullptr, stop, counts);
+  RunLogicalCall(RetryStrategy::kUnbudgeted, {}, backend, nullptr, stop.get_token(), counts);
   EXPECT_EQ(counts.attempts, 4u);
   EXPECT_EQ(counts.retries_allowed, 3u);
   EXPECT_EQ(counts.retries_denied, 0u);
   EXPECT_EQ(counts.failures, 1u);
 }
 
+// The retry helper, with no sleeping worth the name: zero backoff.
+constexpr CallOptions kNoBackoff = {.backoff_initial = absl::ZeroDuration(),
+                                    .backoff_max = absl::ZeroDuration()};
+
+TEST(RunLogicalCallTest, RetryHelperCountsLikeBudgetAndItsDenialIsBudgetExhausted) {
+  FakeBudget budget(2);
+  ScriptedBackend backend({false, false, false, false});
+  std::stop_source stop;
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kRetryHelper, kNoBackoff, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(backend.calls, 3);  // first attempt + 2 retries, then the budget said no
+  EXPECT_EQ(budget.acquires, 3);
+  EXPECT_EQ(counts.calls, 1u);
+  EXPECT_EQ(counts.attempts, 3u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(counts.retries_denied, 1u);
+  EXPECT_EQ(counts.failures, 1u);
+  EXPECT_EQ(counts.successes, 0u);
+}
+
+TEST(RunLogicalCallTest, RetryHelperSuccessAfterARetryRecordsOneSuccess) {
+  FakeBudget budget(5);
+  ScriptedBackend backend({false, false, true});
+  std::stop_source stop;
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kRetryHelper, kNoBackoff, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(counts.attempts, 3u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(counts.retries_denied, 0u);
+  EXPECT_EQ(counts.successes, 1u);
+  EXPECT_EQ(budget.successes, 1);
+}
+
+TEST(RunLogicalCallTest, RetryHelperMaxAttemptsEndsTheCallWithoutADenial) {
+  FakeBudget budget(100);
+  ScriptedBackend backend({});
+  std::stop_source stop;
+  CallCounts counts;
+  CallOptions options = kNoBackoff;
+  options.max_attempts = 3;
+  RunLogicalCall(RetryStrategy::kRetryHelper, options, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(counts.attempts, 3u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(counts.retries_denied, 0u);
+  EXPECT_EQ(counts.failures, 1u);
+}
+
+TEST(RunLogicalCallTest, RetryHelperStoppedMakesNoAttemptAndSpendsNoToken) {
+  FakeBudget budget(100);
+  ScriptedBackend backend({});
+  std::stop_source stop;
+  stop.request_stop();
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kRetryHelper, kNoBackoff, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(backend.calls, 0);  // the helper sends nothing once the caller gave up
+  EXPECT_EQ(counts.retries_allowed, 0u);
+  EXPECT_EQ(counts.retries_denied, 0u);
+  EXPECT_EQ(counts.failures, 1u);
+  EXPECT_EQ(budget.acquires, 0);
+}
+
 TEST(RetryStrategyTest, NamesRoundTripAndUnknownIsRefused) {
-  for (RetryStrategy s : {RetryStrategy::kBudget, RetryStrategy::kUnbudgeted}) {
+  for (RetryStrategy s :
+       {RetryStrategy::kBudget, RetryStrategy::kUnbudgeted, RetryStrategy::kRetryHelper}) {
     absl::StatusOr<RetryStrategy> parsed = ParseRetryStrategy(RetryStrategyName(s));
     ASSERT_TRUE(parsed.ok());
     EXPECT_EQ(*parsed, s);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -77,6 +78,12 @@ class FaultProxy::Impl final : public v1::RetryBudgetService::Service {
     }
     if (replay) ReplayOlder(*context, *request);
     Remember(*request);
+    if (options_.response_delay > absl::ZeroDuration()) {
+      // A slow server: the answer exists, the client gets it late (or never, past its deadline).
+      std::this_thread::sleep_for(absl::ToChronoNanoseconds(options_.response_delay));
+      absl::MutexLock lock(&mu_);
+      ++counters_.delayed_responses;
+    }
     if (drop) {
       absl::MutexLock lock(&mu_);
       ++counters_.dropped_responses;
@@ -172,6 +179,11 @@ absl::StatusOr<std::unique_ptr<FaultProxy>> FaultProxy::Start(FaultProxyOptions 
   }
   if (options.upstream.empty()) {
     return absl::InvalidArgumentError("fault proxy: upstream is empty");
+  }
+  if (options.response_delay < absl::ZeroDuration() ||
+      options.response_delay > absl::Seconds(60)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fault-delay: must be in [0, 60s], got ", absl::FormatDuration(options.response_delay)));
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   if (absl::Status st = impl->Start(); !st.ok()) return st;

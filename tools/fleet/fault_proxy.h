@@ -5,7 +5,10 @@
 //  * duplicate request: send the request to the server twice, answer with the second response;
 //  * replay old: after forwarding a request, re-send an older request of the same instance (a
 //    delayed packet arriving after newer ones; the server must call it stale). Final requests
-//    are never replayed and end the instance's history.
+//    are never replayed and end the instance's history;
+//  * response delay (a slow server): every response is held for a fixed time after the server
+//    answered (past the client's Sync deadline the client sees DEADLINE_EXCEEDED although the
+//    server applied the request: a lost response, late).
 // Each fault is decided independently per request with its probability, from one seeded PRNG.
 //
 //   auto proxy = FaultProxy::Start({.upstream = "127.0.0.1:50051", .drop_response = 0.1});
@@ -31,6 +34,7 @@ struct FaultProxyOptions {
   double drop_response = 0;        // probabilities, each in [0, 1]
   double duplicate_request = 0;
   double replay_old = 0;
+  absl::Duration response_delay = absl::ZeroDuration();  // >= 0; applied to every response
   uint64_t seed = 1;
   // Deadline of each forwarded call when the client's own deadline is later (or absent).
   absl::Duration upstream_timeout = absl::Seconds(2);

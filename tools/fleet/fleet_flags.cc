@@ -24,11 +24,24 @@ ABSL_FLAG(int64_t, lease_ttl_ms, 5000, "policy: lease TTL, milliseconds");
 ABSL_FLAG(bool, reset_budget, false, "delete the tenant's budget before the run");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the simulated backends and of the fault injector");
 ABSL_FLAG(absl::Duration, call_latency, absl::Milliseconds(1), "latency of one backend attempt");
-ABSL_FLAG(std::string, strategy, "budget", "budget | unbudgeted");
+ABSL_FLAG(std::string, strategy, "budget", "budget | unbudgeted | retry-helper");
 ABSL_FLAG(int32_t, max_attempts, 0, "attempts per call; 0: no cap (budget), 4 (unbudgeted)");
 ABSL_FLAG(double, fault_drop_response, 0, "probability of dropping a Sync response");
 ABSL_FLAG(double, fault_duplicate_request, 0, "probability of sending a Sync twice");
 ABSL_FLAG(double, fault_replay_old, 0, "probability of replaying an older Sync");
+ABSL_FLAG(absl::Duration, fault_delay, absl::ZeroDuration(),
+          "hold every Sync response this long (a slow server)");
+ABSL_FLAG(absl::Duration, backoff_initial, absl::Milliseconds(1),
+          "retry-helper: initial backoff (full jitter)");
+ABSL_FLAG(absl::Duration, backoff_max, absl::Milliseconds(10), "retry-helper: largest backoff");
+ABSL_FLAG(std::string, spawn_server, "", "start and supervise this retry-budget-server binary");
+ABSL_FLAG(std::string, server_data_dir, "",
+          "--data_dir of the spawned server (default: a temporary directory, removed after)");
+ABSL_FLAG(std::string, server_arg, "", "one more argument for the spawned server (repeatable)");
+ABSL_FLAG(double, kill_server_after, 0, "SIGKILL the spawned server this many seconds in");
+ABSL_FLAG(double, restart_after, 0, "restart it this many seconds after the kill (same port)");
+ABSL_FLAG(double, stop_server_after, 0, "SIGSTOP the spawned server this many seconds in");
+ABSL_FLAG(double, resume_after, 0, "SIGCONT it this many seconds after the stop");
 ABSL_FLAG(absl::Duration, refresh_period, absl::ZeroDuration(),
           "client refresh period; 0 keeps the library default");
 ABSL_FLAG(uint64_t, lease_burst, 0, "client lease burst; 0 keeps the library default");
@@ -41,6 +54,12 @@ ABSL_FLAG(absl::Duration, worker_grace, absl::Seconds(30),
 // Hidden: the worker side of the tool.
 ABSL_FLAG(bool, worker, false, "internal: run as one worker process");
 ABSL_FLAG(int32_t, worker_index, 0, "internal: index of this worker");
+ABSL_FLAG(absl::Duration, reconnect_backoff_max, absl::ZeroDuration(),
+          "cap of the clients' gRPC reconnect backoff; 0 keeps gRPC's default (up to 120s)");
+ABSL_FLAG(absl::Duration, client_backup_poll, absl::ZeroDuration(),
+          "gRPC backup poll interval in the workers; 0 keeps gRPC's default (5s)");
+ABSL_FLAG(absl::Duration, monitor_period, absl::Milliseconds(5),
+          "how often each worker polls its client's mode (fallback or lease)");
 
 namespace retrybudget::fleet {
 
@@ -90,6 +109,7 @@ absl::StatusOr<CommandLine> ParseFleetCommandLine(int argc, char** argv) {
                        "': ", error));
     }
     out.set.insert(name);
+    if (name == "server_arg") out.server_args.push_back(value);
   }
   out.worker_mode = absl::GetFlag(FLAGS_worker);
   return out;
@@ -107,10 +127,14 @@ final Sync returns unspent tokens) and reports its own counts. The tool then pri
 line and checks the invariant of DESIGN.md:
 
   retries_allowed <= bound = initial + refill * elapsed + credit * successes
+                            + fallback_allowance
 
 where initial is the bucket level read (GetBudget) just before the workers start, elapsed
 (steady clock) runs from that read until every worker has exited, and successes are counted by
-the workers themselves.
+the workers themselves. fallback_allowance is what the clients' local fallback buckets may
+hand out while the server is unreachable: the sum over workers and fallback episodes of the
+SafeShare each client last received (capacity, at least 1 token when it refills) plus its
+refill times the seconds spent in fallback; 0 when no client fell back.
 
 Usage: retry-budget-fleet [--option=value ...]   (options accept '-' or '_': --failure-rate)
 
@@ -124,9 +148,15 @@ Fleet:
   --call-latency=DURATION   time one attempt takes, e.g. 1ms, 500us, 0 (default 1ms)
   --seed=N                  seed of the backends and the fault injector (default 1)
   --strategy=NAME           budget: retry while TryAcquire() allows (default);
+                            retry-helper: each call through retrybudget::Retry() (the budget
+                            decides every retry; full-jitter backoff between attempts);
                             unbudgeted: no budget, --max-attempts per call (a baseline that
                             overspends: the run reports within_budget=false and exits 1)
-  --max-attempts=N          most attempts per call; 0: no cap for budget, 4 for unbudgeted
+  --max-attempts=N          most attempts per call; 0: no cap for budget and retry-helper, 4
+                            for unbudgeted
+  --backoff-initial=DURATION, --backoff-max=DURATION
+                            retry-helper's backoff before retry k: uniform in
+                            [0, min(max, initial * 2^(k-1))) (default 1ms, 10ms)
 
 Policy (PutPolicy before the run when any is given; unset fields take the server's defaults:
 capacity 100, refill 1, credit 0.1, initial = capacity, lease TTL 5000 ms. When none is given
@@ -140,9 +170,34 @@ request, each with its own probability):
   --fault-drop-response=P      the server applies the request, the worker gets UNAVAILABLE
   --fault-duplicate-request=P  the request is sent to the server twice
   --fault-replay-old=P         an older request of the same instance is re-sent after newer ones
+  --fault-delay=DURATION       every response is held this long (a slow server)
+
+Chaos (the tool starts, kills, hangs and restarts the real server itself; --server is ignored):
+  --spawn-server=PATH          start PATH (retry-budget-server) on 127.0.0.1, port picked once
+                               (port 0), with --data_dir and, when policy options are given, a
+                               --policy file holding them (so a restart keeps the policy)
+  --server-data-dir=DIR        its --data_dir (default: a temporary directory, removed after)
+  --server-arg=ARG             one more server argument, e.g. --server-arg=--snapshot_interval=1s
+                               (repeatable)
+  --kill-server-after=SECONDS  SIGKILL the server this long into the run
+  --restart-after=SECONDS      restart it this long after the kill: same port, same data_dir
+  --stop-server-after=SECONDS  SIGSTOP the server (a hung server: connections open, no answers)
+  --resume-after=SECONDS       SIGCONT it this long after the stop
+  While the server is unreachable each client spends its lease to its expiry, then its local
+  fallback bucket; the bound then adds the fallback allowance (see below).
 
 Client tuning:
   --refresh-period=DURATION  --lease-burst=N   (0: library defaults)
+  --reconnect-backoff-max=DURATION
+                             cap the clients' gRPC reconnect backoff (default 0: the channel
+                             BudgetClient::Create() makes, whose backoff grows to 120s, so a
+                             restarted server may be noticed many seconds late)
+  --client-backup-poll=DURATION
+                             run gRPC's backup poller this often in the workers (default 0:
+                             gRPC's 5s). The client's blocking Sync does not complete a
+                             reconnection's handshake by itself, so after a restart clients stay
+                             in fallback until the backup poller runs
+  --monitor-period=DURATION  how often each worker polls its client's mode (default 5ms)
   --sample-level=DURATION    sample the bucket level this often during the run, for the
                              report's server.level_mean/level_max (default 100ms; 0: never)
   --connect-timeout=DURATION how long to wait for the server before the run (default 10s)
@@ -152,9 +207,11 @@ Output: one JSON line on stdout:
   {"tenant","strategy","workers","threads","failure_rate","duration_seconds","call_latency_ms",
    "policy":{"capacity","refill_per_second","success_credit","initial_tokens","lease_ttl_ms"},
    "elapsed_seconds","calls","attempts","successes","failures","retries_allowed",
-   "retries_denied","bound","within_budget","utilisation",
-   "library":{...client library counters...}, "server":{...budget totals over the run...},
-   "faults":{...only with fault injection...}}
+   "retries_denied","lease_bound","fallback_allowance","bound","within_budget","utilisation",
+   "max_try_acquire_ms","library":{...client library counters...},
+   "fallback":{...time in fallback, allowance and its rule, spending in fallback...},
+   "server":{...budget totals over the run...}, "faults":{...only with fault injection...},
+   "chaos":{...only with --kill-server-after/--stop-server-after: fault times, outage counts...}}
   (see tools/fleet/README.md for every field).
 
 Exit codes:
@@ -190,6 +247,19 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   o.fault_drop_response = absl::GetFlag(FLAGS_fault_drop_response);
   o.fault_duplicate_request = absl::GetFlag(FLAGS_fault_duplicate_request);
   o.fault_replay_old = absl::GetFlag(FLAGS_fault_replay_old);
+  o.fault_delay = absl::GetFlag(FLAGS_fault_delay);
+  o.call.backoff_initial = absl::GetFlag(FLAGS_backoff_initial);
+  o.call.backoff_max = absl::GetFlag(FLAGS_backoff_max);
+  o.spawn_server = absl::GetFlag(FLAGS_spawn_server);
+  o.server_data_dir = absl::GetFlag(FLAGS_server_data_dir);
+  o.server_args = command_line.server_args;
+  if (given("kill_server_after")) o.chaos.kill_after = absl::GetFlag(FLAGS_kill_server_after);
+  if (given("restart_after")) o.chaos.restart_after = absl::GetFlag(FLAGS_restart_after);
+  if (given("stop_server_after")) o.chaos.stop_after = absl::GetFlag(FLAGS_stop_server_after);
+  if (given("resume_after")) o.chaos.resume_after = absl::GetFlag(FLAGS_resume_after);
+  o.monitor_period = absl::GetFlag(FLAGS_monitor_period);
+  o.reconnect_backoff_max = absl::GetFlag(FLAGS_reconnect_backoff_max);
+  o.client_backup_poll = absl::GetFlag(FLAGS_client_backup_poll);
   o.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   o.lease_burst = absl::GetFlag(FLAGS_lease_burst);
   o.worker_grace = absl::GetFlag(FLAGS_worker_grace);
@@ -212,6 +282,11 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   w.seed = absl::GetFlag(FLAGS_seed);
   w.strategy = *strategy;
   w.call.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  w.call.backoff_initial = absl::GetFlag(FLAGS_backoff_initial);
+  w.call.backoff_max = absl::GetFlag(FLAGS_backoff_max);
+  w.monitor_period = absl::GetFlag(FLAGS_monitor_period);
+  w.reconnect_backoff_max = absl::GetFlag(FLAGS_reconnect_backoff_max);
+  w.client_backup_poll = absl::GetFlag(FLAGS_client_backup_poll);
   w.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   w.lease_burst = absl::GetFlag(FLAGS_lease_burst);
   return w;

@@ -5,6 +5,7 @@
 #define RETRYBUDGET_TOOLS_FLEET_FLEET_FLAGS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -17,6 +18,7 @@ struct CommandLine {
   bool help = false;
   bool worker_mode = false;            // the hidden --worker
   absl::flat_hash_set<std::string> set = {};  // names (with '_') of the flags given
+  std::vector<std::string> server_args = {};  // every --server-arg, in order (repeatable)
 };
 
 // Parses argv into the flags. INVALID_ARGUMENT naming the argument for an unknown flag, a bad

@@ -66,6 +66,29 @@ absl::Status ReadString(const Struct& s, absl::string_view field, std::string* o
   return absl::OkStatus();
 }
 
+absl::Status ReadCountArray(const Struct& s, absl::string_view field, std::vector<uint64_t>* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end() || it->second.kind_case() != Value::kListValue) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be an array of counts"));
+  }
+  out->clear();
+  for (const Value& v : it->second.list_value().values()) {
+    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
+        v.number_value() != std::floor(v.number_value()) || v.number_value() > 9.007e15) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker line: field '", field, "' holds a non-count ", v.ShortDebugString()));
+    }
+    out->push_back(static_cast<uint64_t>(v.number_value()));
+  }
+  return absl::OkStatus();
+}
+
+void AddInto(std::vector<uint64_t>& sum, const std::vector<uint64_t>& add) {
+  if (sum.size() < add.size()) sum.resize(add.size(), 0);
+  for (size_t i = 0; i < add.size(); ++i) sum[i] += add[i];
+}
+
 }  // namespace
 
 WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
@@ -87,6 +110,21 @@ WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
     sum.lib_tokens_received += w.lib_tokens_received;
     sum.lib_tokens_returned += w.lib_tokens_returned;
     sum.lib_tokens_held += w.lib_tokens_held;
+    sum.calls_in_fallback += w.calls_in_fallback;
+    sum.retries_allowed_in_fallback += w.retries_allowed_in_fallback;
+    sum.retries_allowed_after_fallback += w.retries_allowed_after_fallback;
+    sum.fallback_entries += w.fallback_entries;
+    sum.lease_after_fallback += w.lease_after_fallback;
+    sum.fallback_seconds += w.fallback_seconds;
+    sum.fallback_allowance += w.fallback_allowance;
+    sum.safe_share_capacity += w.safe_share_capacity;
+    sum.safe_share_refill += w.safe_share_refill;
+    sum.syncs_ok += w.syncs_ok;
+    sum.syncs_failed += w.syncs_failed;
+    sum.max_try_acquire_ms = std::max(sum.max_try_acquire_ms, w.max_try_acquire_ms);
+    sum.timeline_slice_seconds = std::max(sum.timeline_slice_seconds, w.timeline_slice_seconds);
+    AddInto(sum.calls_timeline, w.calls_timeline);
+    AddInto(sum.retries_timeline, w.retries_timeline);
     if (sum.shutdown_status == "OK" && w.shutdown_status != "OK") {
       sum.shutdown_status = absl::StrCat("worker ", w.worker, ": ", w.shutdown_status);
     }
@@ -111,7 +149,22 @@ std::string WorkerCountsToJson(const WorkerCounts& c) {
       .Number("lib_tokens_received", c.lib_tokens_received)
       .Number("lib_tokens_returned", c.lib_tokens_returned)
       .Number("lib_tokens_held", c.lib_tokens_held)
-      .String("shutdown_status", c.shutdown_status);
+      .String("shutdown_status", c.shutdown_status)
+      .Number("calls_in_fallback", c.calls_in_fallback)
+      .Number("retries_allowed_in_fallback", c.retries_allowed_in_fallback)
+      .Number("retries_allowed_after_fallback", c.retries_allowed_after_fallback)
+      .Number("fallback_entries", c.fallback_entries)
+      .Number("lease_after_fallback", c.lease_after_fallback)
+      .Number("fallback_seconds", c.fallback_seconds)
+      .Number("fallback_allowance", c.fallback_allowance)
+      .Number("safe_share_capacity", c.safe_share_capacity)
+      .Number("safe_share_refill", c.safe_share_refill)
+      .Number("syncs_ok", c.syncs_ok)
+      .Number("syncs_failed", c.syncs_failed)
+      .Number("max_try_acquire_ms", c.max_try_acquire_ms)
+      .Number("timeline_slice_seconds", c.timeline_slice_seconds)
+      .Counts("calls_timeline", c.calls_timeline)
+      .Counts("retries_timeline", c.retries_timeline);
   return w.Finish();
 }
 
@@ -142,11 +195,33 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
            {"lib_retries_denied", &c.lib_retries_denied},
            {"lib_fallback_allowed", &c.lib_fallback_allowed},
            {"lib_tokens_received", &c.lib_tokens_received},
-           {"lib_tokens_returned", &c.lib_tokens_returned}}) {
+           {"lib_tokens_returned", &c.lib_tokens_returned},
+           {"calls_in_fallback", &c.calls_in_fallback},
+           {"retries_allowed_in_fallback", &c.retries_allowed_in_fallback},
+           {"retries_allowed_after_fallback", &c.retries_allowed_after_fallback},
+           {"fallback_entries", &c.fallback_entries},
+           {"lease_after_fallback", &c.lease_after_fallback},
+           {"syncs_ok", &c.syncs_ok},
+           {"syncs_failed", &c.syncs_failed}}) {
     if (absl::Status st = ReadCount(s, field, out); !st.ok()) return st;
   }
   if (absl::Status st = ReadSigned(s, "lib_tokens_held", &c.lib_tokens_held); !st.ok()) return st;
-  if (absl::Status st = ReadDouble(s, "run_seconds", &c.run_seconds); !st.ok()) return st;
+  for (auto [field, out] : std::initializer_list<std::pair<absl::string_view, double*>>{
+           {"run_seconds", &c.run_seconds},
+           {"fallback_seconds", &c.fallback_seconds},
+           {"fallback_allowance", &c.fallback_allowance},
+           {"safe_share_capacity", &c.safe_share_capacity},
+           {"safe_share_refill", &c.safe_share_refill},
+           {"max_try_acquire_ms", &c.max_try_acquire_ms},
+           {"timeline_slice_seconds", &c.timeline_slice_seconds}}) {
+    if (absl::Status st = ReadDouble(s, field, out); !st.ok()) return st;
+  }
+  if (absl::Status st = ReadCountArray(s, "calls_timeline", &c.calls_timeline); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = ReadCountArray(s, "retries_timeline", &c.retries_timeline); !st.ok()) {
+    return st;
+  }
   if (absl::Status st = ReadString(s, "shutdown_status", &c.shutdown_status); !st.ok()) return st;
   return c;
 }
@@ -158,7 +233,9 @@ double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t su
 
 Verdict Judge(const FleetRun& run) {
   Verdict v;
-  v.bound = BudgetBound(run.policy, run.elapsed_seconds, run.totals.successes);
+  v.lease_bound = BudgetBound(run.policy, run.elapsed_seconds, run.totals.successes);
+  v.fallback_allowance = run.totals.fallback_allowance;
+  v.bound = v.lease_bound + v.fallback_allowance;
   const double spent = static_cast<double>(run.totals.retries_allowed);
   // Exact comparison on purpose: the bound is already the generous side (elapsed runs until the
   // last worker exited, after its last retry).
@@ -210,10 +287,32 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("failures", t.failures)
       .Number("retries_allowed", t.retries_allowed)
       .Number("retries_denied", t.retries_denied)
+      .Number("lease_bound", verdict.lease_bound)
+      .Number("fallback_allowance", verdict.fallback_allowance)
       .Number("bound", verdict.bound)
       .Bool("within_budget", verdict.within_budget)
       .Number("utilisation", verdict.utilisation)
+      .Number("max_try_acquire_ms", t.max_try_acquire_ms)
       .Object("library", library.Finish());
+
+  JsonWriter fallback;
+  fallback
+      .String("allowance_rule",
+              "sum over workers and fallback episodes of safe_share.capacity (at least 1 when "
+              "it refills) + safe_share.refill_per_second * seconds in fallback")
+      .Number("allowance", t.fallback_allowance)
+      .Number("seconds_total", t.fallback_seconds)
+      .Number("entries", t.fallback_entries)
+      .Number("safe_share_capacity_sum", t.safe_share_capacity)
+      .Number("safe_share_refill_sum", t.safe_share_refill)
+      .Number("library_fallback_allowed", t.lib_fallback_allowed)
+      .Number("worker_retries_allowed_in_fallback", t.retries_allowed_in_fallback)
+      .Number("worker_calls_in_fallback", t.calls_in_fallback)
+      .Number("worker_retries_allowed_after_fallback", t.retries_allowed_after_fallback)
+      .Number("workers_back_on_lease", t.lease_after_fallback)
+      .Number("syncs_ok", t.syncs_ok)
+      .Number("syncs_failed", t.syncs_failed);
+  w.Object("fallback", fallback.Finish());
   if (run.server.has_value()) {
     const ServerView& s = *run.server;
     JsonWriter server;
@@ -240,8 +339,29 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
         .Number("replayed_requests", f.replayed_requests)
         .Number("replays_stale", f.replays_stale)
         .Number("replay_granted_tokens", f.replay_granted_tokens)
-        .Number("upstream_errors", f.upstream_errors);
+        .Number("upstream_errors", f.upstream_errors)
+        .Number("delay_ms", run.fault_delay_ms)
+        .Number("delayed_responses", f.delayed_responses);
     w.Object("faults", faults.Finish());
+  }
+  if (run.chaos.has_value()) {
+    const ChaosView& c = *run.chaos;
+    JsonWriter chaos;
+    chaos.Number("port", c.port).Bool("persistent", c.persistent);
+    auto optional = [&chaos](absl::string_view key, const std::optional<double>& value) {
+      if (value.has_value()) chaos.Number(key, *value);
+    };
+    optional("kill_at_seconds", c.kill_at);
+    optional("restart_at_seconds", c.restart_at);
+    if (c.kill_at.has_value()) chaos.Number("downtime_seconds", c.downtime_seconds);
+    optional("stop_at_seconds", c.stop_at);
+    optional("resume_at_seconds", c.resume_at);
+    if (c.stop_at.has_value()) chaos.Number("hung_seconds", c.hung_seconds);
+    if (!c.restart_error.empty()) chaos.String("restart_error", c.restart_error);
+    chaos.Number("calls_during_outage", c.calls_during_outage)
+        .Number("retries_during_outage", c.retries_during_outage)
+        .Number("retries_after_outage", c.retries_after_outage);
+    w.Object("chaos", chaos.Finish());
   }
   return w.Finish();
 }

@@ -13,8 +13,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
+
+#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 
@@ -47,6 +48,29 @@ struct WorkerCounts {
   uint64_t lib_tokens_returned = 0;
   int64_t lib_tokens_held = 0;    // after Shutdown(): should be 0
   std::string shutdown_status = {};  // "OK" or the final Sync's error
+
+  // While the server was unreachable (FallbackMonitor, observing_stub.h), seen by the worker.
+  uint64_t calls_in_fallback = 0;               // calls started while the client was in fallback
+  uint64_t retries_allowed_in_fallback = 0;     // retries allowed while in fallback
+  uint64_t retries_allowed_after_fallback = 0;  // retries allowed after leaving fallback
+  uint64_t fallback_entries = 0;                // fallback episodes
+  uint64_t lease_after_fallback = 0;            // 1 when a lease was seen after fallback
+  double fallback_seconds = 0;                  // time in fallback
+  // What this worker's local bucket may have handed out (FallbackMonitor): per episode, the
+  // SafeShare's capacity (>= 1 when it refills) + its refill * the episode's seconds.
+  double fallback_allowance = 0;
+  double safe_share_capacity = 0;  // the SafeShare of the last episode (0: never in fallback)
+  double safe_share_refill = 0;
+  uint64_t syncs_ok = 0;           // Sync attempts of this worker's client that got a response
+  uint64_t syncs_failed = 0;       // ... that failed (server down, hung, slow)
+  double max_try_acquire_ms = 0;   // the longest TryAcquire() of any thread (sum: the max)
+
+  // The run in slices of `timeline_slice_seconds` from the start signal: calls started and
+  // retries sent in each (sum: element-wise). Lets the tool count what happened between a
+  // server kill and its restart.
+  double timeline_slice_seconds = 0;
+  std::vector<uint64_t> calls_timeline = {};
+  std::vector<uint64_t> retries_timeline = {};
 };
 
 // The field-by-field sum of `workers` (worker = count of workers; shutdown_status = "OK" when
@@ -77,6 +101,26 @@ struct FaultCounters {
   uint64_t replays_stale = 0;        // of those, answered `stale` by the server
   uint64_t replay_granted_tokens = 0;  // tokens the server granted to replays (lost, must be 0)
   uint64_t upstream_errors = 0;      // forwarded requests that failed at the server
+  uint64_t delayed_responses = 0;    // responses held back by the response delay
+};
+
+// The server faults the tool injected itself (--spawn-server with --kill-server-after or
+// --stop-server-after). Times in seconds from the run's start (the level read).
+struct ChaosView {
+  int port = 0;                     // the spawned server's port, the same across restarts
+  bool persistent = false;          // it had --data_dir (a restart restores its state)
+  std::optional<double> kill_at;    // SIGKILL sent
+  std::optional<double> restart_at; // the restarted server serving again (port file written)
+  double downtime_seconds = 0;      // restart_at - kill_at
+  std::optional<double> stop_at;    // SIGSTOP sent
+  std::optional<double> resume_at;  // SIGCONT sent
+  double hung_seconds = 0;          // resume_at - stop_at
+  std::string restart_error = {};   // empty, or why the restart failed
+  // From the workers' timelines: calls and retries in the slices wholly inside the outage
+  // [kill_at, restart_at] (or [stop_at, resume_at]), and retries after it.
+  uint64_t calls_during_outage = 0;
+  uint64_t retries_during_outage = 0;
+  uint64_t retries_after_outage = 0;
 };
 
 // The budget as the server saw it over the run (GetBudget at start and end). Diagnostic only:
@@ -112,12 +156,18 @@ struct FleetRun {
   WorkerCounts totals = {};  // SumWorkers() of the workers' lines
   std::optional<FaultCounters> faults = {};
   std::optional<ServerView> server = {};
+  std::optional<ChaosView> chaos = {};
+  double fault_delay_ms = 0;  // --fault-delay (0: none)
 };
 
-// The invariant's right-hand side: initial + refill * elapsed + credit * successes.
+// The invariant's lease part: initial + refill * elapsed + credit * successes.
 double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t successes);
 
 struct Verdict {
+  double lease_bound = 0;         // BudgetBound()
+  double fallback_allowance = 0;  // totals.fallback_allowance: sum over workers
+  // lease_bound + fallback_allowance: DESIGN.md's invariant, "plus, while the server is
+  // unreachable, only the fallback allowance".
   double bound = 0;
   bool within_budget = false;  // retries_allowed <= bound
   // retries_allowed / bound: 1 means every token the budget could have produced was spent.

@@ -1,9 +1,15 @@
 #include "tools/fleet/fleet_runner.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <fstream>
 #include <memory>
 #include <stop_token>
 #include <thread>
@@ -12,11 +18,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/clock.h"
 #include "retrybudget/names.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/fault_proxy.h"
+#include "tools/fleet/server_supervisor.h"
 #include "tools/fleet/subprocess.h"
 
 namespace retrybudget::fleet {
@@ -122,6 +131,11 @@ std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std:
       absl::StrCat("--seed=", o.seed),
       absl::StrCat("--strategy=", RetryStrategyName(o.strategy)),
       absl::StrCat("--max-attempts=", o.call.max_attempts),
+      absl::StrCat("--backoff-initial=", absl::FormatDuration(o.call.backoff_initial)),
+      absl::StrCat("--backoff-max=", absl::FormatDuration(o.call.backoff_max)),
+      absl::StrCat("--monitor-period=", absl::FormatDuration(o.monitor_period)),
+      absl::StrCat("--reconnect-backoff-max=", absl::FormatDuration(o.reconnect_backoff_max)),
+      absl::StrCat("--client-backup-poll=", absl::FormatDuration(o.client_backup_poll)),
       absl::StrCat("--refresh-period=", absl::FormatDuration(o.refresh_period)),
       absl::StrCat("--lease-burst=", o.lease_burst),
   };
@@ -170,6 +184,87 @@ class LevelSampler {
   std::jthread thread_;
 };
 
+// The tenant's policy as a --policy file for a spawned server, so that a restarted server (with
+// or without a snapshot) applies the same policy. Only the fields given.
+v1::PolicyConfig PolicyFileFor(const FleetOptions& o) {
+  v1::PolicyConfig config;
+  v1::TenantPolicy* t = config.add_tenants();
+  t->set_tenant(o.tenant);
+  v1::BudgetPolicy* p = t->mutable_policy();
+  if (o.capacity) p->set_capacity(*o.capacity);
+  if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
+  if (o.success_credit) p->set_success_credit(*o.success_credit);
+  if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
+  if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+  return config;
+}
+
+// A directory the tool owns for one run (port file, policy file, default data dir), removed
+// with everything in it when the run ends.
+class OwnedTempDir {
+ public:
+  static absl::StatusOr<std::unique_ptr<OwnedTempDir>> Create() {
+    const char* base = getenv("TMPDIR");
+    std::string tmpl = absl::StrCat(base != nullptr && *base ? base : "/tmp",
+                                    "/retry-budget-fleet-XXXXXX");
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp(", tmpl, "): ", strerror(errno)));
+    }
+    return std::unique_ptr<OwnedTempDir>(new OwnedTempDir(tmpl));
+  }
+  ~OwnedTempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit OwnedTempDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// Starts the server of a --spawn-server run: its temporary directory, policy file, data dir.
+absl::StatusOr<std::unique_ptr<ServerSupervisor>> SpawnServer(const FleetOptions& o,
+                                                              const OwnedTempDir& dir) {
+  ServerSupervisorOptions s;
+  s.binary = o.spawn_server;
+  s.work_dir = dir.path();
+  s.extra_args = o.server_args;
+  s.data_dir = o.server_data_dir.empty() ? absl::StrCat(dir.path(), "/data") : o.server_data_dir;
+  std::error_code error;
+  std::filesystem::create_directories(s.data_dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat("--server-data-dir '", s.data_dir, "': ", error.message()));
+  }
+  if (AnyPolicyField(o)) {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(PolicyFileFor(o), &text);
+    s.policy_file = absl::StrCat(dir.path(), "/policy.textproto");
+    std::ofstream out(s.policy_file);
+    out << text;
+    if (!out.flush()) {
+      return absl::InternalError(absl::StrCat("cannot write ", s.policy_file));
+    }
+  }
+  return ServerSupervisor::Start(std::move(s));
+}
+
+// Calls and retries in the timeline slices wholly inside [from, to), and retries from `to` on.
+void CountOutage(const WorkerCounts& totals, double from, double to, ChaosView& view) {
+  const double w = totals.timeline_slice_seconds;
+  if (w <= 0) return;
+  for (size_t i = 0; i < totals.calls_timeline.size(); ++i) {
+    const double begin = static_cast<double>(i) * w;
+    const double end = begin + w;
+    if (begin >= from && end <= to) {
+      view.calls_during_outage += totals.calls_timeline[i];
+      view.retries_during_outage += totals.retries_timeline[i];
+    }
+    if (begin >= to) view.retries_after_outage += totals.retries_timeline[i];
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateFleetOptions(const FleetOptions& o) {
@@ -196,6 +291,30 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
                          {"--fault-replay-old", o.fault_replay_old}}) {
     if (!(p >= 0 && p <= 1)) return bad(flag, p, "must be a probability in [0, 1]");
   }
+  if (o.fault_delay < absl::ZeroDuration() || o.fault_delay > absl::Seconds(60)) {
+    return bad("--fault-delay", absl::FormatDuration(o.fault_delay), "must be in [0, 60s]");
+  }
+  if (o.call.backoff_initial < absl::ZeroDuration() ||
+      o.call.backoff_max < o.call.backoff_initial) {
+    return bad("--backoff-initial/--backoff-max",
+               absl::StrCat(absl::FormatDuration(o.call.backoff_initial), "/",
+                            absl::FormatDuration(o.call.backoff_max)),
+               "must satisfy 0 <= initial <= max");
+  }
+  if (absl::Status s = ValidateChaosPlan(o.chaos); !s.ok()) return s;
+  if (o.chaos.any() && o.spawn_server.empty()) {
+    return absl::InvalidArgumentError(
+        "--kill-server-after/--stop-server-after need --spawn-server (the tool must own the "
+        "server to kill it)");
+  }
+  if (!o.spawn_server.empty() && !o.server_args.empty()) {
+    for (const std::string& arg : o.server_args) {
+      if (arg.empty()) return absl::InvalidArgumentError("--server-arg: empty argument");
+    }
+  }
+  if (o.monitor_period <= absl::ZeroDuration()) {
+    return bad("--monitor-period", absl::FormatDuration(o.monitor_period), "must be > 0");
+  }
   if (o.refresh_period < absl::ZeroDuration()) {
     return bad("--refresh-period", absl::FormatDuration(o.refresh_period), "must be >= 0");
   }
@@ -205,21 +324,42 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
 absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   if (absl::Status s = ValidateFleetOptions(o); !s.ok()) return s;
 
-  auto channel = grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
+  // --spawn-server: the tool's own server, on a port picked once and kept across restarts.
+  // Declared first so that it is destroyed (killed if still running) last.
+  std::unique_ptr<OwnedTempDir> server_dir;
+  std::unique_ptr<ServerSupervisor> spawned;
+  std::string server = o.server;
+  if (!o.spawn_server.empty()) {
+    absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
+    if (!dir.ok()) return dir.status();
+    server_dir = *std::move(dir);
+    absl::StatusOr<std::unique_ptr<ServerSupervisor>> started = SpawnServer(o, *server_dir);
+    if (!started.ok()) return started.status();
+    spawned = *std::move(started);
+    server = spawned->address();
+    if (!spawned->persistent()) {
+      std::cerr << "retry-budget-fleet: WARNING: " << o.spawn_server
+                << " has no --data_dir flag: a restarted server starts from an empty state "
+                   "(a kill -9 may then create tokens; chaos.persistent = false)\n";
+    }
+  }
+
+  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   if (absl::Status s = PrepareTenant(o, channel); !s.ok()) return s;
   auto admin = v1::BudgetAdminService::NewStub(channel);
 
   // Workers reach the server directly, or through the fault proxy.
   std::unique_ptr<FaultProxy> proxy;
-  std::string target = o.server;
+  std::string target = server;
   const bool faults = o.fault_drop_response > 0 || o.fault_duplicate_request > 0 ||
-                      o.fault_replay_old > 0;
+                      o.fault_replay_old > 0 || o.fault_delay > absl::ZeroDuration();
   if (faults) {
     absl::StatusOr<std::unique_ptr<FaultProxy>> started =
-        FaultProxy::Start({.upstream = o.server,
+        FaultProxy::Start({.upstream = server,
                            .drop_response = o.fault_drop_response,
                            .duplicate_request = o.fault_duplicate_request,
                            .replay_old = o.fault_replay_old,
+                           .response_delay = o.fault_delay,
                            .seed = o.seed});
     if (!started.ok()) return started.status();
     proxy = *std::move(started);
@@ -259,6 +399,9 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
     }
     workers[i]->CloseStdin();
   }
+  // The server faults, timed from the same start.
+  std::unique_ptr<ChaosSchedule> chaos;
+  if (o.chaos.any()) chaos = std::make_unique<ChaosSchedule>(*spawned, o.chaos, t0);
 
   // Diagnostic: the bucket level while the fleet runs (a standing level means tokens the leases
   // do not take; see the "server" object of the report). Never part of the verdict.
@@ -292,6 +435,10 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const LevelStats levels = sampler.Stop();
+  // Ends the faults not yet due: a hung server is resumed, a killed one restarted, so that the
+  // end of the run can be read.
+  std::optional<ChaosView> chaos_view;
+  if (chaos != nullptr) chaos_view = chaos->Finish();
 
   FleetRun run;
   run.tenant = o.tenant;
@@ -311,13 +458,27 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
                 .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000};
   run.elapsed_seconds = elapsed;
   run.totals = SumWorkers(counts);
+  run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
+  if (chaos_view.has_value()) {
+    if (chaos_view->kill_at.has_value()) {
+      CountOutage(run.totals, *chaos_view->kill_at, chaos_view->restart_at.value_or(elapsed),
+                  *chaos_view);
+    } else if (chaos_view->stop_at.has_value()) {
+      CountOutage(run.totals, *chaos_view->stop_at, chaos_view->resume_at.value_or(elapsed),
+                  *chaos_view);
+    }
+    run.chaos = chaos_view;
+  }
 
   if (proxy != nullptr) {
     proxy->Shutdown();
     run.faults = proxy->counters();
   }
   // Diagnostic view of the server; a failure here does not void the verdict.
-  absl::StatusOr<v1::BudgetStatus> end = GetBudget(*admin, o.tenant, o.connect_timeout);
+  absl::StatusOr<v1::BudgetStatus> end =
+      spawned != nullptr && !spawned->running()
+          ? absl::StatusOr<v1::BudgetStatus>(absl::UnavailableError("server down"))
+          : GetBudget(*admin, o.tenant, o.connect_timeout);
   if (end.ok()) {
     const v1::BudgetStatus& s = *start_status;
     run.server = ServerView{
@@ -333,6 +494,11 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
         .level_samples = levels.samples,
         .level_mean = levels.mean(),
         .level_max = levels.max};
+  }
+  if (spawned != nullptr) {
+    if (absl::Status s = spawned->Shutdown(absl::Seconds(10)); !s.ok()) {
+      std::cerr << "retry-budget-fleet: spawned server: " << s << "\n";
+    }
   }
   return run;
 }

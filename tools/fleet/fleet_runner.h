@@ -13,7 +13,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include <vector>
+
 #include "absl/time/time.h"
+#include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/fleet_report.h"
 #include "tools/fleet/worker_loop.h"
 
@@ -45,10 +48,25 @@ struct FleetOptions {
   double fault_drop_response = 0;
   double fault_duplicate_request = 0;
   double fault_replay_old = 0;
+  absl::Duration fault_delay = absl::ZeroDuration();  // every Sync response held this long
+
+  // Chaos: the tool starts and supervises the server itself (server_supervisor.h). `server` is
+  // then ignored. The data directory is a temporary one the tool owns (and removes) unless
+  // `server_data_dir` is given (kept).
+  std::string spawn_server = {};
+  std::string server_data_dir = {};
+  std::vector<std::string> server_args = {};  // appended to the server's command line
+  ChaosPlan chaos = {};                       // needs spawn_server
 
   // Client tuning passed to every worker (zero: library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;
+  // Passed to every worker (WorkerOptions::reconnect_backoff_max; zero: gRPC's default).
+  absl::Duration reconnect_backoff_max = absl::ZeroDuration();
+  // Passed to every worker (WorkerOptions::client_backup_poll; zero: gRPC's default).
+  absl::Duration client_backup_poll = absl::ZeroDuration();
+  // How often each worker polls its client's mode (FallbackMonitor).
+  absl::Duration monitor_period = absl::Milliseconds(5);
 
   // How often to sample the bucket level during the run (diagnostic; zero: never).
   absl::Duration sample_level = absl::Milliseconds(100);

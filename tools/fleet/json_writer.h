@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +42,16 @@ class JsonWriter {
     } else {
       out_ += "null";
     }
+    return *this;
+  }
+  JsonWriter& Counts(absl::string_view key, const std::vector<uint64_t>& values) {
+    Key(key);
+    out_ += "[";
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (i > 0) out_ += ",";
+      absl::StrAppend(&out_, values[i]);
+    }
+    out_ += "]";
     return *this;
   }
   JsonWriter& Bool(absl::string_view key, bool value) {

@@ -1,8 +1,9 @@
 #include "tools/fleet/worker.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <stop_token>
@@ -10,8 +11,14 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
 #include "retrybudget/client.h"
+#include "retrybudget/client_testing.h"
 #include "retrybudget/clock.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/fleet/fallback_monitor.h"
+#include "tools/fleet/measured_budget.h"
+#include "tools/fleet/observing_stub.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -24,12 +31,34 @@ uint64_t ThreadSeed(uint64_t seed, int worker, int thread) {
   return z ^ (z >> 31);
 }
 
+// Most slices of a timeline, whatever the duration: the worker's line stays short.
+constexpr int64_t kMaxTimelineSlices = 2000;
+
+// What one thread counted beyond CallCounts.
+struct ThreadExtras {
+  uint64_t calls_in_fallback = 0;
+  std::vector<uint64_t> calls_timeline;
+  std::vector<uint64_t> retries_timeline;
+  std::chrono::steady_clock::duration max_try_acquire{0};
+  uint64_t retries_allowed_in_fallback = 0;
+  uint64_t retries_allowed_after_fallback = 0;
+};
+
 }  // namespace
 
 absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
+  if (options.client_backup_poll > absl::ZeroDuration()) {
+    // Read by gRPC when it initialises, i.e. at the first channel below.
+    setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS",
+           absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(
+                                                 options.client_backup_poll)))
+               .c_str(),
+           /*overwrite=*/1);
+  }
   std::unique_ptr<BudgetClient> client;
+  SyncObservingStub* observer = nullptr;  // owned by the client
   TenantBudget* budget = nullptr;
-  if (options.strategy == RetryStrategy::kBudget) {
+  if (options.strategy != RetryStrategy::kUnbudgeted) {
     ClientOptions client_options;
     client_options.target = options.target;
     client_options.instance_id = absl::StrCat("fleet-w", options.index, "-", getpid(), "-",
@@ -38,8 +67,22 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
       client_options.refresh_period = options.refresh_period;
     }
     if (options.lease_burst > 0) client_options.lease_burst = options.lease_burst;
-    absl::StatusOr<std::unique_ptr<BudgetClient>> created =
-        BudgetClient::Create(std::move(client_options));
+    // The channel BudgetClient::Create() would make (insecure: the fleet runs on loopback),
+    // with a shorter reconnect backoff when asked.
+    grpc::ChannelArguments args;
+    if (options.reconnect_backoff_max > absl::ZeroDuration()) {
+      const int max_ms = static_cast<int>(
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(options.reconnect_backoff_max), 1,
+                              3'600'000));
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(max_ms, 100));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+    }
+    auto observing = std::make_unique<SyncObservingStub>(
+        v1::RetryBudgetService::NewStub(grpc::CreateCustomChannel(
+            options.target, grpc::InsecureChannelCredentials(), args)));
+    observer = observing.get();
+    absl::StatusOr<std::unique_ptr<TestingBudgetClient>> created = CreateBudgetClientForTesting(
+        std::move(client_options), std::move(observing), /*start_refresher_thread=*/true);
     if (!created.ok()) return created.status();
     client = *std::move(created);
     absl::StatusOr<TenantBudget*> tenant = client->Tenant(options.tenant);
@@ -47,8 +90,28 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     budget = *tenant;
   }
 
-  std::atomic<bool> stop{false};
+  std::unique_ptr<FallbackMonitor> monitor;
+  if (budget != nullptr) {
+    const ClientOptions defaults;
+    monitor = std::make_unique<FallbackMonitor>(
+        *budget,
+        FallbackSources{
+            .safe_share = [observer, &options] { return observer->LastSafeShare(options.tenant); },
+            .syncs_ok = [observer] { return observer->syncs_ok(); },
+            .never_reached = {.capacity = defaults.fallback_capacity,
+                              .refill_per_second = defaults.fallback_refill_per_second}});
+    monitor->Start(options.monitor_period);
+  }
+
+  const auto slice = std::max<std::chrono::steady_clock::duration>(
+      absl::ToChronoNanoseconds(options.timeline_slice),
+      absl::ToChronoNanoseconds(options.duration) / kMaxTimelineSlices);
+  const size_t slices =
+      static_cast<size_t>(absl::ToChronoNanoseconds(options.duration) / slice) + 2;
+
+  std::stop_source stop;
   std::vector<CallCounts> per_thread(static_cast<size_t>(options.threads));
+  std::vector<ThreadExtras> extras(per_thread.size());
   std::vector<std::thread> threads;
   threads.reserve(per_thread.size());
   const auto start = std::chrono::steady_clock::now();
@@ -58,13 +121,33 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
                                 .latency = options.call_latency,
                                 .seed = ThreadSeed(options.seed, options.index, t)});
       CallCounts& counts = per_thread[static_cast<size_t>(t)];
-      while (!stop.load(std::memory_order_relaxed)) {
-        RunLogicalCall(options.strategy, options.call, backend, budget, stop, counts);
+      ThreadExtras& x = extras[static_cast<size_t>(t)];
+      x.calls_timeline.assign(slices, 0);
+      x.retries_timeline.assign(slices, 0);
+      std::optional<MeasuredBudget> measured;
+      if (budget != nullptr) measured.emplace(*budget, monitor.get());
+      TenantBudget* b = measured.has_value() ? &*measured : nullptr;
+      const std::stop_token token = stop.get_token();
+      while (!token.stop_requested()) {
+        const size_t i = std::min<size_t>(
+            static_cast<size_t>((std::chrono::steady_clock::now() - start) / slice), slices - 1);
+        if (measured.has_value() && measured->Phase() == FallbackPhase::kInFallback) {
+          ++x.calls_in_fallback;
+        }
+        const uint64_t retries_before = counts.retries_allowed;
+        RunLogicalCall(options.strategy, options.call, backend, b, token, counts);
+        ++x.calls_timeline[i];
+        x.retries_timeline[i] += counts.retries_allowed - retries_before;
+      }
+      if (measured.has_value()) {
+        x.max_try_acquire = measured->max_try_acquire();
+        x.retries_allowed_in_fallback = measured->retries_allowed_in_fallback();
+        x.retries_allowed_after_fallback = measured->retries_allowed_after_fallback();
       }
     });
   }
   Clock::Real()->SleepUntil(absl::Now() + options.duration, std::stop_token());
-  stop.store(true, std::memory_order_relaxed);
+  stop.request_stop();
   for (std::thread& th : threads) th.join();
   const double run_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -80,8 +163,36 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
   out.retries_allowed = total.retries_allowed;
   out.retries_denied = total.retries_denied;
   out.run_seconds = run_seconds;
+  out.timeline_slice_seconds = std::chrono::duration<double>(slice).count();
+  out.calls_timeline.assign(slices, 0);
+  out.retries_timeline.assign(slices, 0);
+  std::chrono::steady_clock::duration max_try_acquire{0};
+  for (const ThreadExtras& x : extras) {
+    out.calls_in_fallback += x.calls_in_fallback;
+    out.retries_allowed_in_fallback += x.retries_allowed_in_fallback;
+    out.retries_allowed_after_fallback += x.retries_allowed_after_fallback;
+    max_try_acquire = std::max(max_try_acquire, x.max_try_acquire);
+    for (size_t i = 0; i < slices; ++i) {
+      out.calls_timeline[i] += x.calls_timeline[i];
+      out.retries_timeline[i] += x.retries_timeline[i];
+    }
+  }
+  // Drop the empty tail (the slices past the end of the run).
+  while (!out.calls_timeline.empty() && out.calls_timeline.back() == 0) {
+    out.calls_timeline.pop_back();
+    out.retries_timeline.pop_back();
+  }
+  out.max_try_acquire_ms = std::chrono::duration<double, std::milli>(max_try_acquire).count();
   out.shutdown_status = "OK";
   if (client != nullptr) {
+    // The monitor stops before the final Sync: the run is over.
+    const FallbackReport fallback = monitor->Finish();
+    out.fallback_seconds = fallback.fallback_seconds;
+    out.fallback_entries = fallback.fallback_entries;
+    out.fallback_allowance = fallback.fallback_allowance;
+    out.safe_share_capacity = fallback.safe_share_capacity;
+    out.safe_share_refill = fallback.safe_share_refill;
+    out.lease_after_fallback = fallback.lease_after_fallback ? 1 : 0;
     absl::Status shutdown = client->Shutdown();
     if (!shutdown.ok()) out.shutdown_status = shutdown.ToString();
     TenantStats stats = budget->Stats();
@@ -92,6 +203,8 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     out.lib_tokens_received = stats.tokens_received;
     out.lib_tokens_returned = stats.tokens_returned;
     out.lib_tokens_held = stats.tokens_held;
+    out.syncs_ok = observer->syncs_ok();
+    out.syncs_failed = observer->syncs_failed();
   }
   return out;
 }

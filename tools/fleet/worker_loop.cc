@@ -1,9 +1,12 @@
 #include "tools/fleet/worker_loop.h"
 
+#include <algorithm>
+#include <limits>
 #include <stop_token>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "retrybudget/retry.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -16,16 +19,19 @@ absl::string_view RetryStrategyName(RetryStrategy strategy) {
       return "budget";
     case RetryStrategy::kUnbudgeted:
       return "unbudgeted";
+    case RetryStrategy::kRetryHelper:
+      return "retry-helper";
   }
   return "unknown";
 }
 
 absl::StatusOr<RetryStrategy> ParseRetryStrategy(absl::string_view name) {
-  for (RetryStrategy s : {RetryStrategy::kBudget, RetryStrategy::kUnbudgeted}) {
+  for (RetryStrategy s :
+       {RetryStrategy::kBudget, RetryStrategy::kUnbudgeted, RetryStrategy::kRetryHelper}) {
     if (name == RetryStrategyName(s)) return s;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--strategy: unknown value '", name, "' (expected budget or unbudgeted)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--strategy: unknown value '", name, "' (expected budget, unbudgeted or retry-helper)"));
 }
 
 SimulatedBackend::SimulatedBackend(SimulatedBackendOptions options)
@@ -51,8 +57,48 @@ CallCounts& CallCounts::operator+=(const CallCounts& other) {
   return *this;
 }
 
+namespace {
+
+// kRetryHelper: one logical call through retrybudget::Retry(). The helper owns the loop; the
+// attempt only counts backend calls, so the counts mean what they mean for kBudget.
+void RunHelperCall(const CallOptions& options, Backend& backend, TenantBudget& budget,
+                   std::stop_token stop, CallCounts& counts) {
+  RetryPolicy policy;
+  policy.max_attempts =
+      options.max_attempts > 0 ? options.max_attempts : std::numeric_limits<int>::max();
+  policy.initial_backoff = options.backoff_initial;
+  policy.max_backoff = std::max(options.backoff_max, options.backoff_initial);
+  policy.multiplier = 2.0;
+  CallControl control;
+  control.stop = stop;
+  // A fixed key: the simulated backend does not dedup, and a random key per call would cost an
+  // allocation and 16 random bytes for nothing.
+  control.idempotency_key = "fleet";
+  ++counts.calls;
+  uint64_t attempts = 0;
+  absl::Status status = Retry(budget, policy, control, [&](const Attempt&) -> absl::Status {
+    ++attempts;
+    return backend.Call() ? absl::OkStatus()
+                          : absl::UnavailableError("simulated backend failure");
+  });
+  counts.attempts += attempts;
+  if (attempts > 1) counts.retries_allowed += attempts - 1;
+  if (status.ok()) {
+    ++counts.successes;  // Retry() called RecordSuccess() once
+    return;
+  }
+  if (IsBudgetExhausted(status)) ++counts.retries_denied;
+  ++counts.failures;
+}
+
+}  // namespace
+
 void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend& backend,
-                    TenantBudget* budget, const std::atomic<bool>& stop, CallCounts& counts) {
+                    TenantBudget* budget, std::stop_token stop, CallCounts& counts) {
+  if (strategy == RetryStrategy::kRetryHelper) {
+    RunHelperCall(options, backend, *budget, stop, counts);
+    return;
+  }
   int max_attempts = options.max_attempts;
   if (strategy == RetryStrategy::kUnbudgeted && max_attempts <= 0) {
     max_attempts = kUnbudgetedDefaultAttempts;
@@ -67,7 +113,7 @@ void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend&
     }
     // The attempt failed: may we retry?
     if ((max_attempts > 0 && attempt >= max_attempts) ||
-        stop.load(std::memory_order_relaxed)) {
+        stop.stop_requested()) {
       ++counts.failures;
       return;
     }
@@ -81,6 +127,7 @@ void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend&
         }
         break;
       case RetryStrategy::kUnbudgeted:
+      case RetryStrategy::kRetryHelper:
         break;
     }
     ++counts.retries_allowed;

@@ -8,9 +8,10 @@
 #ifndef RETRYBUDGET_TOOLS_FLEET_WORKER_LOOP_H_
 #define RETRYBUDGET_TOOLS_FLEET_WORKER_LOOP_H_
 
-#include <atomic>
 #include <cstdint>
 #include <random>
+#include <stop_token>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -20,8 +21,7 @@
 
 namespace retrybudget::fleet {
 
-// How a worker decides whether to retry a failed attempt. The seam for more strategies (the
-// retry helper retrybudget::Retry of a later step plugs in here as one more value).
+// How a worker decides whether to retry a failed attempt.
 enum class RetryStrategy {
   // Retry while attempts fail and TenantBudget::TryAcquire() allows; a denied retry ends the
   // logical call as failed. The strategy under test.
@@ -30,9 +30,14 @@ enum class RetryStrategy {
   // DESIGN.md says multiplies load. A baseline, and the proof that the harness catches a fleet
   // that overspends.
   kUnbudgeted,
+  // Each logical call runs through the library's retry helper, retrybudget::Retry(): the budget
+  // decides every retry (TryAcquire() per retry, a denial ends the call with an error that
+  // IsBudgetExhausted() recognises), with full-jitter backoff between attempts and at most
+  // `max_attempts` attempts (0: no cap). Counted exactly as kBudget counts.
+  kRetryHelper,
 };
 
-// "budget" / "unbudgeted".
+// "budget" / "unbudgeted" / "retry-helper".
 absl::string_view RetryStrategyName(RetryStrategy strategy);
 // INVALID_ARGUMENT naming the value and the accepted names.
 absl::StatusOr<RetryStrategy> ParseRetryStrategy(absl::string_view name);
@@ -78,16 +83,26 @@ struct CallCounts {
 };
 
 struct CallOptions {
-  // Most attempts per logical call; 0 means no per-call cap (kBudget) or 4 (kUnbudgeted).
+  // Most attempts per logical call; 0 means no per-call cap (kBudget, kRetryHelper) or 4
+  // (kUnbudgeted).
   int max_attempts = 0;
+  // kRetryHelper only: the full-jitter backoff of RetryPolicy (before retry k, uniform in
+  // [0, min(backoff_max, backoff_initial * 2^(k-1)))). Small by default: attempts take ~1 ms.
+  absl::Duration backoff_initial = absl::Milliseconds(1);
+  absl::Duration backoff_max = absl::Milliseconds(10);
 };
 
 // Runs one logical call: the first attempt, then retries as `strategy` allows, and updates
-// `counts`. On success calls budget.RecordSuccess() (kBudget only). Once `stop` is set no new
-// retry is started (the call ends failed, counted neither allowed nor denied). `budget` may be
-// null for kUnbudgeted.
+// `counts`. On success calls budget.RecordSuccess() (kBudget, kRetryHelper). Once `stop` is
+// requested no new retry is started (the call ends failed, counted neither allowed nor denied;
+// kRetryHelper refunds a token it took for a retry it then did not send). `budget` may be null
+// for kUnbudgeted.
+//
+// Counting, the same for every strategy: `attempts` counts backend calls; `retries_allowed`
+// counts attempts after the first (each one a retry the strategy allowed and sent);
+// `retries_denied` counts calls ended by a budget denial.
 void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend& backend,
-                    TenantBudget* budget, const std::atomic<bool>& stop, CallCounts& counts);
+                    TenantBudget* budget, std::stop_token stop, CallCounts& counts);
 
 }  // namespace retrybudget::fleet
 

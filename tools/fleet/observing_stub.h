@@ -1,0 +1,61 @@
+// A RetryBudgetService stub that forwards every call to a real stub and remembers what the
+// worker's client was told: the last SafeShare the server sent for each tenant (the size of the
+// client's local fallback bucket) and how many Sync attempts succeeded or failed. The fleet's
+// workers hand it to CreateBudgetClientForTesting() so that the harness can state the fallback
+// allowance from what each client actually received, without trusting the library's books.
+//
+//   auto observing = std::make_unique<SyncObservingStub>(v1::RetryBudgetService::NewStub(ch));
+//   SyncObservingStub* observer = observing.get();
+//   auto client = CreateBudgetClientForTesting(options, std::move(observing), true);
+//   ...
+//   std::optional<SafeShareView> share = observer->LastSafeShare("fleet");
+#ifndef RETRYBUDGET_TOOLS_FLEET_OBSERVING_STUB_H_
+#define RETRYBUDGET_TOOLS_FLEET_OBSERVING_STUB_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "retrybudget/mutex.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/fleet/fallback_monitor.h"
+
+namespace retrybudget::fleet {
+
+// Thread-safe. Only the blocking Sync is observed; the async forms are forwarded unobserved
+// (the client library uses the blocking one).
+class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
+ public:
+  explicit SyncObservingStub(std::unique_ptr<v1::RetryBudgetService::StubInterface> inner);
+
+  grpc::Status Sync(grpc::ClientContext* context, const v1::SyncRequest& request,
+                    v1::SyncResponse* response) override;
+  async_interface* async() override { return inner_->async(); }
+
+  // The SafeShare of the last successful, non-stale response that granted `tenant` without a
+  // per-tenant error; nullopt when none came yet.
+  std::optional<SafeShareView> LastSafeShare(absl::string_view tenant) const;
+  uint64_t syncs_ok() const;
+  uint64_t syncs_failed() const;
+
+ private:
+  grpc::ClientAsyncResponseReaderInterface<v1::SyncResponse>* AsyncSyncRaw(
+      grpc::ClientContext* context, const v1::SyncRequest& request,
+      grpc::CompletionQueue* cq) override;
+  grpc::ClientAsyncResponseReaderInterface<v1::SyncResponse>* PrepareAsyncSyncRaw(
+      grpc::ClientContext* context, const v1::SyncRequest& request,
+      grpc::CompletionQueue* cq) override;
+
+  const std::unique_ptr<v1::RetryBudgetService::StubInterface> inner_;
+  mutable Mutex mu_;
+  absl::flat_hash_map<std::string, SafeShareView> safe_shares_ ABSL_GUARDED_BY(mu_);
+  uint64_t syncs_ok_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t syncs_failed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace retrybudget::fleet
+
+#endif  // RETRYBUDGET_TOOLS_FLEET_OBSERVING_STUB_H_
