@@ -38,8 +38,39 @@ struct FleetResult {
   double Sub(const std::string& object, const std::string& key) const {
     return json.fields().at(object).struct_value().fields().at(key).number_value();
   }
+  bool SubHas(const std::string& object, const std::string& key) const {
+    return Has(object) && json.fields().at(object).struct_value().fields().contains(key);
+  }
+  bool SubBool(const std::string& object, const std::string& key) const {
+    return json.fields().at(object).struct_value().fields().at(key).bool_value();
+  }
+  std::string SubString(const std::string& object, const std::string& key) const {
+    return json.fields().at(object).struct_value().fields().at(key).string_value();
+  }
   bool Has(const std::string& key) const { return json.fields().contains(key); }
 };
+
+// Runs retry-budget-fleet with `argv` (without the binary) and parses its JSON line (if any).
+FleetResult RunFleetTool(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {kFleetBinary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  FleetResult result;
+  auto child = Subprocess::Spawn(argv, {.pipe_stdout = true});
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return result;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
+  absl::StatusOr<int> status = (*child)->Wait(deadline);
+  EXPECT_TRUE(status.ok()) << status.status();
+  if (status.ok()) result.wait_status = *status;
+  if (line.ok()) {
+    result.line = *line;
+    std::cerr << "[fleet] " << result.line << "\n";
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.line, &result.json).ok())
+        << result.line;
+  }
+  return result;
+}
 
 class FleetTest : public ::testing::Test {
  protected:
@@ -78,24 +109,8 @@ class FleetTest : public ::testing::Test {
 
   // Runs the fleet tool against this test's server and parses its JSON line (if any).
   FleetResult RunFleet(std::vector<std::string> args) {
-    std::vector<std::string> argv = {kFleetBinary, absl::StrCat("--server=", Address())};
-    argv.insert(argv.end(), args.begin(), args.end());
-    FleetResult result;
-    auto child = Subprocess::Spawn(argv, {.pipe_stdout = true});
-    EXPECT_TRUE(child.ok()) << child.status();
-    if (!child.ok()) return result;
-    const absl::Time deadline = absl::Now() + absl::Seconds(90);
-    absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
-    absl::StatusOr<int> status = (*child)->Wait(deadline);
-    EXPECT_TRUE(status.ok()) << status.status();
-    if (status.ok()) result.wait_status = *status;
-    if (line.ok()) {
-      result.line = *line;
-      std::cerr << "[fleet] " << result.line << "\n";
-      EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.line, &result.json).ok())
-          << result.line;
-    }
-    return result;
+    args.insert(args.begin(), absl::StrCat("--server=", Address()));
+    return RunFleetTool(args);
   }
 
   // The runs of the invariant tests: 8 workers x 2 threads, 1 ms per attempt, 4 s. The policy
@@ -146,6 +161,21 @@ TEST_F(FleetTest, FailureRatePointThreeStaysWithinTheBudgetAndSpendsAtLeastNinet
   EXPECT_GT(r.Num("successes"), 0);
   // Successes earned part of the bound.
   EXPECT_GT(r.Num("successes") * r.Sub("policy", "success_credit"), 10) << r.line;
+}
+
+// The same binding run, each logical call going through the library's retry helper
+// (retrybudget::Retry with 1-10 ms full-jitter backoff): the budget decides every retry and the
+// fleet still spends (nearly) all of it, never more.
+TEST_F(FleetTest, RetryHelperStrategyStaysWithinTheBudgetAndSpendsAtLeastNinetyPercentOfIt) {
+  std::vector<std::string> args = BindingRun(/*failure_rate=*/1.0, /*credit=*/0.01);
+  args.insert(args.end(), {"--strategy=retry-helper", "--backoff-initial=1ms",
+                           "--backoff-max=10ms"});
+  FleetResult r = RunFleet(args);
+  ASSERT_TRUE(r.Has("strategy")) << r.line;
+  EXPECT_EQ(r.json.fields().at("strategy").string_value(), "retry-helper");
+  ExpectBindingRunWithinBudgetAndUsed(r);
+  // Every denial ended a call with a status IsBudgetExhausted() recognised.
+  EXPECT_EQ(r.Num("retries_denied"), r.Sub("library", "retries_denied")) << r.line;
 }
 
 TEST_F(FleetTest, DroppedDuplicatedAndReplayedSyncsStillStayWithinTheBudget) {
@@ -206,6 +236,121 @@ TEST_F(FleetTest, HelpExitsZeroAndDocumentsTheExitCodes) {
   EXPECT_TRUE(ExitedWith(*status, 0)) << DescribeWaitStatus(*status);
   EXPECT_NE(text.find("Exit codes:"), std::string::npos) << text;
   EXPECT_NE(text.find("--fault-replay-old"), std::string::npos);
+}
+
+// ---- Chaos (issue 4): the tool spawns, kills, hangs and slows the real server itself ----
+
+// A behavioural bound, not a speed test: TryAcquire() never waits for the network, so even on a
+// loaded 2-core CI machine it stays far below the 1 s Sync timeout it would show if it blocked.
+constexpr double kMaxTryAcquireMs = 50;
+
+// 4 workers x 2 threads; every attempt fails, so the fleet wants every token there is; leases
+// last 1 s so clients fall back soon after the server goes away. The clients' channels retry
+// connecting every <= 250 ms and run gRPC's backup poller every 100 ms: without that a client
+// notices a restarted server only seconds later (see --client-backup-poll in --help).
+std::vector<std::string> ChaosRun(double duration) {
+  return {absl::StrCat("--spawn-server=", kServerBinary),
+          "--workers=4",
+          "--threads=2",
+          absl::StrCat("--duration=", duration),
+          "--call-latency=1ms",
+          "--failure-rate=1",
+          "--tenant=chaos",
+          "--capacity=20",
+          "--refill=60",
+          "--credit=0.01",
+          "--lease-ttl-ms=1000",
+          "--reconnect-backoff-max=250ms",
+          "--client-backup-poll=100ms",
+          "--seed=11"};
+}
+
+void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r) {
+  ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
+  EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
+  EXPECT_TRUE(r.Bool("within_budget")) << r.line;
+  // Counted by the workers themselves, lease and fallback together.
+  EXPECT_LE(r.Num("retries_allowed"), r.Num("bound"));
+  EXPECT_EQ(r.Sub("library", "retries_allowed"), r.Num("retries_allowed")) << r.line;
+  EXPECT_LT(r.Num("max_try_acquire_ms"), kMaxTryAcquireMs) << r.line;
+  EXPECT_EQ(r.SubString("library", "shutdown_status"), "OK") << r.line;
+}
+
+// The local buckets spent something and never more than the allowance they were given; the
+// lease part stayed within the lease bound.
+void ExpectFallbackSpentWithinItsAllowance(const FleetResult& r) {
+  EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
+  EXPECT_GT(r.Sub("fallback", "allowance"), 0) << r.line;
+  EXPECT_LE(r.Sub("fallback", "library_fallback_allowed"), r.Sub("fallback", "allowance"))
+      << r.line;
+  EXPECT_LE(r.Num("retries_allowed") - r.Sub("fallback", "library_fallback_allowed"),
+            r.Num("lease_bound"))
+      << r.line;
+  // The allowance comes from the SafeShares the workers received: together about one budget.
+  EXPECT_NEAR(r.Sub("fallback", "safe_share_capacity_sum"), 20, 1e-6) << r.line;
+  EXPECT_NEAR(r.Sub("fallback", "safe_share_refill_sum"), 60, 1e-6) << r.line;
+  // Every client went back to leases, and leased retries were allowed again.
+  EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
+  EXPECT_GT(r.Sub("fallback", "worker_retries_allowed_after_fallback"), 0) << r.line;
+}
+
+TEST(FleetChaosTest, KillNineMidRunAndRestartStaysWithinLeasesPlusTheFallbackAllowance) {
+  std::vector<std::string> args = ChaosRun(/*duration=*/9);
+  args.insert(args.end(), {"--kill-server-after=2", "--restart-after=3"});
+  FleetResult r = RunFleetTool(args);
+  ExpectWithinBudgetAndNeverBlocked(r);
+  ASSERT_TRUE(r.SubHas("chaos", "restart_at_seconds")) << r.line;
+  EXPECT_NEAR(r.Sub("chaos", "kill_at_seconds"), 2, 0.5) << r.line;
+  EXPECT_GE(r.Sub("chaos", "downtime_seconds"), 3) << r.line;
+  // Workers kept serving through the outage: calls went on, and the local buckets allowed
+  // retries while the server was gone.
+  EXPECT_GT(r.Sub("chaos", "calls_during_outage"), 1000) << r.line;
+  EXPECT_GT(r.Sub("chaos", "retries_during_outage"), 0) << r.line;
+  // Lease -> fallback -> lease, and retries allowed again after the restart.
+  ExpectFallbackSpentWithinItsAllowance(r);
+  EXPECT_GT(r.Sub("chaos", "retries_after_outage"), 0) << r.line;
+  // A restarted server restores its state from --data_dir (snapshot + reservation journal), so
+  // the kill creates no tokens.
+  // TODO(server persistence): expect it unconditionally once server/main.cc takes --data_dir;
+  // until then the restarted server starts from a fresh bucket and this run proves less.
+  if (!r.SubBool("chaos", "persistent")) {
+    std::cerr << "[fleet] NOTE: retry-budget-server has no --data_dir yet: the restart started "
+                 "from an empty state\n";
+  }
+}
+
+TEST(FleetChaosTest, HungServerNeverBlocksTryAcquireAndStaysWithinTheBudget) {
+  std::vector<std::string> args = ChaosRun(/*duration=*/8);
+  args.insert(args.end(), {"--stop-server-after=2", "--resume-after=3"});
+  FleetResult r = RunFleetTool(args);
+  ExpectWithinBudgetAndNeverBlocked(r);
+  ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
+  EXPECT_GE(r.Sub("chaos", "hung_seconds"), 3) << r.line;
+  EXPECT_GT(r.Sub("chaos", "calls_during_outage"), 1000) << r.line;
+  EXPECT_GT(r.Sub("fallback", "syncs_failed"), 0) << r.line;  // Syncs timed out
+  ExpectFallbackSpentWithinItsAllowance(r);
+}
+
+TEST(FleetChaosTest, SlowServerStaysWithinTheBudget) {
+  // Every Sync response is held 300 ms by the proxy: slower than a refresh period, within the
+  // client's 1 s Sync deadline.
+  std::vector<std::string> args = ChaosRun(/*duration=*/5);
+  args.insert(args.end(), {"--fault-delay=300ms"});
+  FleetResult r = RunFleetTool(args);
+  ExpectWithinBudgetAndNeverBlocked(r);
+  ASSERT_TRUE(r.Has("faults")) << r.line;
+  EXPECT_GT(r.Sub("faults", "delayed_responses"), 0) << r.line;
+  EXPECT_EQ(r.Sub("faults", "delay_ms"), 300);
+  EXPECT_GT(r.Num("retries_allowed"), 0) << r.line;
+}
+
+TEST(FleetChaosTest, ChaosOptionsWithoutSpawnServerExitTwo) {
+  FleetResult r = RunFleetTool({"--kill-server-after=1"});
+  EXPECT_TRUE(ExitedWith(r.wait_status, 2)) << DescribeWaitStatus(r.wait_status);
+  FleetResult overlap = RunFleetTool({absl::StrCat("--spawn-server=", kServerBinary),
+                                      "--kill-server-after=1", "--restart-after=3",
+                                      "--stop-server-after=2", "--resume-after=1"});
+  EXPECT_TRUE(ExitedWith(overlap.wait_status, 2)) << DescribeWaitStatus(overlap.wait_status);
 }
 
 }  // namespace
