@@ -10,12 +10,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   redis-server prometheus openssl python3-grpcio
   libhiredis-dev gnuplot-nox
+  libssl-dev clang libclang-rt-14-dev python3
 )
-if [ "${1:-}" = "--runtime-only" ]; then
-  packages=(cmake g++ make pkg-config libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev
-            protobuf-compiler libabsl-dev prometheus-cpp-dev libspdlog-dev
-            libgtest-dev libgmock-dev libbenchmark-dev)
-fi
 
 missing=()
 for p in "${packages[@]}"; do
