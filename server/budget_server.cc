@@ -95,7 +95,7 @@ absl::Status BudgetServer::Init() {
 BudgetServer::~BudgetServer() { Shutdown(absl::ZeroDuration()); }
 
 void BudgetServer::Shutdown(absl::Duration grace) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (shut_down_) return;
   shut_down_ = true;
   // Health checks say NOT_SERVING while in-flight RPCs drain (load balancers stop sending).

@@ -14,9 +14,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "retrybudget/mutex.h"
 #include "server/service.h"
 
 namespace retrybudget {
@@ -74,7 +74,7 @@ class BudgetServer {
   BudgetAdminServiceImpl admin_service_;
   std::unique_ptr<grpc::Server> server_;
 
-  absl::Mutex mu_;
+  Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -98,26 +98,30 @@ class Call {
 }  // namespace
 
 bool InFlightRpcs::Begin() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (draining_) return false;
   ++in_flight_;
   return true;
 }
 
 void InFlightRpcs::End() {
-  absl::MutexLock lock(&mu_);
-  --in_flight_;
+  bool idle = false;
+  {
+    MutexLock lock(&mu_);
+    idle = --in_flight_ == 0;
+  }
+  if (idle) idle_.notify_all();
 }
 
 void InFlightRpcs::StartDraining() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
 }
 
 bool InFlightRpcs::WaitIdle(absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+  std::unique_lock<Mutex> lock(mu_);
+  return idle_.wait_until(lock, absl::ToChronoTime(deadline),
+                          [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; });
 }
 
 absl::string_view RpcName(Rpc rpc) {

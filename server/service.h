@@ -17,13 +17,15 @@
 
 #include "absl/strings/string_view.h"
 
+#include <condition_variable>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/clock.h"
+#include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "server/budget_core.h"
 
@@ -81,7 +83,8 @@ class InFlightRpcs {
   bool WaitIdle(absl::Time deadline);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
+  std::condition_variable_any idle_;  // notified when in_flight_ drops to 0
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -6,10 +6,10 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "retrybudget/mutex.h"
 #include "server/service.h"
 #include "tests/integration/test_server.h"
 
@@ -42,17 +42,17 @@ class DenySecret final : public RequestAuthorizer {
 class RecordingMetrics final : public ServiceMetrics {
  public:
   void RpcFinished(Rpc rpc, absl::StatusCode code, absl::Duration elapsed) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     calls_.push_back(absl::StrCat(RpcName(rpc), ":", absl::StatusCodeToString(code)));
     EXPECT_GE(elapsed, absl::ZeroDuration());
   }
   std::vector<std::string> calls() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return calls_;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
 };
 
