@@ -25,7 +25,7 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 run: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server
-	$(BUILD_DIR)/server/retry-budget-server --listen=$(LISTEN)
+	$(BUILD_DIR)/server/retry-budget-server --listen=$(LISTEN) --data_dir=$(DATA_DIR)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j$(JOBS)

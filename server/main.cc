@@ -2,11 +2,21 @@
 //
 //   retry-budget-server [--listen=127.0.0.1:50051] [--policy=FILE] [--strict]
 //                       [--port_file=PATH] [--max_message_bytes=N] [--shutdown_grace=5s]
+//                       [--data_dir=DIR] [--snapshot_interval=10s]
+//                       [--max_tenants=N] [--max_instances=N] [--max_tenants_per_request=N]
+//                       [--tls_cert=PEM --tls_key=PEM [--tls_client_ca=PEM]]
+//                       [--allow_insecure_non_loopback]
+//
+// Signals: SIGINT/SIGTERM shut down cleanly (in-flight RPCs finish, then the final snapshot);
+// SIGHUP re-reads --policy (levels kept; an invalid file is refused and the old policy stays).
 //
 // Exit codes: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when it cannot serve (address in use,
-// port file not writable), 2 for bad configuration (flags, policy file).
+// port file or data directory not writable, final snapshot failed), 2 for bad configuration
+// (flags, policy file, TLS files, plaintext on a non-loopback address) and for a damaged data
+// directory (a corrupt or truncated snapshot: the server does not start on it).
 #include <csignal>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -18,10 +28,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "server/budget_core.h"
+#include "server/bearer_authorizer.h"
 #include "server/budget_server.h"
+#include "server/durable_store.h"
 #include "server/policy.h"
 #include "server/port_file.h"
 #include "server/signals.h"
+#include "server/snapshotter.h"
+#include "server/transport_security.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -40,6 +54,30 @@ ABSL_FLAG(int32_t, max_message_bytes, retrybudget::kDefaultMaxMessageBytes,
           "largest request accepted, in bytes; larger ones get RESOURCE_EXHAUSTED");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
           "on SIGINT/SIGTERM, how long in-flight RPCs may take to finish before being cancelled");
+ABSL_FLAG(std::string, data_dir, "",
+          "directory for the snapshot and the reservation journal (created if missing); state is "
+          "restored from it at start. Empty: budgets live in memory only and a restart loses "
+          "them (levels start again at initial_tokens)");
+ABSL_FLAG(absl::Duration, snapshot_interval, absl::Seconds(10),
+          "with --data_dir, how often the whole state is snapshotted (a clean snapshot is also "
+          "written at SIGINT/SIGTERM); grants are journaled ahead of use in between");
+ABSL_FLAG(int64_t, max_tenants, 10'000,
+          "most tenants with a budget; creating one more (first Sync of a new name, PutPolicy) "
+          "is refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_instances, 100'000,
+          "most client instances tracked; past it the least recently seen are forgotten (they "
+          "are taken as a baseline when they come back: forgetting never credits tokens)");
+ABSL_FLAG(int64_t, max_tenants_per_request, 256,
+          "most tenant entries in one SyncRequest; more is INVALID_ARGUMENT");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the server: serve TLS (needs --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (unencrypted)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificate(s): require and verify client certificates signed by them "
+          "(mutual TLS; needs --tls_cert and --tls_key)");
+ABSL_FLAG(bool, allow_insecure_non_loopback, false,
+          "allow plaintext (no --tls_cert) on an address other than loopback; without it the "
+          "server refuses to start there (exit code 2)");
 ABSL_FLAG(absl::Duration, testonly_sync_response_delay, absl::ZeroDuration(),
           "TESTS ONLY: send each Sync response this much later (holds RPCs in flight)");
 
@@ -57,9 +95,27 @@ struct ServerConfig {
   v1::PolicyConfig policy;
   // Where the policy came from, for the start-up log.
   std::string policy_source;
+  // --policy (re-read on SIGHUP); empty for the built-in default.
+  std::string policy_path;
+  // --strict, applied again on every reload.
+  bool strict_flag = false;
   std::string port_file;
   absl::Duration shutdown_grace;
+  // The limits of the core (policy, clock and store are set by Run()).
+  CoreOptions core;
+  // Empty: in memory only.
+  std::string data_dir;
+  absl::Duration snapshot_interval;
+  TlsFiles tls;
 };
+
+// A positive int64 flag as a size_t; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<size_t> PositiveFlag(absl::string_view name, int64_t value) {
+  if (value <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, " must be > 0"));
+  }
+  return static_cast<size_t>(value);
+}
 
 absl::StatusOr<ServerConfig> ConfigFromFlags() {
   ServerConfig config;
@@ -85,7 +141,44 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
     config.policy = *std::move(loaded);
     config.policy_source = policy_path;
   }
-  if (absl::GetFlag(FLAGS_strict)) config.policy.set_strict(true);
+  config.policy_path = policy_path;
+  config.strict_flag = absl::GetFlag(FLAGS_strict);
+  if (config.strict_flag) config.policy.set_strict(true);
+
+  for (auto [name, value, field] :
+       {std::tuple{"max_tenants", absl::GetFlag(FLAGS_max_tenants), &config.core.max_tenants},
+        std::tuple{"max_instances", absl::GetFlag(FLAGS_max_instances),
+                   &config.core.max_instances},
+        std::tuple{"max_tenants_per_request", absl::GetFlag(FLAGS_max_tenants_per_request),
+                   &config.core.max_tenants_per_request}}) {
+    absl::StatusOr<size_t> v = PositiveFlag(name, value);
+    if (!v.ok()) return v.status();
+    *field = *v;
+  }
+
+  config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.snapshot_interval = absl::GetFlag(FLAGS_snapshot_interval);
+  if (config.snapshot_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--snapshot_interval=", absl::FormatDuration(config.snapshot_interval), " must be > 0"));
+  }
+
+  config.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                .key_file = absl::GetFlag(FLAGS_tls_key),
+                .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  if (config.tls.enabled() || config.tls.mutual()) {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        LoadTlsCredentials(config.tls);
+    if (!credentials.ok()) return credentials.status();
+    config.server.credentials = *std::move(credentials);
+  } else if (!IsLoopbackHost(ListenHost(config.server.listen)) &&
+             !absl::GetFlag(FLAGS_allow_insecure_non_loopback)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", config.server.listen,
+        " is not a loopback address and no --tls_cert/--tls_key is set: refusing to serve "
+        "budgets and bearer tokens in plaintext on the network. Set up TLS, or pass "
+        "--allow_insecure_non_loopback if the network is trusted"));
+  }
 
   config.port_file = absl::GetFlag(FLAGS_port_file);
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
@@ -96,13 +189,70 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   return config;
 }
 
-std::string DescribePolicy(const ServerConfig& config) {
-  const absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(config.policy.default_policy());
+std::string DescribePolicy(absl::string_view source, const v1::PolicyConfig& policy) {
+  const absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(policy.default_policy());
   if (!p.ok()) return std::string(p.status().message());
-  return absl::StrCat(config.policy_source, ": default capacity ", p->capacity, ", refill ",
+  return absl::StrCat(source, ": default capacity ", p->capacity, ", refill ",
                       p->refill_per_second, "/s, credit ", p->success_credit, ", lease ",
-                      absl::FormatDuration(p->lease_ttl), "; ", config.policy.tenants_size(),
-                      " explicit tenant(s); ", config.policy.strict() ? "strict" : "not strict");
+                      absl::FormatDuration(p->lease_ttl), "; ", policy.tenants_size(),
+                      " explicit tenant(s); ", policy.strict() ? "strict" : "not strict");
+}
+
+std::string DescribePolicy(const ServerConfig& config) {
+  return DescribePolicy(config.policy_source, config.policy);
+}
+
+std::string DescribeAuth(BearerAuthorizer& authorizer) {
+  if (authorizer.credential_count() == 0) {
+    return "no bearer credentials configured: every caller may use and administer every budget";
+  }
+  return absl::StrCat(authorizer.credential_count(), " bearer credential(s), ",
+                      authorizer.admin_count(),
+                      " of them admin: every RPC needs `authorization: Bearer <token>`");
+}
+
+std::string DescribeTransport(const ServerConfig& config, const BudgetServer& server) {
+  if (!server.secure()) {
+    return absl::StrCat("INSECURE: no TLS, plaintext on ", server.address());
+  }
+  if (config.tls.mutual()) {
+    return absl::StrCat("mutual TLS: certificate ", config.tls.cert_file,
+                        "; client certificates required, verified against ",
+                        config.tls.client_ca_file);
+  }
+  return absl::StrCat("TLS: certificate ", config.tls.cert_file,
+                      "; no client certificate requested");
+}
+
+// SIGHUP: re-reads --policy and applies it to the budgets (levels kept) and to the credentials.
+// Anything invalid is refused as a whole and the old policy and credentials stay.
+void ReloadPolicy(const ServerConfig& config, BudgetCore& core, BearerAuthorizer& authorizer) {
+  if (config.policy_path.empty()) {
+    spdlog::warn("SIGHUP: no --policy file to re-read; the built-in default policy stays");
+    return;
+  }
+  absl::StatusOr<v1::PolicyConfig> loaded = LoadPolicyFile(config.policy_path);
+  if (!loaded.ok()) {
+    // LoadPolicyFile's message names the file, the line (text format) and the field.
+    spdlog::error("SIGHUP: policy reload refused, the old policy stays: {}",
+                  std::string(loaded.status().message()));
+    return;
+  }
+  if (config.strict_flag) loaded->set_strict(true);
+  // Both validate the whole config before changing anything; the file was validated already,
+  // so the second cannot fail after the first succeeded.
+  if (absl::Status s = core.ReplacePolicy(*loaded); !s.ok()) {
+    spdlog::error("SIGHUP: policy reload refused, the old policy stays: {}: {}",
+                  config.policy_path, std::string(s.message()));
+    return;
+  }
+  if (absl::Status s = authorizer.Replace(*loaded); !s.ok()) {
+    spdlog::error("SIGHUP: credentials of {} refused, the old credentials stay: {}",
+                  config.policy_path, std::string(s.message()));
+    return;
+  }
+  spdlog::info("SIGHUP: policy reloaded from {}", DescribePolicy(config.policy_path, *loaded));
+  spdlog::info("auth: {}", DescribeAuth(authorizer));
 }
 
 int Run(ServerConfig config) {
@@ -113,22 +263,72 @@ int Run(ServerConfig config) {
     return kExitCannotServe;
   }
 
-  absl::StatusOr<std::unique_ptr<BudgetCore>> core =
-      BudgetCore::Create({.policy = config.policy, .clock = Clock::Real()});
+  absl::StatusOr<std::unique_ptr<BearerAuthorizer>> authorizer =
+      BearerAuthorizer::Create(config.policy, {.log = [](absl::string_view line) {
+                                 spdlog::warn("{}", std::string(line));
+                               }});
+  if (!authorizer.ok()) {
+    spdlog::error("invalid credentials ({}): {}", config.policy_source,
+                  std::string(authorizer.status().message()));
+    return kExitBadConfig;
+  }
+  config.server.service.authorizer = authorizer->get();
+
+  std::unique_ptr<DurableStore> store;
+  if (!config.data_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<DurableStore>> opened = DurableStore::Open(config.data_dir);
+    if (!opened.ok()) {
+      spdlog::error("--data_dir={}: {}", config.data_dir, std::string(opened.status().message()));
+      return kExitCannotServe;
+    }
+    store = *std::move(opened);
+  }
+
+  CoreOptions core_options = config.core;
+  core_options.policy = config.policy;
+  core_options.clock = Clock::Real();
+  core_options.store = store.get();
+  absl::StatusOr<std::unique_ptr<BudgetCore>> core = BudgetCore::Create(std::move(core_options));
   if (!core.ok()) {
     spdlog::error("invalid policy ({}): {}", config.policy_source, std::string(core.status().message()));
     return kExitBadConfig;
   }
   config.server.service.core = core->get();
 
+  // Recovery happens before the port is opened: no RPC sees the state half restored.
+  std::unique_ptr<Snapshotter> snapshotter;
+  if (store != nullptr) {
+    absl::StatusOr<std::unique_ptr<Snapshotter>> started =
+        Snapshotter::Start(core->get(), store.get(), config.snapshot_interval);
+    if (!started.ok()) {
+      if (absl::IsDataLoss(started.status())) {
+        spdlog::error("--data_dir={} is damaged, refusing to start on it: {}. Move the named "
+                      "file away to start without its state (budgets restart at their "
+                      "initial level).",
+                      config.data_dir, std::string(started.status().message()));
+        return kExitBadConfig;
+      }
+      spdlog::error("--data_dir={}: cannot recover or snapshot: {}", config.data_dir,
+                    std::string(started.status().message()));
+      return kExitCannotServe;
+    }
+    snapshotter = *std::move(started);
+    spdlog::info("data dir {}: {} budget(s) recovered; snapshot every {} and at shutdown",
+                 config.data_dir, (*core)->tenant_count(),
+                 absl::FormatDuration(config.snapshot_interval));
+  } else {
+    spdlog::warn("no --data_dir: budgets are kept in memory only and a restart loses them");
+  }
+
   absl::StatusOr<std::unique_ptr<BudgetServer>> server = BudgetServer::Start(config.server);
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
     return absl::IsInvalidArgument(server.status()) ? kExitBadConfig : kExitCannotServe;
   }
-  spdlog::info("listening on {} (gRPC); INSECURE: no TLS, plaintext on {}", (*server)->address(),
-               (*server)->address());
+  spdlog::info("listening on {} (gRPC); {}", (*server)->address(),
+               DescribeTransport(config, **server));
   spdlog::info("policy {}", DescribePolicy(config));
+  spdlog::info("auth: {}", DescribeAuth(**authorizer));
   if (!config.port_file.empty()) {
     if (absl::Status s = WritePortFile(config.port_file, (*server)->port()); !s.ok()) {
       spdlog::error("{}", std::string(s.message()));
@@ -137,11 +337,24 @@ int Run(ServerConfig config) {
     }
   }
 
-  const int signo = (*signals)->Wait();
+  int signo = 0;
+  while ((signo = (*signals)->Wait()) == SIGHUP) {
+    ReloadPolicy(config, **core, **authorizer);
+  }
   spdlog::info("{} received: refusing new RPCs, waiting up to {} for in-flight ones",
                signo == SIGINT ? "SIGINT" : "SIGTERM",
                absl::FormatDuration(config.shutdown_grace));
   (*server)->Shutdown(config.shutdown_grace);
+  // Only now, with no Sync running any more, is the final snapshot exact.
+  if (snapshotter != nullptr) {
+    if (absl::Status s = snapshotter->Stop(); !s.ok()) {
+      spdlog::error("final snapshot to {} failed: {} (the last periodic snapshot and the "
+                    "journal remain: the next start recovers as after a crash)",
+                    config.data_dir, std::string(s.message()));
+      return kExitCannotServe;
+    }
+    spdlog::info("final snapshot written to {}", config.data_dir);
+  }
   spdlog::info("stopped");
   return kExitOk;
 }

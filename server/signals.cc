@@ -18,7 +18,7 @@ namespace {
 std::atomic<int> g_write_fd{-1};
 static_assert(std::atomic<int>::is_always_lock_free);
 
-constexpr int kSignals[] = {SIGINT, SIGTERM};
+constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 // Async-signal-safe: only write() (non-blocking; a full pipe already holds a wake-up) and errno
 // is preserved for the interrupted code.

@@ -1,9 +1,12 @@
-// Waiting for SIGINT / SIGTERM without doing anything unsafe in a signal handler: the handler
-// only write()s the signal number to a self-pipe; the main thread reads it and shuts down.
+// Waiting for SIGINT / SIGTERM (shut down) and SIGHUP (reload the policy) without doing anything
+// unsafe in a signal handler: the handler only write()s the signal number to a self-pipe; the
+// main thread reads it and acts.
 //
 //   auto signals = ShutdownSignals::Install();
 //   if (!signals.ok()) return signals.status();
-//   int signo = (*signals)->Wait();  // blocks until SIGINT or SIGTERM
+//   int signo;
+//   while ((signo = (*signals)->Wait()) == SIGHUP) Reload();
+//   Shutdown();  // SIGINT or SIGTERM
 #ifndef RETRYBUDGET_SERVER_SIGNALS_H_
 #define RETRYBUDGET_SERVER_SIGNALS_H_
 
@@ -16,8 +19,8 @@ namespace retrybudget {
 // At most one instance per process. Wait() must be called from one thread at a time.
 class ShutdownSignals {
  public:
-  // Installs handlers for SIGINT and SIGTERM. FAILED_PRECONDITION if an instance exists already,
-  // INTERNAL if the pipe or the handlers cannot be set up.
+  // Installs handlers for SIGINT, SIGTERM and SIGHUP. FAILED_PRECONDITION if an instance exists
+  // already, INTERNAL if the pipe or the handlers cannot be set up.
   static absl::StatusOr<std::unique_ptr<ShutdownSignals>> Install();
 
   ShutdownSignals(const ShutdownSignals&) = delete;
@@ -25,8 +28,9 @@ class ShutdownSignals {
   // Restores the default dispositions and closes the pipe.
   ~ShutdownSignals();
 
-  // Blocks until SIGINT or SIGTERM arrives (or has arrived since Install()) and returns its
-  // number. A second signal after the first is returned by the next Wait().
+  // Blocks until SIGINT, SIGTERM or SIGHUP arrives (or has arrived since Install()) and returns
+  // its number. Signals are returned one per call, in arrival order (a burst beyond the pipe's
+  // capacity, 64 KiB of signals, is coalesced).
   int Wait();
 
  private:
