@@ -38,6 +38,9 @@ class ChildProcess {
   // Everything the child wrote so far.
   std::string Output() const;
 
+  // The process id (-1 after a move).
+  pid_t pid() const { return pid_; }
+
  private:
   ChildProcess(pid_t pid, std::string output_path) : pid_(pid), output_path_(output_path) {}
   void KillAndReap();

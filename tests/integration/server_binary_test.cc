@@ -41,7 +41,9 @@ struct RunningServer {
   static std::unique_ptr<RunningServer> Start(std::vector<std::string> extra_args = {}) {
     auto s = std::make_unique<RunningServer>();
     const std::string port_file = s->dir.path() + "/port";
-    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + port_file};
+    // Metrics off: parallel test servers must not compete for the default metrics port.
+    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + port_file,
+                                     "--metrics_listen="};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     s->process = ChildProcess::Start(RETRY_BUDGET_SERVER_BINARY, args, s->dir.path() + "/output");
     if (!s->process) return nullptr;

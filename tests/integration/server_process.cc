@@ -1,0 +1,178 @@
+#include "tests/integration/server_process.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+
+#ifndef RETRY_BUDGET_SERVER_BINARY
+#error "RETRY_BUDGET_SERVER_BINARY must name the retry-budget-server binary"
+#endif
+
+namespace retrybudget::testing {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(20);
+constexpr absl::Duration kExitTimeout = absl::Seconds(20);
+
+}  // namespace
+
+const std::string& ServerBinary() {
+  static const std::string* const binary = new std::string(RETRY_BUDGET_SERVER_BINARY);
+  return *binary;
+}
+
+ServerConnection ServerConnection::Create(const std::string& target,
+                                          std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                          std::string bearer_token) {
+  ServerConnection c;
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(-1);  // let oversize requests reach the server's limit
+  c.channel = grpc::CreateCustomChannel(target, std::move(credentials), args);
+  c.budget = v1::RetryBudgetService::NewStub(c.channel);
+  c.admin = v1::BudgetAdminService::NewStub(c.channel);
+  c.bearer_token = std::move(bearer_token);
+  return c;
+}
+
+void ServerConnection::Prepare(grpc::ClientContext& context) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (!bearer_token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", bearer_token));
+  }
+}
+
+grpc::Status ServerConnection::Sync(const v1::SyncRequest& request, v1::SyncResponse* response) {
+  grpc::ClientContext context;
+  Prepare(context);
+  return budget->Sync(&context, request, response);
+}
+
+grpc::Status ServerConnection::GetBudget(absl::string_view tenant, v1::BudgetStatus* budget) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::GetBudgetRequest request;
+  request.set_tenant(std::string(tenant));
+  v1::GetBudgetResponse response;
+  grpc::Status status = admin->GetBudget(&context, request, &response);
+  *budget = response.budget();
+  return status;
+}
+
+grpc::Status ServerConnection::PutPolicy(absl::string_view tenant, const v1::BudgetPolicy& policy,
+                                         v1::BudgetStatus* budget) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::PutPolicyRequest request;
+  request.set_tenant(std::string(tenant));
+  *request.mutable_policy() = policy;
+  v1::PutPolicyResponse response;
+  grpc::Status status = admin->PutPolicy(&context, request, &response);
+  *budget = response.budget();
+  return status;
+}
+
+grpc::Status ServerConnection::ListBudgets(v1::ListBudgetsResponse* response) {
+  grpc::ClientContext context;
+  Prepare(context);
+  return admin->ListBudgets(&context, v1::ListBudgetsRequest(), response);
+}
+
+grpc::Status ServerConnection::DeleteBudget(absl::string_view tenant) {
+  grpc::ClientContext context;
+  Prepare(context);
+  v1::DeleteBudgetRequest request;
+  request.set_tenant(std::string(tenant));
+  v1::DeleteBudgetResponse response;
+  return admin->DeleteBudget(&context, request, &response);
+}
+
+std::unique_ptr<ServerProcess> ServerProcess::Start(const std::string& dir,
+                                                    std::vector<std::string> args) {
+  std::unique_ptr<ServerProcess> s(new ServerProcess());
+  const std::string port_file = dir + "/port";
+  std::remove(port_file.c_str());
+  // Metrics off: parallel test servers must not compete for the default metrics port.
+  std::vector<std::string> all = {"--listen=127.0.0.1:0", "--port_file=" + port_file,
+                                  "--metrics_listen="};
+  all.insert(all.end(), args.begin(), args.end());
+  s->process_ = ChildProcess::Start(ServerBinary(), all, dir + "/output");
+  if (!s->process_) return nullptr;
+  const std::optional<int> port = WaitForPortFile(port_file, *s->process_, kStartTimeout);
+  if (!port) {
+    ADD_FAILURE() << "the server did not serve; its output:\n" << s->process_->Output();
+    return nullptr;
+  }
+  s->port_ = *port;
+  return s;
+}
+
+std::string ServerProcess::target() const { return absl::StrCat("127.0.0.1:", port_); }
+
+pid_t ServerProcess::pid() const { return process_->pid(); }
+
+ServerConnection ServerProcess::Connect(std::string bearer_token) const {
+  return ServerConnection::Create(target(), grpc::InsecureChannelCredentials(),
+                                  std::move(bearer_token));
+}
+
+std::optional<int> ServerProcess::Stop(int signo) {
+  process_->Signal(signo);
+  return process_->Wait(kExitTimeout);
+}
+
+int64_t ServerProcess::ResidentBytes() const {
+  std::ifstream in(absl::StrCat("/proc/", pid(), "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::string_view v = line;
+    if (absl::ConsumePrefix(&v, "VmRSS:")) {
+      v = absl::StripAsciiWhitespace(v);
+      absl::ConsumeSuffix(&v, " kB");
+      int64_t kb = 0;
+      if (absl::SimpleAtoi(v, &kb)) return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+ExitResult RunToExit(const std::string& dir, std::vector<std::string> args) {
+  std::vector<std::string> all = {"--listen=127.0.0.1:0", "--metrics_listen="};
+  all.insert(all.end(), args.begin(), args.end());
+  std::optional<ChildProcess> process = ChildProcess::Start(ServerBinary(), all, dir + "/output");
+  if (!process) return {};
+  ExitResult result;
+  result.code = process->Wait(kExitTimeout);
+  result.output = process->Output();
+  return result;
+}
+
+v1::SyncRequest SyncOf(absl::string_view instance, uint64_t seq, absl::string_view tenant,
+                       uint64_t want, uint64_t received, uint64_t returned, uint64_t spent) {
+  v1::SyncRequest r;
+  r.set_instance_id(std::string(instance));
+  r.set_seq(seq);
+  v1::TenantSync* t = r.add_tenants();
+  t->set_tenant(std::string(tenant));
+  t->set_want(want);
+  t->set_tokens_received(received);
+  t->set_tokens_returned(returned);
+  t->set_retries_spent(spent);
+  return r;
+}
+
+void WriteFile(const std::string& path, absl::string_view contents) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << contents;
+  out.close();
+  if (!out) ADD_FAILURE() << "cannot write " << path;
+}
+
+}  // namespace retrybudget::testing
