@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   prometheus-cpp-dev libspdlog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  redis-server prometheus openssl python3-grpcio
+  redis-server prometheus docker-compose openssl python3-grpcio
   libhiredis-dev gnuplot-nox
   libssl-dev clang libclang-rt-14-dev python3
 )

@@ -30,6 +30,7 @@
 #include "server/budget_core.h"
 #include "server/bearer_authorizer.h"
 #include "server/budget_server.h"
+#include "server/metrics.h"
 #include "server/durable_store.h"
 #include "server/policy.h"
 #include "server/port_file.h"
@@ -37,6 +38,7 @@
 #include "server/snapshotter.h"
 #include "server/transport_security.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
+#include "prometheus/exposer.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -78,6 +80,16 @@ ABSL_FLAG(std::string, tls_client_ca, "",
 ABSL_FLAG(bool, allow_insecure_non_loopback, false,
           "allow plaintext (no --tls_cert) on an address other than loopback; without it the "
           "server refuses to start there (exit code 2)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "host:port of the Prometheus endpoint (GET /metrics); port 0 picks a free port (see "
+          "--metrics_port_file); empty disables metrics");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "once the metrics endpoint serves, write its bound port number to this file");
+ABSL_FLAG(int32_t, metrics_max_tenants, 1000,
+          "most distinct `tenant` label values in the metrics; budgets past it share "
+          "tenant=\"_other\"");
+ABSL_FLAG(std::string, log_level, "info",
+          "least severe log level printed: trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(absl::Duration, testonly_sync_response_delay, absl::ZeroDuration(),
           "TESTS ONLY: send each Sync response this much later (holds RPCs in flight)");
 
@@ -107,6 +119,10 @@ struct ServerConfig {
   std::string data_dir;
   absl::Duration snapshot_interval;
   TlsFiles tls;
+  // The Prometheus endpoint (server/metrics.h); empty `metrics_listen` disables it.
+  std::string metrics_listen;
+  std::string metrics_port_file;
+  size_t metrics_max_tenants = 1000;
 };
 
 // A positive int64 flag as a size_t; INVALID_ARGUMENT naming the flag otherwise.
@@ -186,6 +202,14 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shutdown_grace=", absl::FormatDuration(config.shutdown_grace), " must be >= 0"));
   }
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
+  const int32_t metrics_max_tenants = absl::GetFlag(FLAGS_metrics_max_tenants);
+  if (metrics_max_tenants < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_max_tenants=", metrics_max_tenants, " must be >= 1"));
+  }
+  config.metrics_max_tenants = static_cast<size_t>(metrics_max_tenants);
   return config;
 }
 
@@ -320,6 +344,37 @@ int Run(ServerConfig config) {
     spdlog::warn("no --data_dir: budgets are kept in memory only and a restart loses them");
   }
 
+  // Metrics: per-RPC counters through the service hook, budgets read from the core at scrape
+  // time. Declared after the core and snapshotter, so the endpoint stops before they go.
+  auto rpc_metrics = std::make_shared<RpcMetrics>();
+  auto budget_metrics = std::make_shared<BudgetMetrics>(
+      BudgetMetricsOptions{.core = core->get(),
+                           .snapshotter = snapshotter.get(),
+                           .max_tenants = config.metrics_max_tenants});
+  std::unique_ptr<prometheus::Exposer> metrics_endpoint;
+  if (!config.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> endpoint =
+        StartMetricsEndpoint(config.metrics_listen, {rpc_metrics, budget_metrics});
+    if (!endpoint.ok()) {
+      spdlog::error("--metrics_listen: {}", std::string(endpoint.status().message()));
+      return absl::IsInvalidArgument(endpoint.status()) ? kExitBadConfig : kExitCannotServe;
+    }
+    metrics_endpoint = *std::move(endpoint);
+    const int metrics_port = MetricsEndpointPort(*metrics_endpoint);
+    spdlog::info("metrics on http://{}:{}/metrics (at most {} tenant label values)",
+                 config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), metrics_port,
+                 config.metrics_max_tenants);
+    if (!config.metrics_port_file.empty()) {
+      if (absl::Status s = WritePortFile(config.metrics_port_file, metrics_port); !s.ok()) {
+        spdlog::error("--metrics_port_file: {}", std::string(s.message()));
+        return kExitCannotServe;
+      }
+    }
+    config.server.service.metrics = rpc_metrics.get();
+  } else {
+    spdlog::info("metrics disabled (--metrics_listen is empty)");
+  }
+
   absl::StatusOr<std::unique_ptr<BudgetServer>> server = BudgetServer::Start(config.server);
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
@@ -372,6 +427,14 @@ int main(int argc, char** argv) {
   auto logger = spdlog::stderr_color_mt("retry-budget-server");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n: %v");
   spdlog::set_default_logger(std::move(logger));
+  const std::string log_level = absl::GetFlag(FLAGS_log_level);
+  const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off") {
+    spdlog::error("--log_level=\"{}\" is not one of trace, debug, info, warn, error, "
+                  "critical, off", log_level);
+    return retrybudget::kExitBadConfig;
+  }
+  spdlog::set_level(level);
 
   if (positional.size() > 1) {
     spdlog::error("unexpected argument \"{}\" (flags are --name=value)", positional[1]);
