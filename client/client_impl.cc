@@ -90,6 +90,12 @@ absl::StatusOr<ClientOptions> ValidateAndDefault(ClientOptions options) {
                                                    absl::FormatDuration(options.sync_timeout),
                                                    "; it must be positive"));
   }
+  if (options.max_reconnect_backoff < absl::Milliseconds(1) ||
+      options.max_reconnect_backoff > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.max_reconnect_backoff is ", absl::FormatDuration(options.max_reconnect_backoff),
+        "; it must be in [1ms, 1h]"));
+  }
   if (options.lease_burst > kMaxWant) {
     return absl::InvalidArgumentError(absl::StrCat("options.lease_burst is ", options.lease_burst,
                                                    "; at most ", kMaxWant, " is allowed"));

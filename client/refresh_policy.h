@@ -22,6 +22,10 @@ inline constexpr double kLowWaterFraction = 0.2;
 inline constexpr absl::Duration kFirstRetryBackoff = absl::Milliseconds(20);
 inline constexpr absl::Duration kMaxRetryBackoff = absl::Seconds(1);
 
+// A Sync is cut short for a fallback step due sooner than this (never for a lease expiry): a
+// fast-refilling bucket must not leave the Sync too little time to ever complete.
+inline constexpr absl::Duration kMinFallbackStepWindow = absl::Milliseconds(20);
+
 // Attempts of the final Sync sent by Shutdown(), each bounded by sync_timeout.
 inline constexpr int kFinalSyncAttempts = 3;
 

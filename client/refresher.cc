@@ -16,6 +16,9 @@ namespace {
 // never reaches the clock's arithmetic.
 constexpr absl::Duration kMaxIdleSleep = absl::Minutes(1);
 
+// gRPC may report a deadline a hair before the Clock reaches it.
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(1);
+
 absl::Status ToAbsl(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
@@ -45,14 +48,26 @@ Refresher::Refresher(RefresherOptions options,
 // Sends one Sync attempt with its own deadline and credentials, and counts it. The deadline is
 // wall-clock time (it is gRPC's), never the injected Clock.
 grpc::Status Refresher::CallSyncLocked(const v1::SyncRequest& request,
-                                       v1::SyncResponse* response) {
+                                       v1::SyncResponse* response, absl::Duration timeout,
+                                       bool wait_for_ready, bool* woken) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMilliseconds(options_.sync_timeout));
+                       absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())));
+  context.set_wait_for_ready(wait_for_ready);
   if (!options_.bearer_token.empty()) {
     context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.bearer_token));
   }
+  if (wait_for_ready && woken != nullptr) {
+    MutexLock lock(&wake_mu_);
+    waiting_call_ = &context;
+    waiting_call_woken_ = false;
+  }
   const grpc::Status status = stub_->Sync(&context, request, response);
+  if (wait_for_ready && woken != nullptr) {
+    MutexLock lock(&wake_mu_);
+    waiting_call_ = nullptr;
+    *woken = waiting_call_woken_;
+  }
   metrics_->SyncAttempted(status.ok());
   return status;
 }
@@ -85,6 +100,13 @@ void Refresher::Wake() {
   MutexLock lock(&wake_mu_);
   wake_pending_ = true;
   if (sleep_stop_ != nullptr) sleep_stop_->request_stop();
+  if (waiting_call_ != nullptr && !waiting_call_woken_) {
+    // A Sync waiting for the channel to connect (the server is unreachable) would hold the
+    // wake up to its deadline: cancel it; the refresher steps and sends it again at once.
+    // TryCancel() is thread-safe and a no-op once the call has finished.
+    waiting_call_woken_ = true;
+    waiting_call_->TryCancel();
+  }
 }
 
 bool Refresher::wake_requested() const {
@@ -130,9 +152,17 @@ absl::Time Refresher::RunOnce() {
   if (shut_down_) return absl::InfiniteFuture();
   const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
   absl::Time now = clock_->Now();
-  for (TenantBudgetImpl* tenant : tenants) tenant->Step(now, server_state_);
+  absl::Time next_step = absl::InfiniteFuture();
+  absl::Time lease_ends = absl::InfiniteFuture();
+  for (TenantBudgetImpl* tenant : tenants) {
+    next_step = std::min(next_step, tenant->Step(now, server_state_));
+    lease_ends = std::min(lease_ends, tenant->LeaseEndsAt());
+  }
   if (!tenants.empty() && SyncDueLocked(tenants) <= now) {
-    SyncLocked(tenants, now);
+    // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
+    // expiry, a fallback step runs at most kMinFallbackStepWindow late.
+    const absl::Time cut = std::min(lease_ends, std::max(next_step, now + kMinFallbackStepWindow));
+    SyncLocked(tenants, now, cut);
     now = clock_->Now();
   }
   // A response may carry a lease that already ended (the RPC outlived the TTL): expire it now.
@@ -154,7 +184,8 @@ absl::Time Refresher::SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenant
   return std::max(due, last_send_ + options_.policy.min_sync_interval);
 }
 
-void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now) {
+void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
+                           absl::Time cut) {
   if (pending_.has_value() && now - pending_->first_sent >= options_.policy.refresh_period) {
     // Failing for a whole refresh period: a new request (see the class comment).
     pending_.reset();
@@ -172,14 +203,32 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
     pending.first_sent = now;
   }
   last_send_ = now;
+  const absl::Time deadline = std::min(now + options_.sync_timeout, cut);
+  // Once an attempt failed the server is known unreachable: wait for the channel to connect
+  // (and drive its handshake) instead of failing at once (see the class comment).
+  const bool wait_for_ready = failures_ > 0;
+  bool woken = false;
   v1::SyncResponse response;
-  const grpc::Status status = CallSyncLocked(pending_->request, &response);
+  const grpc::Status status =
+      CallSyncLocked(pending_->request, &response, deadline - now, wait_for_ready, &woken);
   const absl::Time received = clock_->Now();
   last_status_ = ToAbsl(status);
+  const bool cut_short =
+      deadline < now + options_.sync_timeout &&
+      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      received >= deadline - kDeadlineSlack;
+  if (cut_short || (woken && status.error_code() == grpc::StatusCode::CANCELLED)) {
+    // Interrupted for a duty (a lease ending, a fallback step, a worker's wake): no verdict on
+    // the server and no backoff. The caller steps the tenants, then the same request goes out
+    // again. If the server did apply it, the resend (same seq) gets the same answer.
+    retry_at_ = received;
+    return;
+  }
   server_state_ = StateAfter(status);
   if (!status.ok()) {
     ++failures_;
-    retry_at_ = received + RetryBackoff(failures_, options_.policy);
+    // Counted from the attempt's start: one that waited out its deadline was its own backoff.
+    retry_at_ = std::max(received, now + RetryBackoff(failures_, options_.policy));
     if (failures_ == 1) {
       gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu failed; retrying (tenants whose lease "
                           "ends meanwhile fall back): %s",
@@ -254,9 +303,12 @@ absl::Status Refresher::FinalSyncLocked() {
   pending_.reset();
   if (tenants.empty()) return absl::OkStatus();
   grpc::Status status;
+  // With the server answering, each attempt may wait for a connection being re-made; with the
+  // server known unreachable, fail fast rather than hold the caller 3 x sync_timeout.
+  const bool wait_for_ready = server_state_ != ServerState::kUnreachable;
   for (int attempt = 1; attempt <= kFinalSyncAttempts; ++attempt) {
     v1::SyncResponse response;
-    status = CallSyncLocked(request, &response);
+    status = CallSyncLocked(request, &response, options_.sync_timeout, wait_for_ready);
     last_status_ = ToAbsl(status);
     if (status.ok() || attempt == kFinalSyncAttempts) break;
     clock_->SleepUntil(clock_->Now() + RetryBackoff(attempt, options_.policy), std::stop_token());

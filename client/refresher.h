@@ -51,6 +51,21 @@ struct RefresherOptions {
 //  * A response marked `stale` is dropped. Grants of a response apply to the tenants of the
 //    request that produced it (same order), leases ending at that request's FIRST send + TTL.
 //  * Syncs are never closer than min_sync_interval.
+//  * A Sync never holds up the tenants' duties: its deadline is the earliest of sync_timeout,
+//    the next lease expiry, and the next fallback step (at least kMinFallbackStepWindow away:
+//    a fallback token a few milliseconds late costs nothing, a Sync that can never finish
+//    would). An attempt cut short by that deadline, or cancelled by Wake() while it waited for
+//    a connection, is "interrupted": no verdict on the server, no backoff; the duties run and
+//    the same request (same seq) goes out again at once.
+//  * Reconnecting: the first attempt after a success is fail-fast, so a refused connection is
+//    known at once (tenants whose lease ends fall back without waiting for a deadline). Once
+//    an attempt has failed, attempts are wait_for_ready: they wait, up to their deadline, for
+//    the channel to connect, and while one waits its thread drives the connection's handshake
+//    (a fail-fast call on a channel in TRANSIENT_FAILURE fails at once, and nothing but gRPC's
+//    backup poller, every 5 s, would read the new connection's SETTINGS). The retry backoff is
+//    counted from the start of the failed attempt, so an attempt that waited out its deadline
+//    is followed at once by the next: during an outage the refresher keeps waiting on the
+//    channel, and a restarted server is seen as soon as the channel reconnects.
 class Refresher final : public SyncWaker {
  public:
   // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher. `metrics`,
@@ -69,7 +84,8 @@ class Refresher final : public SyncWaker {
 
   // One step at clock->Now(): steps every tenant (ends expired leases, enters, refills or
   // leaves fallback), then sends one Sync attempt if one is due (blocking for at most
-  // sync_timeout), steps the tenants again with its outcome, and updates the metrics. Returns
+  // sync_timeout, and never past the next lease expiry or fallback step), steps the tenants
+  // again with its outcome, and updates the metrics. Returns
   // when the next step is due (a sync, a retry, a lease expiry or the next fallback token);
   // InfiniteFuture when nothing is scheduled (no tenants, or shut down).
   absl::Time RunOnce();
@@ -101,12 +117,16 @@ class Refresher final : public SyncWaker {
   void Loop();
   absl::Time SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now)
+  // Sends one attempt at `now`, ending it no later than `cut` (the next duty).
+  void SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now, absl::Time cut)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
                            absl::Time received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinalSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  grpc::Status CallSyncLocked(const v1::SyncRequest& request, v1::SyncResponse* response)
+  // One attempt with a deadline `timeout` from now. With `wait_for_ready`, Wake() may cancel
+  // it; *woken is then true.
+  grpc::Status CallSyncLocked(const v1::SyncRequest& request, v1::SyncResponse* response,
+                              absl::Duration timeout, bool wait_for_ready, bool* woken = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateMetricsLocked(const std::vector<TenantBudgetImpl*>& tenants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -135,6 +155,9 @@ class Refresher final : public SyncWaker {
   bool wake_pending_ ABSL_GUARDED_BY(wake_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(wake_mu_) = false;
   std::stop_source* sleep_stop_ ABSL_GUARDED_BY(wake_mu_) = nullptr;  // the sleep in progress
+  // The wait_for_ready attempt in progress (Wake() cancels it), and whether Wake() did.
+  grpc::ClientContext* waiting_call_ ABSL_GUARDED_BY(wake_mu_) = nullptr;
+  bool waiting_call_woken_ ABSL_GUARDED_BY(wake_mu_) = false;
 
   // Serialises Shutdown() callers (the thread is joined under it).
   Mutex shutdown_mu_;

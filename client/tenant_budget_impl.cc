@@ -75,6 +75,11 @@ absl::Time TenantBudgetImpl::SyncDueAt() const {
   return next_due_;
 }
 
+absl::Time TenantBudgetImpl::LeaseEndsAt() const {
+  MutexLock lock(&mu_);
+  return mode_ == LeaseMode::kLeased ? expiry_ : absl::InfiniteFuture();
+}
+
 void TenantBudgetImpl::WithdrawAllLocked() {
   const uint64_t withdrawn = lease_.WithdrawAndClose();
   ledger_.Withdrew(withdrawn, lease_.Held());

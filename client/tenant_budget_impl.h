@@ -110,6 +110,10 @@ class TenantBudgetImpl final : public TenantBudget {
   // expiry, next fallback token; InfiniteFuture when nothing is due).
   absl::Time Step(absl::Time now, ServerState server);
 
+  // When the lease in force ends (send time + TTL); InfiniteFuture when none is in force. The
+  // refresher cuts a Sync short at this time so that Step() ends the lease on time.
+  absl::Time LeaseEndsAt() const;
+
   // Fills `out` for a NEW request built at `now`: cumulative counters and `want`.
   void FillSync(absl::Time now, const RefreshPolicy& policy, v1::TenantSync* out);
 

@@ -557,6 +557,88 @@ TEST(BudgetClientTest, CreateRejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(with([](ClientOptions& o) { o.lease_burst = 2'000'000; }).code(),
             absl::StatusCode::kInvalidArgument);
+  const absl::Status backoff =
+      with([](ClientOptions& o) { o.max_reconnect_backoff = absl::ZeroDuration(); });
+  EXPECT_EQ(backoff.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(backoff.message()), ::testing::HasSubstr("max_reconnect_backoff"));
+  EXPECT_EQ(with([](ClientOptions& o) { o.max_reconnect_backoff = absl::Hours(2); }).code(),
+            absl::StatusCode::kInvalidArgument);
+  ClientOptions no_target;
+  no_target.target = "";
+  EXPECT_EQ(CreateBudgetChannel(no_target).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BudgetClientTest, CreateBudgetChannelMakesTheClientsChannel) {
+  ClientOptions options;
+  options.target = "127.0.0.1:1";
+  options.max_reconnect_backoff = absl::Milliseconds(250);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateBudgetChannel(options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  EXPECT_NE(*channel, nullptr);
+}
+
+// ---- A Sync never holds up the duties of the refresher ----
+
+TEST(BudgetClientTest, SyncDeadlineNeverOutlivesTheLease) {
+  ClientHarness h(DenyFallbackOptions());
+  h.Tenant("payments");
+  const absl::Time sent = h.clock().Now();
+  h.set_handler(Granting(5, /*lease_ttl_ms=*/300, /*next_sync_ms=*/200));
+  h.client().RunOnce();
+  // A full sync_timeout (1 s) when no duty comes sooner.
+  EXPECT_GT(h.last_timeout(), absl::Milliseconds(900));
+  // 200 ms later the lease ends in 100 ms: the next Sync's deadline is cut to it.
+  h.clock().Set(sent + absl::Milliseconds(200));
+  h.client().RunOnce();
+  EXPECT_LE(h.last_timeout(), absl::Milliseconds(100));
+  EXPECT_GT(h.last_timeout(), absl::Milliseconds(50));
+}
+
+TEST(BudgetClientTest, ASyncCutShortAtTheLeaseExpiryEndsTheLeaseAndIsResentWithTheSameSeq) {
+  ClientHarness h(DenyFallbackOptions());
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time sent = h.clock().Now();
+  h.set_handler(Granting(5, /*lease_ttl_ms=*/300, /*next_sync_ms=*/200));
+  h.client().RunOnce();
+  ASSERT_TRUE(budget->TryAcquire());
+  // The next Sync blocks until its deadline, the lease's end (the server is hung).
+  h.set_handler([&h, sent](const v1::SyncRequest&, v1::SyncResponse*) {
+    h.clock().Set(sent + absl::Milliseconds(300));
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "deadline");
+  });
+  h.clock().Set(sent + absl::Milliseconds(200));
+  // The step ends the lease at once and asks for the resend at once.
+  EXPECT_EQ(h.client().RunOnce(), sent + absl::Milliseconds(300));
+  EXPECT_FALSE(budget->TryAcquire());
+  EXPECT_EQ(budget->Stats().tokens_returned, 4u);
+  // No verdict on the server yet: the lease ended (deny), not a fallback.
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kNoLease);
+  const uint64_t seq = h.client().last_seq();
+  h.set_handler(Granting(3, /*lease_ttl_ms=*/300, /*next_sync_ms=*/200));
+  h.client().RunOnce();
+  const std::vector<v1::SyncRequest> requests = h.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[2].seq(), seq);
+  EXPECT_EQ(requests[1].SerializeAsString(), requests[2].SerializeAsString());
+  // The grant of the resend starts at the FIRST send of the request.
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+  EXPECT_EQ(h.client().RunOnce(), sent + absl::Milliseconds(500));
+}
+
+TEST(BudgetClientTest, InFallbackASyncIsCutShortForTheNextFallbackToken) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  // A share of 1 token and 10/s: a token every 100 ms in fallback.
+  h.set_handler(testing_util::GrantingWithShare(0, 1, 10, /*lease_ttl_ms=*/300));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  for (int i = 0; i < 20 && budget->Stats().mode != BudgetMode::kFallback; ++i) {
+    h.clock().Set(h.client().RunOnce());
+  }
+  ASSERT_EQ(budget->Stats().mode, BudgetMode::kFallback);
+  ASSERT_TRUE(budget->TryAcquire());  // the bucket is empty: its next token is 100 ms away
+  h.clock().Set(h.client().RunOnce());
+  EXPECT_LE(h.last_timeout(), absl::Milliseconds(100));
 }
 
 TEST(BudgetClientTest, CreateDoesNotWaitForTheServerAndDeniesUntilALease) {

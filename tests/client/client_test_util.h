@@ -2,6 +2,7 @@
 #ifndef RETRYBUDGET_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 #define RETRYBUDGET_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -128,6 +129,8 @@ class ClientHarness {
             requests_.push_back(request);
             metadata_.push_back(
                 grpc::testing::ClientContextTestPeer(context).GetSendInitialMetadata());
+            timeouts_.push_back(
+                absl::FromChrono(context->deadline() - std::chrono::system_clock::now()));
             if (std::string problems = rules_.Check(request); !problems.empty()) {
               violations_.push_back(problems);
             }
@@ -173,6 +176,11 @@ class ClientHarness {
     std::lock_guard<std::mutex> lock(mu_);
     return metadata_.empty() ? std::multimap<std::string, std::string>() : metadata_.back();
   }
+  // How long the last Sync had left before its deadline when the stub received it.
+  absl::Duration last_timeout() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return timeouts_.empty() ? absl::ZeroDuration() : timeouts_.back();
+  }
   // Requests the real server would have refused (see ServerRules).
   std::vector<std::string> violations() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -196,6 +204,7 @@ class ClientHarness {
   std::mutex mu_;
   std::vector<v1::SyncRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::multimap<std::string, std::string>> metadata_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Duration> timeouts_ ABSL_GUARDED_BY(mu_);
   ServerRules rules_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
   SyncHandler handler_ ABSL_GUARDED_BY(mu_) = Granting(0);

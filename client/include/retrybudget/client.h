@@ -128,8 +128,15 @@ struct ClientOptions {
   absl::Duration refresh_period = absl::Milliseconds(200);
   // Never sync more often than this, even when woken (protects the server from a hot loop).
   absl::Duration min_sync_interval = absl::Milliseconds(5);
-  // Deadline of one Sync RPC.
+  // Deadline of one Sync RPC. A Sync in flight is cut short (and resent with the same seq)
+  // when a lease ends or a fallback token is due before it: a blocked Sync never keeps a lease
+  // alive past its expiry nor holds up the fallback bucket.
   absl::Duration sync_timeout = absl::Seconds(1);
+  // Longest wait between two attempts to (re)connect to the server (gRPC's reconnect backoff,
+  // which starts at 100 ms and grows 1.6x per failed attempt, with jitter, up to this). gRPC's
+  // own default is 120 s, which would leave a client in fallback for minutes after the server
+  // restarts. Range [1 ms, 1 h]. Ignored by CreateBudgetClientForTesting().
+  absl::Duration max_reconnect_backoff = absl::Seconds(1);
   // Tokens asked for on top of the estimated spend of one refresh period.
   uint64_t lease_burst = 2;
   // Time source; Clock::Real() if null. Not owned.
@@ -177,6 +184,12 @@ class BudgetClient {
   // Creates a client with its own channel to `options.target` and starts the refresher. Does not
   // wait for the server: until a lease arrives, TryAcquire() denies. Returns INVALID_ARGUMENT for
   // bad options (naming the field and value).
+  //
+  // The channel reconnects on its own: a restarted server is noticed within about
+  // `max_reconnect_backoff` (plus one round trip), with no environment variable or channel
+  // argument to set. gRPC's transparent retries are off (the refresher resends a failed Sync
+  // itself, with the same seq), and HTTP/2 keepalive pings detect a connection that went dead
+  // silently while a Sync is in flight.
   static absl::StatusOr<std::unique_ptr<BudgetClient>> Create(ClientOptions options);
 
   virtual ~BudgetClient() = default;

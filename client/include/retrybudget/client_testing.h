@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <memory>
 
+#include <grpcpp/channel.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -56,6 +58,12 @@ class TestingBudgetClient : public BudgetClient {
 absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
     ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
     bool start_refresher_thread = false);
+
+// The channel BudgetClient::Create() makes for `options` (target, channel_credentials or
+// insecure, max_reconnect_backoff, no transparent retries, keepalive), for a caller that wraps
+// the stub (to observe or fault its Syncs) and passes it to CreateBudgetClientForTesting(): the
+// client then reconnects exactly as one made by Create(). INVALID_ARGUMENT for bad options.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateBudgetChannel(const ClientOptions& options);
 
 }  // namespace retrybudget
 
