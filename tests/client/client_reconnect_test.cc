@@ -1,0 +1,269 @@
+// A client made by BudgetClient::Create() (no environment variable, no channel argument of the
+// caller's) against the REAL retry-budget-server process: it returns to leases within seconds of
+// the server being killed (kill -9) and restarted on the same port, keeps its fallback bucket
+// refilling on schedule while its Syncs wait for the server, and a Sync blocked on a hung
+// (SIGSTOPped) server never keeps a lease alive past its TTL. Real processes and wall-clock time:
+// the bounds are behavioural, with generous margins, not speed tests.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "retrybudget/client.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/fleet/subprocess.h"
+
+namespace retrybudget {
+namespace {
+
+using fleet::Subprocess;
+
+constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
+
+// Polls `done` every millisecond until it holds or `timeout` passes; returns whether it held.
+template <typename Predicate>
+bool PollUntil(Predicate done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// The real server on 127.0.0.1, started on port 0 once, then restarted on the same port.
+class ServerProcess {
+ public:
+  ~ServerProcess() { Resume(); }
+
+  // Starts the server on `port` (0: a free one) and waits until it serves. The restart after a
+  // kill -9 is retried while the old socket is still held.
+  void Start(int port) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (true) {
+      const std::string port_file = absl::StrCat(::testing::TempDir(), "/client_reconnect_port_",
+                                                 getpid(), "_", ++starts_);
+      std::remove(port_file.c_str());
+      auto child = Subprocess::Spawn({kServerBinary, absl::StrCat("--listen=127.0.0.1:", port),
+                                      absl::StrCat("--port_file=", port_file),
+                                      "--metrics_listen=", "--log_level=warn"});
+      ASSERT_TRUE(child.ok()) << child.status();
+      child_ = *std::move(child);
+      while (true) {
+        std::ifstream in(port_file);
+        std::string text;
+        if (in && std::getline(in, text)) {
+          ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port_)) << text;
+          std::remove(port_file.c_str());
+          return;
+        }
+        if (child_->Poll().has_value()) break;  // could not serve (port still held): retry
+        ASSERT_LT(absl::Now(), deadline) << "server did not serve on port " << port;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      ASSERT_LT(absl::Now(), deadline) << "server could not bind port " << port;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  void Kill() {
+    child_->Signal(SIGKILL);
+    ASSERT_TRUE(child_->Wait(absl::Now() + absl::Seconds(10)).ok());
+    child_.reset();
+  }
+  void Stop() {
+    child_->Signal(SIGSTOP);
+    stopped_ = true;
+  }
+  void Resume() {
+    if (stopped_ && child_ != nullptr) child_->Signal(SIGCONT);
+    stopped_ = false;
+  }
+
+  int port() const { return port_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  // Sets `tenant`'s policy through the admin API.
+  void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
+    auto admin = v1::BudgetAdminService::NewStub(
+        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    context.set_wait_for_ready(true);
+    v1::PutPolicyRequest request;
+    request.set_tenant(tenant);
+    *request.mutable_policy() = policy;
+    v1::PutPolicyResponse response;
+    const grpc::Status status = admin->PutPolicy(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+ private:
+  std::unique_ptr<Subprocess> child_;
+  int port_ = 0;
+  int starts_ = 0;
+  bool stopped_ = false;
+};
+
+TEST(ClientReconnectTest, ReturnsToLeasesWithinSecondsOfAKillNineAndRestartOnTheSamePort) {
+  ServerProcess server;
+  ASSERT_NO_FATAL_FAILURE(server.Start(0));
+  const int port = server.port();
+  // Short leases, so the client falls back soon after the kill; a SafeShare of 2 tokens and
+  // 20/s, so fallback tokens come every 50 ms (the restarted server has the default policy).
+  v1::BudgetPolicy policy;
+  policy.set_capacity(2);
+  policy.set_refill_per_second(20);
+  policy.set_lease_ttl_ms(500);
+  ASSERT_NO_FATAL_FAILURE(server.PutPolicy("reconnect", policy));
+
+  ClientOptions options;  // the defaults: nothing about reconnecting is set here
+  options.target = server.address();
+  absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TenantBudget* budget = (*client)->Tenant("reconnect").value();
+
+  // One worker spending as fast as it may, recording when it was allowed a retry.
+  std::atomic<bool> stop{false};
+  std::vector<absl::Time> allowed;  // written by the worker, read after join
+  std::thread worker([&] {
+    while (!stop.load()) {
+      if (budget->TryAcquire()) allowed.push_back(absl::Now());
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  });
+
+  ASSERT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
+                        absl::Seconds(10)))
+      << "no first lease";
+  const absl::Time killed = absl::Now();
+  ASSERT_NO_FATAL_FAILURE(server.Kill());
+  ASSERT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kFallback; },
+                        absl::Seconds(5)))
+      << "not in fallback after the kill";
+  const absl::Time fallback_seen = absl::Now();
+  // Stay down long enough for gRPC's reconnect backoff to reach its cap (100 ms x 1.6^n: about
+  // 1.6 s to reach 1 s), the worst case for noticing the restart.
+  std::this_thread::sleep_until(absl::ToChronoTime(killed + absl::Milliseconds(2500)));
+  const uint64_t received_before = budget->Stats().tokens_received;
+
+  const absl::Time restart = absl::Now();
+  ASSERT_NO_FATAL_FAILURE(server.Start(port));
+  const absl::Time serving = absl::Now();
+  const bool back = PollUntil(
+      [&] {
+        const TenantStats stats = budget->Stats();
+        return stats.mode == BudgetMode::kLease && stats.tokens_received > received_before;
+      },
+      absl::Seconds(10));
+  const absl::Time leased = absl::Now();
+  stop = true;
+  worker.join();
+  std::cerr << "[reconnect] restarted server serving after "
+            << absl::FormatDuration(serving - restart) << "; client back on a lease "
+            << absl::FormatDuration(leased - serving) << " after it served\n";
+  ASSERT_TRUE(back) << "client never returned to a lease";
+  // The reconnect backoff is at its 1 s cap (+20% jitter): the worst case is ~1.2 s plus one
+  // round trip, and without a poll of the channel it would be up to gRPC's backup poll (5 s).
+  EXPECT_LT(leased - serving, absl::Milliseconds(2500));
+
+  // While the Syncs waited for the server, the fallback bucket kept refilling on schedule (a
+  // token every 50 ms): never a gap of a Sync deadline (1 s) or more between two retries.
+  absl::Duration longest_gap;
+  absl::Time previous = fallback_seen + absl::Milliseconds(200);
+  int in_fallback = 0;
+  for (const absl::Time t : allowed) {
+    if (t <= previous || t >= restart) continue;
+    longest_gap = std::max(longest_gap, t - previous);
+    previous = t;
+    ++in_fallback;
+  }
+  std::cerr << "[reconnect] " << in_fallback << " fallback retries, longest gap "
+            << absl::FormatDuration(longest_gap) << "\n";
+  EXPECT_GT(in_fallback, 10);
+  EXPECT_LT(longest_gap, absl::Milliseconds(400));
+  EXPECT_TRUE((*client)->Shutdown().ok());
+}
+
+TEST(ClientReconnectTest, ASyncBlockedOnAHungServerNeverKeepsALeasePastItsTtl) {
+  ServerProcess server;
+  ASSERT_NO_FATAL_FAILURE(server.Start(0));
+  constexpr int64_t kTtlMs = 500;
+  v1::BudgetPolicy policy;
+  policy.set_capacity(1000);
+  policy.set_refill_per_second(0);
+  policy.set_lease_ttl_ms(kTtlMs);
+  ASSERT_NO_FATAL_FAILURE(server.PutPolicy("hung", policy));
+
+  ClientOptions options;
+  options.target = server.address();
+  options.lease_burst = 100;                // the lease holds tokens when it ends
+  options.fallback = FallbackMode::kDeny;   // after the lease, every retry must be denied
+  absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TenantBudget* budget = (*client)->Tenant("hung").value();
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const TenantStats stats = budget->Stats();
+        return stats.mode == BudgetMode::kLease && stats.tokens_held >= 50;
+      },
+      absl::Seconds(10)))
+      << "no lease of 50 tokens";
+
+  // Every grant the server sent came from a request sent before it stopped, so every lease
+  // ends by stopped + TTL. The Syncs after that block (the connection is up, nothing answers)
+  // for up to sync_timeout = 1 s: without cutting them short the lease would live on ~0.7 s.
+  server.Stop();
+  const absl::Time stopped = absl::Now();
+  const absl::Time bound = stopped + absl::Milliseconds(kTtlMs) + absl::Milliseconds(100);
+  uint64_t allowed = 0;
+  uint64_t allowed_late = 0;
+  absl::Time last_allowed = absl::InfinitePast();
+  while (absl::Now() < stopped + absl::Milliseconds(1500)) {
+    if (budget->TryAcquire()) {
+      const absl::Time t = absl::Now();
+      ++allowed;
+      last_allowed = t;
+      if (t > bound) ++allowed_late;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const TenantStats stats = budget->Stats();
+  std::cerr << "[hung] " << allowed << " retries allowed, the last "
+            << absl::FormatDuration(last_allowed - stopped) << " after SIGSTOP (TTL "
+            << kTtlMs << "ms)\n";
+  EXPECT_EQ(allowed_late, 0u) << "leased tokens spent after send time + TTL";
+  EXPECT_GT(allowed, 10u);
+  // The lease still held tokens when it ended (so the test could have caught a late end), and
+  // nothing came from anywhere else.
+  EXPECT_GT(stats.tokens_returned, 0u);
+  EXPECT_EQ(stats.retries_allowed, allowed);
+  EXPECT_EQ(stats.fallback_allowed, 0u);
+  EXPECT_NE(stats.mode, BudgetMode::kLease);
+
+  server.Resume();
+  EXPECT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
+                        absl::Seconds(5)))
+      << "no lease after SIGCONT";
+  EXPECT_TRUE((*client)->Shutdown().ok());
+}
+
+}  // namespace
+}  // namespace retrybudget
