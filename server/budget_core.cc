@@ -423,6 +423,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
 
   // Phase 2: apply each tenant under its own lock, and grant.
   v1::SyncResponse response;
+  std::vector<std::string> fallback_reports;  // logged once no tenant lock is held
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& sent = request.tenants(i);
     v1::TenantGrant* out = response.add_tenants();
@@ -471,7 +472,14 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
       tb.totals.reclaimed += reclaimed;
       // Fallback spending took no token from this bucket; it is counted, not debited (the
       // fallback allowance is the documented exception to the bound, DESIGN.md).
-      tb.totals.fallback_retries += sent.fallback_spent() - rec.fallback_spent;
+      const uint64_t d_fallback = sent.fallback_spent() - rec.fallback_spent;
+      tb.totals.fallback_retries += d_fallback;
+      if (d_fallback > 0 && options_.log) {
+        fallback_reports.push_back(absl::StrFormat(
+            "tenant %s: instance %s reports %d retries allowed by its local fallback bucket "
+            "while it could not reach a server",
+            QuoteForError(sent.tenant()), QuoteForError(request.instance_id()), d_fallback));
+      }
     }
     // Baseline or not, the record now holds the client's totals.
     rec.successes = sent.successes();
@@ -526,6 +534,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
   instance->last_fingerprint = fingerprint;
   instance->last_response = response;
   if (request.final()) ForgetInstance(request.instance_id());
+  for (const std::string& line : fallback_reports) options_.log(line);
   return response;
 }
 

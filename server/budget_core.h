@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,9 @@ struct CoreOptions {
   // With a store, no token is granted beyond a limit the store has on disk, so a crash cannot
   // create tokens (DESIGN.md "Persistence").
   DurableStore* store = nullptr;
+  // Receives one line per significant event (a client reporting fallback spending), never one
+  // per ordinary request. Called with no tenant lock held; must be thread-safe. Null: silent.
+  std::function<void(absl::string_view)> log = nullptr;
 };
 
 // Totals of one budget since it was created (for GetBudget and metrics).

@@ -312,18 +312,21 @@ int Run(ServerConfig config) {
   core_options.policy = config.policy;
   core_options.clock = Clock::Real();
   core_options.store = store.get();
+  core_options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
   absl::StatusOr<std::unique_ptr<BudgetCore>> core = BudgetCore::Create(std::move(core_options));
   if (!core.ok()) {
     spdlog::error("invalid policy ({}): {}", config.policy_source, std::string(core.status().message()));
     return kExitBadConfig;
   }
   config.server.service.core = core->get();
+  config.server.service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 
   // Recovery happens before the port is opened: no RPC sees the state half restored.
   std::unique_ptr<Snapshotter> snapshotter;
   if (store != nullptr) {
     absl::StatusOr<std::unique_ptr<Snapshotter>> started =
-        Snapshotter::Start(core->get(), store.get(), config.snapshot_interval);
+        Snapshotter::Start(core->get(), store.get(), config.snapshot_interval,
+                           [](absl::string_view line) { spdlog::warn("{}", std::string(line)); });
     if (!started.ok()) {
       if (absl::IsDataLoss(started.status())) {
         spdlog::error("--data_dir={} is damaged, refusing to start on it: {}. Move the named "

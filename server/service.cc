@@ -5,7 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/alarm.h"
+#include "retrybudget/names.h"
 
 namespace retrybudget {
 namespace {
@@ -212,6 +215,13 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServer
   const absl::string_view tenant = request->tenant();
   if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
   absl::StatusOr<v1::BudgetStatus> result = options_.core->PutPolicy(tenant, request->policy());
+  if (result.ok() && options_.log) {
+    const v1::BudgetPolicy& p = result->policy();
+    options_.log(absl::StrFormat(
+        "admin: tenant %s policy set: capacity %g, refill %g/s, credit %g, lease %d ms; level %g",
+        QuoteForError(tenant), p.capacity(), p.refill_per_second(), p.success_credit(),
+        p.lease_ttl_ms(), result->tokens()));
+  }
   if (result.ok()) *response->mutable_budget() = *std::move(result);
   return call.Finish(result.status());
 }
@@ -222,7 +232,11 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::DeleteBudget(
   Call call(options_, context, Rpc::kDeleteBudget);
   const absl::string_view tenant = request->tenant();
   if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  return call.Finish(options_.core->DeleteBudget(tenant));
+  absl::Status deleted = options_.core->DeleteBudget(tenant);
+  if (deleted.ok() && options_.log) {
+    options_.log(absl::StrCat("admin: tenant ", QuoteForError(tenant), " budget deleted"));
+  }
+  return call.Finish(deleted);
 }
 
 }  // namespace retrybudget

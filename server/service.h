@@ -15,6 +15,8 @@
 #ifndef RETRYBUDGET_SERVER_SERVICE_H_
 #define RETRYBUDGET_SERVER_SERVICE_H_
 
+#include <functional>
+
 #include "absl/strings/string_view.h"
 
 #include <condition_variable>
@@ -92,6 +94,9 @@ class InFlightRpcs {
 struct ServiceOptions {
   // The budgets. Required; not owned; must outlive the services.
   BudgetCore* core = nullptr;
+  // Receives one line per policy change made through BudgetAdminService (never one per Sync).
+  // Must be thread-safe. Null: silent.
+  std::function<void(absl::string_view)> log = nullptr;
   // AllowAll() if null. Not owned.
   RequestAuthorizer* authorizer = nullptr;
   // NoOp() if null. Not owned.

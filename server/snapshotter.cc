@@ -1,22 +1,27 @@
 #include "server/snapshotter.h"
 
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
 namespace retrybudget {
 
-absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Start(BudgetCore* core,
-                                                                DurableStore* store,
-                                                                absl::Duration interval) {
+absl::StatusOr<std::unique_ptr<Snapshotter>> Snapshotter::Start(
+    BudgetCore* core, DurableStore* store, absl::Duration interval,
+    std::function<void(absl::string_view)> log) {
   auto recovered = store->Load();
   if (!recovered.ok()) return recovered.status();
   if (auto s = core->Restore(*recovered); !s.ok()) return s;
-  std::unique_ptr<Snapshotter> s(new Snapshotter(core, store, interval));
+  std::unique_ptr<Snapshotter> s(new Snapshotter(core, store, interval, std::move(log)));
   // From here on the state on disk is "running": a crash is recovered as one.
   if (auto st = s->SnapshotNow(/*clean=*/false); !st.ok()) return st;
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
   return s;
 }
 
-Snapshotter::Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration interval)
-    : core_(core), store_(store), interval_(interval) {}
+Snapshotter::Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration interval,
+                         std::function<void(absl::string_view)> log)
+    : core_(core), store_(store), interval_(interval), log_(std::move(log)) {}
 
 Snapshotter::~Snapshotter() { (void)Stop(); }
 
@@ -32,6 +37,10 @@ absl::Status Snapshotter::SnapshotNow(bool clean) {
     v1::ServerState state = core_->ExportState(clean);
     state.set_journal_start(*journal);
     status = store_->WriteSnapshot(state);
+  }
+  if (log_ && !status.ok()) {
+    log_(absl::StrCat("snapshot to ", store_->dir(), " failed (the next one is tried in ",
+                      absl::FormatDuration(interval_), "): ", status.ToString()));
   }
   MutexLock lock(&mu_);
   (status.ok() ? written_ : failed_) += 1;

@@ -11,6 +11,7 @@
 #define RETRYBUDGET_SERVER_SNAPSHOTTER_H_
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -30,8 +31,10 @@ class Snapshotter {
   // Loads `store` into `core` (which must not serve yet), writes a first snapshot (so a crash
   // from now on is recovered as a crash) and starts snapshotting every `interval`. Returns the
   // store's DATA_LOSS for damaged files: the server must not start on them.
-  static absl::StatusOr<std::unique_ptr<Snapshotter>> Start(BudgetCore* core, DurableStore* store,
-                                                            absl::Duration interval);
+  // `log` receives one line per failed snapshot (null: silent).
+  static absl::StatusOr<std::unique_ptr<Snapshotter>> Start(
+      BudgetCore* core, DurableStore* store, absl::Duration interval,
+      std::function<void(absl::string_view)> log = nullptr);
   ~Snapshotter();
 
   // Writes a snapshot now. `clean` only when no Sync can run any more.
@@ -45,12 +48,14 @@ class Snapshotter {
   uint64_t failed();
 
  private:
-  Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration interval);
+  Snapshotter(BudgetCore* core, DurableStore* store, absl::Duration interval,
+              std::function<void(absl::string_view)> log);
   void Loop();
 
   BudgetCore* const core_;
   DurableStore* const store_;
   const absl::Duration interval_;
+  const std::function<void(absl::string_view)> log_;
   Mutex snapshot_mu_;  // one snapshot at a time
   Mutex mu_;
   std::condition_variable_any wake_;
