@@ -54,10 +54,6 @@ ABSL_FLAG(absl::Duration, worker_grace, absl::Seconds(30),
 // Hidden: the worker side of the tool.
 ABSL_FLAG(bool, worker, false, "internal: run as one worker process");
 ABSL_FLAG(int32_t, worker_index, 0, "internal: index of this worker");
-ABSL_FLAG(absl::Duration, reconnect_backoff_max, absl::ZeroDuration(),
-          "cap of the clients' gRPC reconnect backoff; 0 keeps gRPC's default (up to 120s)");
-ABSL_FLAG(absl::Duration, client_backup_poll, absl::ZeroDuration(),
-          "gRPC backup poll interval in the workers; 0 keeps gRPC's default (5s)");
 ABSL_FLAG(absl::Duration, monitor_period, absl::Milliseconds(5),
           "how often each worker polls its client's mode (fallback or lease)");
 
@@ -188,15 +184,6 @@ Chaos (the tool starts, kills, hangs and restarts the real server itself; --serv
 
 Client tuning:
   --refresh-period=DURATION  --lease-burst=N   (0: library defaults)
-  --reconnect-backoff-max=DURATION
-                             cap the clients' gRPC reconnect backoff (default 0: the channel
-                             BudgetClient::Create() makes, whose backoff grows to 120s, so a
-                             restarted server may be noticed many seconds late)
-  --client-backup-poll=DURATION
-                             run gRPC's backup poller this often in the workers (default 0:
-                             gRPC's 5s). The client's blocking Sync does not complete a
-                             reconnection's handshake by itself, so after a restart clients stay
-                             in fallback until the backup poller runs
   --monitor-period=DURATION  how often each worker polls its client's mode (default 5ms)
   --sample-level=DURATION    sample the bucket level this often during the run, for the
                              report's server.level_mean/level_max (default 100ms; 0: never)
@@ -258,8 +245,6 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   if (given("stop_server_after")) o.chaos.stop_after = absl::GetFlag(FLAGS_stop_server_after);
   if (given("resume_after")) o.chaos.resume_after = absl::GetFlag(FLAGS_resume_after);
   o.monitor_period = absl::GetFlag(FLAGS_monitor_period);
-  o.reconnect_backoff_max = absl::GetFlag(FLAGS_reconnect_backoff_max);
-  o.client_backup_poll = absl::GetFlag(FLAGS_client_backup_poll);
   o.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   o.lease_burst = absl::GetFlag(FLAGS_lease_burst);
   o.worker_grace = absl::GetFlag(FLAGS_worker_grace);
@@ -285,8 +270,6 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   w.call.backoff_initial = absl::GetFlag(FLAGS_backoff_initial);
   w.call.backoff_max = absl::GetFlag(FLAGS_backoff_max);
   w.monitor_period = absl::GetFlag(FLAGS_monitor_period);
-  w.reconnect_backoff_max = absl::GetFlag(FLAGS_reconnect_backoff_max);
-  w.client_backup_poll = absl::GetFlag(FLAGS_client_backup_poll);
   w.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   w.lease_burst = absl::GetFlag(FLAGS_lease_burst);
   return w;

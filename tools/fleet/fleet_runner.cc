@@ -134,8 +134,6 @@ std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std:
       absl::StrCat("--backoff-initial=", absl::FormatDuration(o.call.backoff_initial)),
       absl::StrCat("--backoff-max=", absl::FormatDuration(o.call.backoff_max)),
       absl::StrCat("--monitor-period=", absl::FormatDuration(o.monitor_period)),
-      absl::StrCat("--reconnect-backoff-max=", absl::FormatDuration(o.reconnect_backoff_max)),
-      absl::StrCat("--client-backup-poll=", absl::FormatDuration(o.client_backup_poll)),
       absl::StrCat("--refresh-period=", absl::FormatDuration(o.refresh_period)),
       absl::StrCat("--lease-burst=", o.lease_burst),
   };

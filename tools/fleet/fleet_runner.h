@@ -61,10 +61,6 @@ struct FleetOptions {
   // Client tuning passed to every worker (zero: library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;
-  // Passed to every worker (WorkerOptions::reconnect_backoff_max; zero: gRPC's default).
-  absl::Duration reconnect_backoff_max = absl::ZeroDuration();
-  // Passed to every worker (WorkerOptions::client_backup_poll; zero: gRPC's default).
-  absl::Duration client_backup_poll = absl::ZeroDuration();
   // How often each worker polls its client's mode (FallbackMonitor).
   absl::Duration monitor_period = absl::Milliseconds(5);
 

@@ -1,6 +1,5 @@
 #include "tools/fleet/worker.h"
 
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,14 +46,6 @@ struct ThreadExtras {
 }  // namespace
 
 absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
-  if (options.client_backup_poll > absl::ZeroDuration()) {
-    // Read by gRPC when it initialises, i.e. at the first channel below.
-    setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS",
-           absl::StrCat(std::max<int64_t>(1, absl::ToInt64Milliseconds(
-                                                 options.client_backup_poll)))
-               .c_str(),
-           /*overwrite=*/1);
-  }
   std::unique_ptr<BudgetClient> client;
   SyncObservingStub* observer = nullptr;  // owned by the client
   TenantBudget* budget = nullptr;
@@ -67,19 +58,12 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
       client_options.refresh_period = options.refresh_period;
     }
     if (options.lease_burst > 0) client_options.lease_burst = options.lease_burst;
-    // The channel BudgetClient::Create() would make (insecure: the fleet runs on loopback),
-    // with a shorter reconnect backoff when asked.
-    grpc::ChannelArguments args;
-    if (options.reconnect_backoff_max > absl::ZeroDuration()) {
-      const int max_ms = static_cast<int>(
-          std::clamp<int64_t>(absl::ToInt64Milliseconds(options.reconnect_backoff_max), 1,
-                              3'600'000));
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(max_ms, 100));
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
-    }
+    // The channel BudgetClient::Create() makes (insecure: the fleet runs on loopback), so the
+    // worker reconnects after a server restart exactly as a library user's client does.
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateBudgetChannel(client_options);
+    if (!channel.ok()) return channel.status();
     auto observing = std::make_unique<SyncObservingStub>(
-        v1::RetryBudgetService::NewStub(grpc::CreateCustomChannel(
-            options.target, grpc::InsecureChannelCredentials(), args)));
+        v1::RetryBudgetService::NewStub(*std::move(channel)));
     observer = observing.get();
     absl::StatusOr<std::unique_ptr<TestingBudgetClient>> created = CreateBudgetClientForTesting(
         std::move(client_options), std::move(observing), /*start_refresher_thread=*/true);

@@ -30,16 +30,6 @@ struct WorkerOptions {
   // Client tuning passed through to ClientOptions (zero keeps the library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;
-  // When > 0, the client's channel reconnects at most this long after a failed connection
-  // attempt (gRPC's reconnect backoff, default up to 120 s: a restarted server may otherwise be
-  // noticed only many seconds later). Zero: the channel BudgetClient::Create() makes.
-  absl::Duration reconnect_backoff_max = absl::ZeroDuration();
-  // When > 0, gRPC's backup poller runs this often in the worker process
-  // (GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS, default 5 s). The client's blocking Sync does
-  // not drive a reconnection's HTTP/2 handshake by itself: after a server restart the TCP
-  // connection is up but unread until the backup poller runs, so the client stays in fallback
-  // for seconds. Zero: gRPC's default.
-  absl::Duration client_backup_poll = absl::ZeroDuration();
   // How often the FallbackMonitor polls the client's mode (budgeted strategies).
   absl::Duration monitor_period = absl::Milliseconds(5);
   // Width of one slice of the calls/retries timelines.
