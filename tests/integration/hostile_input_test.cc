@@ -94,7 +94,9 @@ class HostileRequestTest : public ::testing::TestWithParam<HostileRequest> {
     base_response_ = new v1::SyncResponse(r);
   }
   static void TearDownTestSuite() {
-    if (server_ != nullptr) EXPECT_EQ(server_->Stop(SIGTERM), 0) << server_->Output();
+    if (server_ != nullptr) {
+      EXPECT_EQ(server_->Stop(SIGTERM), 0) << server_->Output();
+    }
     delete server_;
     delete base_response_;
     delete dir_;

@@ -57,7 +57,8 @@ struct Pki {
 const Pki& TestPki() {
   static Pki* const pki = [] {
     static ScopedTempDir* const dir = new ScopedTempDir();
-    auto* p = new Pki{.dir = dir->path()};
+    auto* p = new Pki();
+    p->dir = dir->path();
     const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     const std::string ca = absl::StrCat(
         "openssl req -x509 ", key, " -days 2 -keyout NAME.key -out NAME.pem -subj /CN=NAME "
@@ -344,7 +345,9 @@ TEST_P(BearerCredentialsTest, IsRefusedAsSpecifiedAndARefusalChangesNothing) {
   EXPECT_EQ(status.error_code(), GetParam().code) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr(GetParam().message));
   EXPECT_THAT(status.error_message(), Not(HasSubstr("secret-token")));
-  if (!status.ok()) EXPECT_EQ(Everything(), before) << "a refused call changed state";
+  if (!status.ok()) {
+    EXPECT_EQ(Everything(), before) << "a refused call changed state";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
