@@ -288,23 +288,6 @@ std::string ToJson(const RunResult& r) {
       Num(r.drain_seconds), absl::StrJoin(retries_per_s, ","));
 }
 
-absl::StatusOr<Child> StartBudgetServer(const std::string& dir, int* port) {
-  const std::string port_file = dir + "/port";
-  std::remove(port_file.c_str());
-  // The server's built-in default policy: capacity 100, refill 1/s, success credit 0.1.
-  absl::StatusOr<Child> child =
-      Child::Spawn({absl::GetFlag(FLAGS_server_bin), "--listen=127.0.0.1:0",
-                    absl::StrCat("--port_file=", port_file)});
-  if (!child.ok()) return child.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    if (in >> *port && *port > 0) return child;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::UnavailableError("retry-budget-server did not write its port file");
-}
-
 void WriteDataFiles(const std::string& dir, const std::map<std::string, RunResult>& runs) {
   const double bucket_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_bucket));
   const double outage_s = absl::ToDoubleSeconds(absl::GetFlag(FLAGS_outage_start));
@@ -337,7 +320,8 @@ int RunDriver() {
   const std::string dir = absl::StrCat("/tmp/retrybudget-bench-amp-", getpid());
   mkdir(dir.c_str(), 0755);
   int port = 0;
-  absl::StatusOr<Child> server = StartBudgetServer(dir, &port);
+  absl::StatusOr<Child> server = StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir,
+                                                  /*policy=*/"", &port);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", std::string(server.status().message()).c_str());
     return 1;

@@ -59,6 +59,17 @@ class Child {
   std::string buffer_;
 };
 
+// A policy file line that never runs dry: grants are the common case, for load benchmarks.
+inline constexpr char kUnlimitedPolicy[] =
+    "default_policy { capacity: 1e9 refill_per_second: 1e9 success_credit: 0.1 "
+    "lease_ttl_ms: 5000 }\n";
+
+// Starts the retry-budget-server binary `server_bin` on 127.0.0.1:0 with its port file (and,
+// when `policy` is not empty, a policy file with that content) in `dir`, and waits up to 10 s
+// for the port. UNAVAILABLE when it does not come up.
+absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std::string& dir,
+                                        const std::string& policy, int* port);
+
 // Resident set size of process `pid` (0: this process) in bytes, from /proc/PID/statm; -1 on
 // error.
 int64_t RssBytes(pid_t pid = 0);

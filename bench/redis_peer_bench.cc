@@ -197,25 +197,6 @@ class CountingStub final : public v1::MockRetryBudgetServiceStub {
   std::atomic<uint64_t>* syncs_;
 };
 
-absl::StatusOr<Child> StartBudgetServer(const std::string& dir, int* port) {
-  const std::string policy = dir + "/policy.txtpb";
-  const std::string port_file = dir + "/port";
-  std::ofstream(policy) << "default_policy { capacity: 1e9 refill_per_second: 1e9 "
-                           "success_credit: 0.1 lease_ttl_ms: 5000 }\n";
-  std::remove(port_file.c_str());
-  absl::StatusOr<Child> child =
-      Child::Spawn({absl::GetFlag(FLAGS_server_bin), "--listen=127.0.0.1:0",
-                    absl::StrCat("--policy=", policy), absl::StrCat("--port_file=", port_file)});
-  if (!child.ok()) return child.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    if (in >> *port && *port > 0) return child;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::UnavailableError("retry-budget-server did not write its port file");
-}
-
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "redis_peer: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -249,7 +230,8 @@ int Main() {
   }
 
   int budget_port = 0;
-  absl::StatusOr<Child> budget_server = StartBudgetServer(dir, &budget_port);
+  absl::StatusOr<Child> budget_server =
+      StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, kUnlimitedPolicy, &budget_port);
   if (!budget_server.ok()) return Fail(budget_server.status());
   const std::string target = absl::StrCat("127.0.0.1:", budget_port);
   std::atomic<uint64_t> syncs{0};

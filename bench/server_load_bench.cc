@@ -405,26 +405,11 @@ std::string ToJson(const RunResult& r) {
 }
 
 // The real server binary on port 0 with a policy that never runs dry (grants are the common
-// case), its port read from --port_file.
-absl::StatusOr<Child> StartBudgetServer(int* port) {
+// case).
+absl::StatusOr<Child> StartLoadServer(int* port) {
   const std::string dir = absl::StrCat("/tmp/retrybudget-bench-load-", getpid());
   mkdir(dir.c_str(), 0755);
-  const std::string policy = dir + "/policy.txtpb";
-  const std::string port_file = dir + "/port";
-  std::ofstream(policy) << "default_policy { capacity: 1e9 refill_per_second: 1e9 "
-                           "success_credit: 0.1 lease_ttl_ms: 5000 }\n";
-  std::remove(port_file.c_str());
-  absl::StatusOr<Child> child =
-      Child::Spawn({absl::GetFlag(FLAGS_server_bin), "--listen=127.0.0.1:0",
-                    absl::StrCat("--policy=", policy), absl::StrCat("--port_file=", port_file)});
-  if (!child.ok()) return child.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    if (in >> *port && *port > 0) return child;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::UnavailableError("retry-budget-server did not write its port file");
+  return StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, kUnlimitedPolicy, port);
 }
 
 int Main() {
@@ -433,7 +418,7 @@ int Main() {
   for (int i = 0; i < pool; ++i) names.push_back(TenantName(i));
 
   int budget_port = 0;
-  absl::StatusOr<Child> budget = StartBudgetServer(&budget_port);
+  absl::StatusOr<Child> budget = StartLoadServer(&budget_port);
   if (!budget.ok()) {
     std::fprintf(stderr, "%s\n", std::string(budget.status().message()).c_str());
     return 1;
