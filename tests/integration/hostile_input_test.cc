@@ -27,6 +27,22 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr int64_t kMaxRssGrowth = 100 << 20;  // 100 MiB; README "Running the server"
+
+// Under AddressSanitizer the server binary (built with the same flags) keeps freed memory in
+// quarantine and adds redzones and shadow memory, so its resident set says nothing about the
+// server's own footprint: the bound is checked in the plain build (make test), and the
+// sanitizer build checks only the behaviour.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssIsMeaningful = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
 constexpr int kMaxMessageBytes = 64 << 10;
 
 // What an observer can see of the server: the budget of "t" and how many budgets exist.
@@ -311,7 +327,9 @@ TEST(FloodTest, FiftyThousandTenantNamesStopAtTheTenantLimit) {
   const int64_t growth = server->ResidentBytes() - rss_before;
   RecordProperty("rss_growth_bytes", std::to_string(growth));
   std::cout << "tenant flood: VmRSS grew by " << growth / 1024 << " KiB\n";
-  EXPECT_LT(growth, kMaxRssGrowth);
+  if (kRssIsMeaningful) {
+    EXPECT_LT(growth, kMaxRssGrowth);
+  }
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
@@ -354,7 +372,9 @@ TEST(FloodTest, InstanceIdsTwentyTimesTheLimitAreEvictedWithoutCredit) {
   const int64_t growth = server->ResidentBytes() - rss_before;
   RecordProperty("rss_growth_bytes", std::to_string(growth));
   std::cout << "instance flood: VmRSS grew by " << growth / 1024 << " KiB\n";
-  EXPECT_LT(growth, kMaxRssGrowth);
+  if (kRssIsMeaningful) {
+    EXPECT_LT(growth, kMaxRssGrowth);
+  }
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
