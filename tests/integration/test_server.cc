@@ -1,19 +1,10 @@
 #include "tests/integration/test_server.h"
 
-#include <chrono>
 #include <utility>
 
 #include "gtest/gtest.h"
 
 namespace retrybudget::testing {
-namespace {
-
-void SetDeadline(grpc::ClientContext& context) {
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-}
-
-}  // namespace
-
 std::unique_ptr<TestServer> TestServer::Start(TestServerOptions options) {
   std::unique_ptr<TestServer> t(new TestServer());
   auto core = BudgetCore::Create({.policy = std::move(options.policy),
@@ -35,11 +26,8 @@ std::unique_ptr<TestServer> TestServer::Start(TestServerOptions options) {
     return nullptr;
   }
   t->server_ = *std::move(server);
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(-1);  // let oversize requests reach the server's limit
-  t->channel_ = grpc::CreateCustomChannel(t->address(), grpc::InsecureChannelCredentials(), args);
-  t->budget_stub_ = v1::RetryBudgetService::NewStub(t->channel_);
-  t->admin_stub_ = v1::BudgetAdminService::NewStub(t->channel_);
+  t->connection_ =
+      ServerConnection::Create(t->address(), grpc::InsecureChannelCredentials());
   return t;
 }
 
@@ -48,49 +36,25 @@ TestServer::~TestServer() {
 }
 
 grpc::Status TestServer::Sync(const v1::SyncRequest& request, v1::SyncResponse* response) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return budget_stub_->Sync(&context, request, response);
+  return connection_.Sync(request, response);
 }
 
 grpc::Status TestServer::GetBudget(absl::string_view tenant, v1::BudgetStatus* budget) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  v1::GetBudgetRequest request;
-  request.set_tenant(std::string(tenant));
-  v1::GetBudgetResponse response;
-  grpc::Status status = admin_stub_->GetBudget(&context, request, &response);
-  *budget = response.budget();
-  return status;
+  return connection_.GetBudget(tenant, budget);
 }
 
 grpc::Status TestServer::ListBudgets(const v1::ListBudgetsRequest& request,
                                      v1::ListBudgetsResponse* response) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  return admin_stub_->ListBudgets(&context, request, response);
+  return connection_.ListBudgets(response, request);
 }
 
 grpc::Status TestServer::PutPolicy(absl::string_view tenant, const v1::BudgetPolicy& policy,
                                    v1::BudgetStatus* budget) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  v1::PutPolicyRequest request;
-  request.set_tenant(std::string(tenant));
-  *request.mutable_policy() = policy;
-  v1::PutPolicyResponse response;
-  grpc::Status status = admin_stub_->PutPolicy(&context, request, &response);
-  *budget = response.budget();
-  return status;
+  return connection_.PutPolicy(tenant, policy, budget);
 }
 
 grpc::Status TestServer::DeleteBudget(absl::string_view tenant) {
-  grpc::ClientContext context;
-  SetDeadline(context);
-  v1::DeleteBudgetRequest request;
-  request.set_tenant(std::string(tenant));
-  v1::DeleteBudgetResponse response;
-  return admin_stub_->DeleteBudget(&context, request, &response);
+  return connection_.DeleteBudget(tenant);
 }
 
 }  // namespace retrybudget::testing

@@ -13,6 +13,7 @@
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "server/budget_core.h"
 #include "server/budget_server.h"
+#include "tests/integration/server_connection.h"
 
 namespace retrybudget::testing {
 
@@ -48,7 +49,7 @@ class TestServer {
   BudgetServer& server() { return *server_; }
   // "127.0.0.1:<port>".
   const std::string& address() const { return server_->address(); }
-  v1::RetryBudgetService::Stub& budget_stub() { return *budget_stub_; }
+  v1::RetryBudgetService::Stub& budget_stub() { return *connection_.budget; }
 
  private:
   TestServer() = default;
@@ -56,9 +57,7 @@ class TestServer {
   FakeClock clock_;
   std::unique_ptr<BudgetCore> core_;
   std::unique_ptr<BudgetServer> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::RetryBudgetService::Stub> budget_stub_;
-  std::unique_ptr<v1::BudgetAdminService::Stub> admin_stub_;
+  ServerConnection connection_;  // plaintext, no token, 10 s deadline
 };
 
 // Parses a message from protobuf text format; aborts on a typo in the test.
