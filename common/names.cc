@@ -24,6 +24,14 @@ std::string QuoteForError(absl::string_view value) {
   return absl::StrCat("\"", shown, value.size() > kMax ? "...\"" : "\"");
 }
 
+bool IsValidTenantName(absl::string_view tenant) {
+  if (tenant.empty() || tenant.size() > kMaxTenantNameLength) return false;
+  for (char c : tenant) {
+    if (!IsTenantChar(c)) return false;
+  }
+  return true;
+}
+
 absl::Status ValidateTenantName(absl::string_view tenant, absl::string_view field) {
   if (tenant.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " is empty; a tenant name has 1-",

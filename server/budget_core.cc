@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,17 +38,22 @@ struct BudgetCore::Tenant {
   TokenBucket bucket ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL, with the want they last sent. `want_sum` is
   // their sum, kept incrementally; stale entries are swept at most every 100 ms.
-  absl::flat_hash_map<std::string, Active> active ABSL_GUARDED_BY(mu);
+  // Keyed by the Instance's address, never dereferenced: a pointer hashes and compares without
+  // touching the id's characters (this map is probed on every Sync of every tenant entry). An
+  // instance forgotten by eviction whose address is reused by a new one only hands its entry
+  // over early; the entry would have expired within the TTL anyway.
+  absl::flat_hash_map<const Instance*, Active> active ABSL_GUARDED_BY(mu);
   uint64_t want_sum ABSL_GUARDED_BY(mu) = 0;
   absl::Time last_sweep ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
   uint64_t grant_limit ABSL_GUARDED_BY(mu) = 0;
-  // Set when DeleteBudget removed it from the map; a request holding it looks it up again.
-  bool deleted ABSL_GUARDED_BY(mu) = false;
+  // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
+  // again. Atomic so that a cached pointer can be checked before taking `mu`.
+  std::atomic<bool> deleted{false};
 
-  void SetActive(const std::string& instance, uint64_t want, absl::Time now)
+  void SetActive(const Instance* instance, uint64_t want, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Active& a = active[instance];
     want_sum = want_sum - a.want + want;
@@ -55,7 +61,7 @@ struct BudgetCore::Tenant {
     a.last_seen = now;
   }
 
-  void RemoveActive(const std::string& instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void RemoveActive(const Instance* instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = active.find(instance);
     if (it == active.end()) return;
     want_sum -= it->second.want;
@@ -112,6 +118,27 @@ struct BudgetCore::InstanceTenant {
   uint64_t tokens_received = 0;
   uint64_t fallback_spent = 0;
   uint64_t granted_total = 0;
+  // The budget this instance used for the tenant last time, so the next Sync neither looks the
+  // name up nor takes the lock of the tenant map. Dropped when that budget was deleted.
+  std::shared_ptr<Tenant> tenant;
+};
+
+// One entry of the response last sent to an instance, kept so that a retried request gets the
+// very same answer. Plain fields rather than a copy of the proto: the records of a steady
+// instance are overwritten in place, so keeping them allocates nothing.
+struct BudgetCore::GrantRecord {
+  std::string tenant;
+  uint64_t granted = 0;
+  int64_t lease_ttl_ms = 0;
+  int64_t next_sync_ms = 0;
+  double safe_capacity = 0;
+  double safe_refill_per_second = 0;
+  double bucket_tokens = 0;
+  double capacity = 0;
+  uint32_t active_instances = 0;
+  // Non-zero when the entry was refused on its own (google.rpc.Code), with its message.
+  int32_t error_code = 0;
+  std::string error_message;
 };
 
 struct BudgetCore::Instance {
@@ -124,7 +151,8 @@ struct BudgetCore::Instance {
   bool complete_history ABSL_GUARDED_BY(mu) = false;
   uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
   size_t last_fingerprint ABSL_GUARDED_BY(mu) = 0;
-  v1::SyncResponse last_response ABSL_GUARDED_BY(mu);
+  // The response to last_seq, one record per tenant entry.
+  std::vector<GrantRecord> last_grants ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, InstanceTenant> tenants ABSL_GUARDED_BY(mu);
 };
 
@@ -163,6 +191,30 @@ uint64_t GrantFor(uint64_t want, uint64_t want_sum, double level) {
                                   static_cast<double>(std::max(want_sum, want)));
   const uint64_t cap = std::min(want, available);
   return std::clamp<uint64_t>(static_cast<uint64_t>(share), 1, cap);
+}
+
+constexpr char kDeletedMeanwhile[] = "tenant was deleted while this request ran";
+
+// Whether the strings in `tenants` are pairwise distinct; -1 if so, else the index of the first
+// repeated one. A scan for the few entries of a typical request, a set beyond.
+template <typename Entries>
+int FirstRepeatedTenant(const Entries& tenants) {
+  constexpr int kScanUpTo = 16;
+  const int n = tenants.size();
+  if (n <= kScanUpTo) {
+    for (int i = 1; i < n; ++i) {
+      for (int j = 0; j < i; ++j) {
+        if (tenants[i].tenant() == tenants[j].tenant()) return i;
+      }
+    }
+    return -1;
+  }
+  absl::flat_hash_set<absl::string_view> seen;
+  seen.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    if (!seen.insert(tenants[i].tenant()).second) return i;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -251,17 +303,11 @@ absl::Status BudgetCore::ValidateRequest(const v1::SyncRequest& request) const {
         "tenants has %d entries; at most %d are allowed in one request", request.tenants_size(),
         options_.max_tenants_per_request));
   }
-  absl::flat_hash_set<absl::string_view> seen;
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
-    if (auto s = ValidateTenantName(t.tenant(), absl::StrCat("tenants[", i, "].tenant"));
-        !s.ok()) {
-      return s;
-    }
-    if (!seen.insert(t.tenant()).second) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].tenant %s appears more than once in the request", i,
-          QuoteForError(t.tenant())));
+    // The field name is only formatted for the error.
+    if (!IsValidTenantName(t.tenant())) {
+      return ValidateTenantName(t.tenant(), absl::StrCat("tenants[", i, "].tenant"));
     }
     if (t.want() > options_.max_want) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -283,6 +329,11 @@ absl::Status BudgetCore::ValidateRequest(const v1::SyncRequest& request) const {
           "exceed tokens_received (%d)",
           i, QuoteForError(t.tenant()), lease_spent, t.tokens_returned(), t.tokens_received()));
     }
+  }
+  if (const int i = FirstRepeatedTenant(request.tenants()); i >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("tenants[%d].tenant %s appears more than once in the request", i,
+                        QuoteForError(request.tenants(i).tenant())));
   }
   return absl::OkStatus();
 }
@@ -375,6 +426,52 @@ void BudgetCore::ForgetInstance(absl::string_view id) {
 }
 
 absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request) {
+  v1::SyncResponse response;
+  if (absl::Status s = Sync(request, &response); !s.ok()) return s;
+  return response;
+}
+
+void BudgetCore::WriteResponse(absl::Span<const GrantRecord> records,
+                               v1::SyncResponse* response) {
+  response->mutable_tenants()->Reserve(static_cast<int>(records.size()));
+  for (const GrantRecord& r : records) {
+    v1::TenantGrant* out = response->add_tenants();
+    out->set_tenant(r.tenant);
+    if (r.error_code != 0) {
+      out->mutable_error()->set_code(r.error_code);
+      out->mutable_error()->set_message(r.error_message);
+      continue;
+    }
+    out->set_granted(r.granted);
+    out->set_lease_ttl_ms(r.lease_ttl_ms);
+    out->set_next_sync_ms(r.next_sync_ms);
+    out->mutable_safe_share()->set_capacity(r.safe_capacity);
+    out->mutable_safe_share()->set_refill_per_second(r.safe_refill_per_second);
+    out->set_bucket_tokens(r.bucket_tokens);
+    out->set_capacity(r.capacity);
+    out->set_active_instances(r.active_instances);
+  }
+}
+
+void BudgetCore::ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* records) {
+  records->clear();
+  for (const v1::TenantGrant& g : response.tenants()) {
+    GrantRecord& r = records->emplace_back();
+    r.tenant = g.tenant();
+    r.granted = g.granted();
+    r.lease_ttl_ms = g.lease_ttl_ms();
+    r.next_sync_ms = g.next_sync_ms();
+    r.safe_capacity = g.safe_share().capacity();
+    r.safe_refill_per_second = g.safe_share().refill_per_second();
+    r.bucket_tokens = g.bucket_tokens();
+    r.capacity = g.capacity();
+    r.active_instances = g.active_instances();
+    r.error_code = g.error().code();
+    r.error_message = g.error().message();
+  }
+}
+
+absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* response) {
   if (auto s = ValidateRequest(request); !s.ok()) return s;
   const absl::Time now = clock_->Now();
   const size_t fingerprint = Fingerprint(request);
@@ -386,12 +483,14 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
 
   if (instance->last_seq != 0) {
     if (request.seq() < instance->last_seq) {
-      v1::SyncResponse stale;
-      stale.set_stale(true);
-      return stale;
+      response->set_stale(true);
+      return absl::OkStatus();
     }
     if (request.seq() == instance->last_seq) {
-      if (fingerprint == instance->last_fingerprint) return instance->last_response;
+      if (fingerprint == instance->last_fingerprint) {
+        WriteResponse(instance->last_grants, response);
+        return absl::OkStatus();
+      }
       return absl::InvalidArgumentError(absl::StrFormat(
           "seq = %d was already used by instance %s for a different request; a retry must "
           "repeat the request unchanged and a new request must use a higher seq",
@@ -404,7 +503,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
   // Phase 1: check the counters against what was applied. Nothing changes before all pass.
   // `known[i]` is false for a baseline: history the server does not know credits nothing.
   const InstanceTenant zero;
-  std::vector<bool> known(request.tenants_size(), false);
+  absl::InlinedVector<bool, 16> known(request.tenants_size(), false);
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
     const InstanceTenant* applied = nullptr;
@@ -421,38 +520,63 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
     }
   }
 
-  // Phase 2: apply each tenant under its own lock, and grant.
-  v1::SyncResponse response;
+  // Phase 2: apply each tenant under its own lock, and grant. The outcome is recorded in place
+  // of the previous response (nothing fails from here on).
+  std::vector<GrantRecord>& records = instance->last_grants;
+  records.resize(request.tenants_size());
   std::vector<std::string> fallback_reports;  // logged once no tenant lock is held
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& sent = request.tenants(i);
-    v1::TenantGrant* out = response.add_tenants();
-    out->set_tenant(sent.tenant());
+    GrantRecord& out = records[i];
+    out.tenant = sent.tenant();
+    out.error_code = 0;
+    out.error_message.clear();
 
-    std::shared_ptr<Tenant> tenant;
-    v1::TenantError refusal;
-    for (int attempt = 0; attempt < 3 && tenant == nullptr; ++attempt) {
-      tenant = FindOrCreateTenant(sent.tenant(), &refusal);
-      if (tenant == nullptr) break;
-      bool deleted;
-      {
-        MutexLock lock(&tenant->mu);
-        deleted = tenant->deleted;
-      }
-      if (deleted) tenant = nullptr;  // deleted meanwhile: look it up again
+    // The budget: the one this instance used last time unless it was deleted since, else found
+    // (or created) by name. A record exists only for a tenant applied before, so a
+    // refused tenant never gains a history.
+    auto rec_it = instance->tenants.find(sent.tenant());
+    Tenant* tenant = nullptr;
+    if (rec_it != instance->tenants.end() && rec_it->second.tenant != nullptr &&
+        !rec_it->second.tenant->deleted.load(std::memory_order_acquire)) {
+      tenant = rec_it->second.tenant.get();
     }
+    std::shared_ptr<Tenant> found;
     if (tenant == nullptr) {
-      if (refusal.code() == 0) {
-        refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-        refusal.set_message("tenant was deleted while this request ran");
+      v1::TenantError refusal;
+      for (int attempt = 0; attempt < 3 && found == nullptr; ++attempt) {
+        found = FindOrCreateTenant(sent.tenant(), &refusal);
+        if (found == nullptr) break;
+        if (found->deleted.load(std::memory_order_acquire)) found = nullptr;  // look up again
       }
-      *out->mutable_error() = refusal;
-      continue;
+      if (found == nullptr) {
+        if (refusal.code() == 0) {
+          refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+          refusal.set_message(kDeletedMeanwhile);
+        }
+        out.error_code = refusal.code();
+        out.error_message = refusal.message();
+        continue;
+      }
+      tenant = found.get();
     }
 
-    InstanceTenant& rec = instance->tenants[sent.tenant()];
+    const bool new_record = rec_it == instance->tenants.end();
+    if (new_record) rec_it = instance->tenants.try_emplace(sent.tenant()).first;
+    InstanceTenant& rec = rec_it->second;
+    if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
+    std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
     MutexLock lock(&tenant->mu);
     Tenant& tb = *tenant;
+    if (tb.deleted.load(std::memory_order_relaxed)) {
+      // Deleted between the check above and the lock: nothing applied, nothing granted, and no
+      // new record (an empty one would later pass for a known, all-zero history).
+      out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
+      out.error_message = kDeletedMeanwhile;
+      keep_alive = std::move(rec.tenant);
+      if (new_record) instance->tenants.erase(rec_it);
+      continue;
+    }
     tb.bucket.Refill(now);
     if (known[i]) {
       // Known history: apply only the difference. `rec` may be a fresh zero record here.
@@ -494,10 +618,10 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
     const absl::Duration ttl = tb.policy.lease_ttl;
     absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
     if (request.final()) {
-      tb.RemoveActive(request.instance_id());
+      tb.RemoveActive(instance.get());
     } else {
       tb.SweepActive(now);
-      tb.SetActive(request.instance_id(), sent.want(), now);
+      tb.SetActive(instance.get(), sent.want(), now);
       granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
       if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
       granted = tb.bucket.Take(granted);
@@ -520,22 +644,22 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
     // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
     // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
     const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.active.size()));
-    out->set_granted(granted);
-    out->set_lease_ttl_ms(absl::ToInt64Milliseconds(ttl));
-    out->set_next_sync_ms(absl::ToInt64Milliseconds(next_sync));
-    out->mutable_safe_share()->set_capacity(tb.policy.capacity / active);
-    out->mutable_safe_share()->set_refill_per_second(tb.policy.refill_per_second / active);
-    out->set_bucket_tokens(tb.bucket.tokens());
-    out->set_capacity(tb.policy.capacity);
-    out->set_active_instances(active);
+    out.granted = granted;
+    out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
+    out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
+    out.safe_capacity = tb.policy.capacity / active;
+    out.safe_refill_per_second = tb.policy.refill_per_second / active;
+    out.bucket_tokens = tb.bucket.tokens();
+    out.capacity = tb.policy.capacity;
+    out.active_instances = active;
   }
 
   instance->last_seq = request.seq();
   instance->last_fingerprint = fingerprint;
-  instance->last_response = response;
+  WriteResponse(records, response);
   if (request.final()) ForgetInstance(request.instance_id());
   for (const std::string& line : fallback_reports) options_.log(line);
-  return response;
+  return absl::OkStatus();
 }
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
@@ -635,7 +759,7 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
     tenants_.erase(it);
   }
   MutexLock lock(&t->mu);
-  t->deleted = true;
+  t->deleted.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -729,7 +853,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     is->set_complete_history(inst->complete_history);
     is->set_last_seq(inst->last_seq);
     is->set_last_fingerprint(inst->last_fingerprint);
-    *is->mutable_last_response() = inst->last_response;
+    WriteResponse(inst->last_grants, is->mutable_last_response());
     is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
     for (const auto& [tenant, rec] : inst->tenants) {
       v1::InstanceTenantState* r = is->add_tenants();
@@ -818,7 +942,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       inst->complete_history = is.complete_history();
       inst->last_seq = is.last_seq();
       inst->last_fingerprint = is.last_fingerprint();
-      inst->last_response = is.last_response();
+      ReadResponse(is.last_response(), &inst->last_grants);
       inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
       for (const v1::InstanceTenantState& r : is.tenants()) {
         inst->tenants[r.tenant()] = InstanceTenant{.successes = r.successes(),
@@ -827,7 +951,8 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
                                                    .tokens_returned = r.tokens_returned(),
                                                    .tokens_received = r.tokens_received(),
                                                    .fallback_spent = r.fallback_spent(),
-                                                   .granted_total = r.granted_total()};
+                                                   .granted_total = r.granted_total(),
+                                                   .tenant = nullptr};
       }
       instances.emplace(is.instance_id(), std::move(inst));
     }

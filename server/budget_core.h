@@ -4,6 +4,10 @@
 //
 //   auto core = BudgetCore::Create({.policy = config, .clock = &clock});
 //   absl::StatusOr<v1::SyncResponse> response = (*core)->Sync(request);
+//
+// The service calls the form that fills a response it owns (on the RPC's arena), which is the
+// hot path of the server: no copy of the response is made, and a steady instance allocates
+// nothing in the core.
 #ifndef RETRYBUDGET_SERVER_BUDGET_CORE_H_
 #define RETRYBUDGET_SERVER_BUDGET_CORE_H_
 
@@ -20,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "retrybudget/clock.h"
 #include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.pb.h"
@@ -84,6 +89,9 @@ class BudgetCore {
   // A request repeating the last applied seq with identical content gets the same response
   // again; an older seq gets `stale = true` and changes nothing.
   absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
+  // The same, writing into `response`, which must be empty. On error `response` is left in an
+  // unspecified state and must not be sent.
+  absl::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response);
 
   // NOT_FOUND if the tenant has no budget.
   absl::StatusOr<v1::BudgetStatus> GetBudget(absl::string_view tenant);
@@ -121,9 +129,13 @@ class BudgetCore {
   struct Tenant;
   struct Instance;
   struct InstanceTenant;
+  struct GrantRecord;
 
   explicit BudgetCore(CoreOptions options);
 
+  // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.
+  static void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* response);
+  static void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* records);
   // Checks `sent` against what was applied before; `applied` is null for a baseline.
   static absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
                                           const InstanceTenant* applied);

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "server/budget_core.h"
 
@@ -66,6 +67,73 @@ TEST(BudgetCoreConcurrentTest, ConcurrentInstancesNeverGetMoreThanTheBucketHolds
   ASSERT_TRUE(status.ok());
   EXPECT_LT(status->tokens(), 1.0);
   EXPECT_EQ(status->granted_total(), 1000u);
+}
+
+// Budgets deleted while instances sync them: every request that held the old budget moves to the
+// new one, none crashes or uses a freed budget (TSan/ASan), and no incarnation of the budget
+// grants more than it held. The tenant never deleted is exact.
+TEST(BudgetCoreConcurrentTest, DeletingABudgetUnderLoadNeverGrantsMoreThanItsIncarnationsHeld) {
+  FakeClock clock;
+  CoreOptions options;
+  options.clock = &clock;
+  options.policy.mutable_default_policy()->set_capacity(500);
+  options.policy.mutable_default_policy()->set_refill_per_second(0);
+  options.policy.mutable_default_policy()->set_success_credit(0);
+  auto core = BudgetCore::Create(options);
+  ASSERT_TRUE(core.ok());
+
+  constexpr int kThreads = 6;
+  constexpr int kRounds = 300;
+  std::atomic<uint64_t> doomed_granted{0}, kept_granted{0}, refused{0};
+  std::atomic<bool> syncing{true};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t received[2] = {0, 0};
+      for (int seq = 1; seq <= kRounds; ++seq) {
+        v1::SyncRequest r;
+        r.set_instance_id("instance-" + std::to_string(t));
+        r.set_seq(seq);
+        int k = 0;
+        for (const char* tenant : {"doomed", "kept"}) {
+          auto* e = r.add_tenants();
+          e->set_tenant(tenant);
+          e->set_want(5);
+          e->set_tokens_received(received[k]);
+          e->set_retries_spent(received[k]);
+          ++k;
+        }
+        auto resp = (*core)->Sync(r);
+        ASSERT_TRUE(resp.ok()) << resp.status();
+        for (int i = 0; i < 2; ++i) {
+          const v1::TenantGrant& g = resp->tenants(i);
+          if (g.has_error()) {
+            EXPECT_EQ(g.error().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+            ++refused;
+            continue;
+          }
+          received[i] += g.granted();
+          (i == 0 ? doomed_granted : kept_granted) += g.granted();
+        }
+      }
+    });
+  }
+  uint64_t deletions = 0;
+  std::thread admin([&] {
+    while (syncing.load()) {
+      if ((*core)->DeleteBudget("doomed").ok()) ++deletions;
+      std::this_thread::yield();
+    }
+  });
+  for (auto& t : threads) t.join();
+  syncing = false;
+  admin.join();
+  EXPECT_GT(deletions, 0u);
+  EXPECT_EQ(kept_granted.load(), 500u);
+  EXPECT_LE(doomed_granted.load(), 500u * (deletions + 1));
+  auto kept = (*core)->GetBudget("kept");
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->granted_total(), 500u);
 }
 
 }  // namespace

@@ -489,7 +489,68 @@ TEST_F(BudgetCoreTest, DeletedBudgetIsRecreatedOnNextUse) {
   SyncOne("a", 1, {.want = 10});
   ASSERT_TRUE(core_->DeleteBudget("t").ok());
   EXPECT_FALSE(core_->GetBudget("t").ok());
+  // Instance "a" used the deleted budget last time: its next Sync must go to the new one.
   EXPECT_EQ(SyncOne("a", 2, {.received = 10, .want = 4}).granted(), 4u);
+  EXPECT_EQ(Status().granted_total(), 4u);
+  EXPECT_DOUBLE_EQ(Tokens(), 6);
+  // And keeps using it.
+  EXPECT_EQ(SyncOne("a", 3, {.received = 14, .want = 4}).granted(), 4u);
+  EXPECT_EQ(Status().granted_total(), 8u);
+}
+
+TEST_F(BudgetCoreTest, DeletingOneTenantLeavesTheInstancesOtherTenantsAlone) {
+  MakeCore(10, 0, 0);
+  v1::SyncRequest r = Request("a", 1, "t", {.want = 3});
+  *r.add_tenants() = Entry("u", {.want = 5});
+  ASSERT_TRUE(core_->Sync(r).ok());
+  ASSERT_TRUE(core_->DeleteBudget("t").ok());
+  v1::SyncRequest next = Request("a", 2, "t", {.received = 3, .want = 3});
+  *next.add_tenants() = Entry("u", {.received = 5, .want = 5});
+  auto resp = core_->Sync(next);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->tenants(0).granted(), 3u);  // a new "t", full
+  EXPECT_EQ(resp->tenants(1).granted(), 5u);  // the same "u": 10 - 5 - 5
+  EXPECT_EQ(Status("t").granted_total(), 3u);
+  EXPECT_EQ(Status("u").granted_total(), 10u);
+  EXPECT_DOUBLE_EQ(Tokens("u"), 0);
+}
+
+TEST_F(BudgetCoreTest, ARetriedRequestGetsItsRefusedEntriesBackToo) {
+  CoreOptions options;
+  options.policy.set_strict(true);
+  auto* listed = options.policy.add_tenants();
+  listed->set_tenant("known");
+  listed->mutable_policy()->set_capacity(10);
+  MakeCore(100, 0, 0, -1, options);
+  v1::SyncRequest r = Request("a", 1, "unknown", {.want = 3});
+  *r.add_tenants() = Entry("known", {.want = 4});
+  auto first = core_->Sync(r);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->tenants(0).error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  auto again = core_->Sync(r);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+  EXPECT_EQ(Status("known").granted_total(), 4u);
+  // The refused tenant gained no history: when it is listed later, the instance's first report
+  // of it is applied as a known all-zero history only because the instance started at seq 1.
+  v1::SyncRequest later = Request("a", 2, "known", {.received = 4, .want = 4});
+  auto resp = core_->Sync(later);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->tenants(0).granted(), 4u);
+}
+
+TEST_F(BudgetCoreTest, FillingACallersResponseGivesTheSameAnswerAsReturningOne) {
+  MakeCore(100, 0, 0.1);
+  v1::SyncResponse filled;
+  ASSERT_TRUE(core_->Sync(Request("a", 1, "t", {.successes = 5, .want = 7}), &filled).ok());
+  auto returned = core_->Sync(Request("a", 1, "t", {.successes = 5, .want = 7}));
+  ASSERT_TRUE(returned.ok());
+  EXPECT_EQ(filled.SerializeAsString(), returned->SerializeAsString());
+  EXPECT_EQ(filled.tenants(0).granted(), 7u);
+  v1::SyncResponse stale;
+  ASSERT_TRUE(core_->Sync(Request("b", 5, "t", {.want = 1}), &stale).ok());
+  ASSERT_TRUE(core_->Sync(Request("b", 4, "t", {.want = 1}), &stale).ok());
+  EXPECT_TRUE(stale.stale());
 }
 
 }  // namespace

@@ -17,6 +17,9 @@ inline constexpr size_t kMaxInstanceIdLength = 128;
 // message names `field` and shows the offending value (truncated) or character.
 absl::Status ValidateTenantName(absl::string_view tenant, absl::string_view field = "tenant");
 
+// The same rule as a bool, for hot paths that build the error message only when needed.
+bool IsValidTenantName(absl::string_view tenant);
+
 // OK when `id` is 1-128 printable ASCII characters (0x21-0x7e); otherwise INVALID_ARGUMENT
 // naming `field`.
 absl::Status ValidateInstanceId(absl::string_view id, absl::string_view field = "instance_id");
