@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/budget_core.h"
 #include "server/bearer_authorizer.h"
@@ -426,6 +427,11 @@ int main(int argc, char** argv) {
       "gRPC.\nUsage: retry-budget-server [--listen=HOST:PORT] [--policy=FILE] [--strict] "
       "[--port_file=PATH]");
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil is built with absl::Mutex deadlock detection on, which sends every lock and
+  // unlock inside gRPC through one global cycle graph (a few percent of the server's CPU, and a
+  // process-wide lock, in bench/server_load_bench). It is a debugging aid; our own locks are
+  // std::shared_mutex and are checked by Clang's thread-safety analysis and TSan instead.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   auto logger = spdlog::stderr_color_mt("retry-budget-server");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n: %v");

@@ -5,9 +5,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
+#include "grpcpp/support/message_allocator.h"
 #include "retrybudget/names.h"
 
 namespace retrybudget {
@@ -98,33 +101,69 @@ class Call {
   grpc::ServerUnaryReactor* const reactor_;
 };
 
+// The request and response of one Sync on one protobuf arena, whose first block comes with the
+// holder: parsing the request, building the response and freeing both are a few bump
+// allocations instead of a malloc per string and submessage. gRPC releases the holder when the
+// RPC is done.
+class ArenaSyncMessages final : public grpc::MessageHolder<v1::SyncRequest, v1::SyncResponse> {
+ public:
+  ArenaSyncMessages() : arena_(ArenaOptions(initial_block_, sizeof(initial_block_))) {
+    set_request(google::protobuf::Arena::CreateMessage<v1::SyncRequest>(&arena_));
+    set_response(google::protobuf::Arena::CreateMessage<v1::SyncResponse>(&arena_));
+  }
+
+  void Release() override { delete this; }
+
+ private:
+  static google::protobuf::ArenaOptions ArenaOptions(char* block, size_t size) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block;
+    options.initial_block_size = size;
+    return options;
+  }
+
+  // Enough for a request and response of about 16 tenant entries; larger ones grow the arena.
+  alignas(std::max_align_t) char initial_block_[4096];
+  google::protobuf::Arena arena_;  // after initial_block_: destroyed before it
+};
+
+class ArenaSyncAllocator final
+    : public grpc::MessageAllocator<v1::SyncRequest, v1::SyncResponse> {
+ public:
+  grpc::MessageHolder<v1::SyncRequest, v1::SyncResponse>* AllocateMessages() override {
+    return new ArenaSyncMessages();
+  }
+};
+
 }  // namespace
 
+// The count and the draining flag are atomics, not a lock: every RPC passes here twice. The
+// mutex only orders End() against a waiter (an End() that brings the count to zero while
+// draining takes it before notifying, so the wake-up cannot fall between a waiter's check and
+// its sleep). All accesses are sequentially consistent: Begin() and StartDraining() each write
+// one atomic and read the other, so at least one of them sees the other's write.
 bool InFlightRpcs::Begin() {
-  MutexLock lock(&mu_);
-  if (draining_) return false;
-  ++in_flight_;
+  in_flight_.fetch_add(1);
+  if (draining_.load()) {
+    End();
+    return false;
+  }
   return true;
 }
 
 void InFlightRpcs::End() {
-  bool idle = false;
-  {
+  if (in_flight_.fetch_sub(1) == 1 && draining_.load()) {
     MutexLock lock(&mu_);
-    idle = --in_flight_ == 0;
+    idle_.notify_all();
   }
-  if (idle) idle_.notify_all();
 }
 
-void InFlightRpcs::StartDraining() {
-  MutexLock lock(&mu_);
-  draining_ = true;
-}
+void InFlightRpcs::StartDraining() { draining_.store(true); }
 
 bool InFlightRpcs::WaitIdle(absl::Time deadline) {
   std::unique_lock<Mutex> lock(mu_);
   return idle_.wait_until(lock, absl::ToChronoTime(deadline),
-                          [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return in_flight_ == 0; });
+                          [this] { return in_flight_.load() == 0; });
 }
 
 absl::string_view RpcName(Rpc rpc) {
@@ -162,24 +201,29 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 // ---- RetryBudgetService ----
 
 RetryBudgetServiceImpl::RetryBudgetServiceImpl(ServiceOptions options)
-    : options_(WithDefaults(std::move(options))) {}
+    : options_(WithDefaults(std::move(options))),
+      allocator_(std::make_unique<ArenaSyncAllocator>()) {
+  SetMessageAllocatorFor_Sync(allocator_.get());
+}
+
+RetryBudgetServiceImpl::~RetryBudgetServiceImpl() = default;
 
 grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerContext* context,
                                                        const v1::SyncRequest* request,
                                                        v1::SyncResponse* response) {
   Call call(options_, context, Rpc::kSync);
-  std::vector<absl::string_view> tenants;
+  absl::InlinedVector<absl::string_view, 16> tenants;
   tenants.reserve(request->tenants_size());
   for (const auto& t : request->tenants()) tenants.push_back(t.tenant());
   if (absl::Status s = call.Admit(tenants); !s.ok()) return call.Finish(s);
 
-  // The core never blocks on I/O, so it runs inline on the callback thread.
-  absl::StatusOr<v1::SyncResponse> result = options_.core->Sync(*request);
-  if (result.ok()) *response = *std::move(result);
+  // The core never blocks on I/O, so it runs inline on the callback thread, and writes the
+  // response in place (on the RPC's arena).
+  const absl::Status result = options_.core->Sync(*request, response);
   if (options_.testonly_sync_response_delay > absl::ZeroDuration()) {
-    return call.FinishAfter(options_.testonly_sync_response_delay, result.status());
+    return call.FinishAfter(options_.testonly_sync_response_delay, result);
   }
-  return call.Finish(result.status());
+  return call.Finish(result);
 }
 
 // ---- BudgetAdminService ----

@@ -15,7 +15,9 @@
 #ifndef RETRYBUDGET_SERVER_SERVICE_H_
 #define RETRYBUDGET_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <functional>
+#include <memory>
 
 #include "absl/strings/string_view.h"
 
@@ -85,10 +87,10 @@ class InFlightRpcs {
   bool WaitIdle(absl::Time deadline);
 
  private:
-  Mutex mu_;
-  std::condition_variable_any idle_;  // notified when in_flight_ drops to 0
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> draining_{false};
+  Mutex mu_;                          // see End()
+  std::condition_variable_any idle_;  // notified when in_flight_ drops to 0 while draining
 };
 
 struct ServiceOptions {
@@ -119,6 +121,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 class RetryBudgetServiceImpl final : public v1::RetryBudgetService::CallbackService {
  public:
   explicit RetryBudgetServiceImpl(ServiceOptions options);
+  ~RetryBudgetServiceImpl() override;
 
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* context,
                                  const v1::SyncRequest* request,
@@ -126,6 +129,8 @@ class RetryBudgetServiceImpl final : public v1::RetryBudgetService::CallbackServ
 
  private:
   const ServiceOptions options_;
+  // Puts each Sync's request and response on an arena of their own.
+  const std::unique_ptr<grpc::MessageAllocator<v1::SyncRequest, v1::SyncResponse>> allocator_;
 };
 
 // Thread-safe (all state is in the BudgetCore).
