@@ -40,6 +40,9 @@ class PerCallCapGate final : public RetryGate {
 // shared by its call sites): token_count starts at max_tokens; each failed attempt takes 1
 // (floor 0), each success adds token_ratio (cap max_tokens); retries are allowed only while
 // token_count > max_tokens / 2. Defaults max_tokens 100, token_ratio 0.1 as in gRPC's examples.
+// When the backend goes down, each process keeps retrying until ~max_tokens / 2 failed attempts
+// have drained it (about 37 retries with 4 attempts per call), so a fleet of N processes sends
+// ~N times that burst: the throttle bounds a process, not the fleet.
 class ProcessThrottleGate final : public RetryGate {
  public:
   explicit ProcessThrottleGate(double max_tokens = 100, double token_ratio = 0.1)

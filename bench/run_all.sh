@@ -35,7 +35,7 @@ run client_fast_path "$bin/bench_client_fast_path" --benchmark_min_time=0.3 --be
 run server_load "$bin/bench_server_load"
 run redis_peer "$bin/bench_redis_peer"
 run scaling "$bin/bench_scaling"
-run amplification "$bin/bench_amplification" --out_dir="$out"
+run amplification "$bin/bench_amplification" --out_dir="$out" --fleet_sizes=2,8,32 --sweep_regimes=outage,degraded
 
 if command -v gnuplot > /dev/null; then
   (cd "$out" && gnuplot "$src/plots.gp")
