@@ -5,26 +5,31 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace retrybudget::testing {
 
-// Not thread-safe. The destructor kills (SIGKILL) and reaps a child that is still running.
+// The tests' handle on the shared retrybudget::Subprocess (common/subprocess.h), its stdout and
+// stderr in one file. Not thread-safe. The destructor kills (SIGKILL) and reaps a child that is
+// still running.
 class ChildProcess {
  public:
   // Starts `binary` with `args` (argv[1..]); stdout and stderr go to `output_path`.
-  // Returns nullopt (after ADD_FAILURE) if it cannot be started.
+  // Returns nullopt (after ADD_FAILURE naming the binary and why) if it cannot be started.
   static std::optional<ChildProcess> Start(const std::string& binary,
                                            const std::vector<std::string>& args,
                                            const std::string& output_path);
 
-  ChildProcess(ChildProcess&& other) noexcept;
-  ChildProcess& operator=(ChildProcess&& other) noexcept;
-  ~ChildProcess();
+  ChildProcess(ChildProcess&& other) noexcept = default;
+  ChildProcess& operator=(ChildProcess&& other) noexcept = default;
+  ~ChildProcess() = default;
 
   void Signal(int signo);
 
@@ -39,15 +44,14 @@ class ChildProcess {
   std::string Output() const;
 
   // The process id (-1 after a move).
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return process_ != nullptr ? process_->pid() : -1; }
 
  private:
-  ChildProcess(pid_t pid, std::string output_path) : pid_(pid), output_path_(output_path) {}
-  void KillAndReap();
+  ChildProcess(std::unique_ptr<Subprocess> process, std::string output_path)
+      : process_(std::move(process)), output_path_(std::move(output_path)) {}
 
-  pid_t pid_;
+  std::unique_ptr<Subprocess> process_;
   std::string output_path_;
-  std::optional<int> exit_code_;
 };
 
 // A fresh empty directory under the test's temporary directory, removed with its contents on
