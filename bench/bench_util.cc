@@ -1,14 +1,9 @@
 #include "bench/bench_util.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,8 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-
-extern char** environ;
+#include "absl/time/clock.h"
 
 namespace retrybudget::bench {
 
@@ -73,115 +67,26 @@ bool WaitForTcpPort(int port, absl::Duration timeout) {
 }
 
 absl::StatusOr<Child> Child::Spawn(const std::vector<std::string>& argv) {
-  int in_pipe[2], out_pipe[2];
-  if (pipe2(in_pipe, O_CLOEXEC) != 0) return absl::UnavailableError("pipe failed");
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) {
-    close(in_pipe[0]);
-    close(in_pipe[1]);
-    return absl::UnavailableError("pipe failed");
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(in_pipe[0]);
-  close(out_pipe[1]);
-  if (rc != 0) {
-    close(in_pipe[1]);
-    close(out_pipe[0]);
-    return absl::UnavailableError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(rc)));
-  }
-  Child child;
-  child.pid_ = pid;
-  child.in_fd_ = in_pipe[1];
-  child.out_fd_ = out_pipe[0];
-  return child;
-}
-
-Child::Child(Child&& other) noexcept { *this = std::move(other); }
-
-Child& Child::operator=(Child&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    pid_ = std::exchange(other.pid_, -1);
-    in_fd_ = std::exchange(other.in_fd_, -1);
-    out_fd_ = std::exchange(other.out_fd_, -1);
-    buffer_ = std::move(other.buffer_);
-  }
-  return *this;
-}
-
-Child::~Child() { Reset(); }
-
-void Child::Reset() {
-  if (pid_ > 0) {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  if (in_fd_ >= 0) close(in_fd_);
-  if (out_fd_ >= 0) close(out_fd_);
-  in_fd_ = out_fd_ = -1;
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Spawn(argv, {.pipe_stdin = true, .pipe_stdout = true});
+  if (!process.ok()) return process.status();
+  return Child(*std::move(process));
 }
 
 absl::StatusOr<std::string> Child::ReadLine(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    const size_t nl = buffer_.find('\n');
-    if (nl != std::string::npos) {
-      std::string line = buffer_.substr(0, nl);
-      buffer_.erase(0, nl + 1);
-      return line;
-    }
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(absl::StrCat("no line from pid ", pid_));
-    }
-    pollfd p{out_fd_, POLLIN, 0};
-    const int n = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
-    if (n < 0 && errno != EINTR) return absl::UnavailableError("poll failed");
-    if (n <= 0) continue;
-    char chunk[4096];
-    const ssize_t got = read(out_fd_, chunk, sizeof(chunk));
-    if (got == 0) return absl::OutOfRangeError(absl::StrCat("pid ", pid_, " closed stdout"));
-    if (got > 0) buffer_.append(chunk, static_cast<size_t>(got));
-  }
+  if (process_ == nullptr) return absl::FailedPreconditionError("Child::ReadLine after a move");
+  return process_->ReadLine(absl::Now() + timeout);
 }
 
 absl::Status Child::WriteLine(const std::string& line) {
-  const std::string data = line + "\n";
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(in_fd_, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::UnavailableError(absl::StrCat("write to pid ", pid_, " failed"));
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  if (process_ == nullptr) return absl::FailedPreconditionError("Child::WriteLine after a move");
+  return process_->WriteStdin(absl::StrCat(line, "\n"));
 }
 
 int Child::Stop(int signo, absl::Duration timeout) {
-  if (pid_ <= 0) return 0;
-  kill(pid_, signo);
-  const absl::Time deadline = absl::Now() + timeout;
-  int status = 0;
-  while (absl::Now() < deadline) {
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return status;
-    }
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, &status, 0);
-  pid_ = -1;
-  return status;
+  if (process_ == nullptr) return 0;
+  // An error means the status was taken elsewhere: the child is gone either way.
+  return process_->Stop(signo, timeout).value_or(0);
 }
 
 int64_t RssBytes(pid_t pid) {

@@ -6,12 +6,15 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 
 namespace retrybudget::bench {
 
@@ -25,38 +28,34 @@ absl::StatusOr<int> PickFreeLoopbackPort();
 // True once something accepts TCP connections on 127.0.0.1:`port`, false after `timeout`.
 bool WaitForTcpPort(int port, absl::Duration timeout);
 
-// A child process with its stdin and stdout as pipes. Kills (SIGKILL) and reaps the child on
-// destruction if it is still running. Thread-compatible.
+// A child process with its stdin and stdout as pipes (its stderr inherited): the benches' handle
+// on the shared retrybudget::Subprocess (common/subprocess.h). Kills (SIGKILL) and reaps the
+// child on destruction if it is still running. Movable. Thread-compatible.
 class Child {
  public:
-  // Starts `argv[0]` (a path) with `argv`. UNAVAILABLE if it cannot be started.
+  // Starts `argv[0]` (a path) with `argv`. On failure the status names the program and why
+  // (NOT_FOUND for a missing one).
   static absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv);
 
-  Child(Child&& other) noexcept;
-  Child& operator=(Child&& other) noexcept;
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child();
+  Child(Child&& other) noexcept = default;
+  Child& operator=(Child&& other) noexcept = default;
 
-  pid_t pid() const { return pid_; }
+  // -1 after a move.
+  pid_t pid() const { return process_ != nullptr ? process_->pid() : -1; }
 
   // The next line of the child's stdout without its '\n'. DEADLINE_EXCEEDED after `timeout`,
   // OUT_OF_RANGE at end of file.
   absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
-  // Writes `line` and a '\n' to the child's stdin.
+  // Writes `line` and a '\n' to the child's stdin. UNAVAILABLE when the child closed it.
   absl::Status WriteLine(const std::string& line);
   // Sends `signo` and waits up to `timeout` for the child to exit (then SIGKILL). Returns the
-  // wait status.
+  // wait status (0 after a move).
   int Stop(int signo, absl::Duration timeout);
 
  private:
-  Child() = default;
-  void Reset();
+  explicit Child(std::unique_ptr<Subprocess> process) : process_(std::move(process)) {}
 
-  pid_t pid_ = -1;
-  int in_fd_ = -1;   // child's stdin (we write)
-  int out_fd_ = -1;  // child's stdout (we read)
-  std::string buffer_;
+  std::unique_ptr<Subprocess> process_;
 };
 
 // A policy file line that never runs dry: grants are the common case, for load benchmarks.
