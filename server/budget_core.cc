@@ -28,6 +28,9 @@ struct BudgetCore::Tenant {
 
   struct Active {
     uint64_t want = 0;
+    // Tokens the instance may still spend from its leases, as far as the server knows: granted
+    // minus spent from leases minus returned, at its last report, plus what was granted then.
+    uint64_t held = 0;
     absl::Time last_seen;
   };
 
@@ -36,14 +39,17 @@ struct BudgetCore::Tenant {
   ResolvedPolicy policy ABSL_GUARDED_BY(mu);
   PolicySource source ABSL_GUARDED_BY(mu);
   TokenBucket bucket ABSL_GUARDED_BY(mu);
-  // Instances that synced within the last lease TTL, with the want they last sent. `want_sum` is
-  // their sum, kept incrementally; stale entries are swept at most every 100 ms.
+  // Instances that synced within the last lease TTL, with the want they last sent and the tokens
+  // they hold. `want_sum` and `held_sum` are the sums, kept incrementally; stale entries are
+  // swept at most every 100 ms. An instance silent for a lease TTL holds nothing any more: its
+  // client stops spending a lease at send time + TTL.
   // Keyed by the Instance's address, never dereferenced: a pointer hashes and compares without
   // touching the id's characters (this map is probed on every Sync of every tenant entry). An
   // instance forgotten by eviction whose address is reused by a new one only hands its entry
   // over early; the entry would have expired within the TTL anyway.
   absl::flat_hash_map<const Instance*, Active> active ABSL_GUARDED_BY(mu);
   uint64_t want_sum ABSL_GUARDED_BY(mu) = 0;
+  uint64_t held_sum ABSL_GUARDED_BY(mu) = 0;  // also the bucket's `leased`
   absl::Time last_sweep ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
@@ -53,18 +59,28 @@ struct BudgetCore::Tenant {
   // again. Atomic so that a cached pointer can be checked before taking `mu`.
   std::atomic<bool> deleted{false};
 
-  void SetActive(const Instance* instance, uint64_t want, absl::Time now)
+  // Records an instance's report: its want and the tokens it still holds. Returns its entry.
+  Active& SetActive(const Instance* instance, uint64_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Active& a = active[instance];
     want_sum = want_sum - a.want + want;
     a.want = want;
+    SetHeld(a, held);
     a.last_seen = now;
+    return a;
+  }
+
+  void SetHeld(Active& a, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    held_sum = held_sum - a.held + held;
+    a.held = held;
+    bucket.set_leased(static_cast<double>(held_sum));
   }
 
   void RemoveActive(const Instance* instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto it = active.find(instance);
     if (it == active.end()) return;
     want_sum -= it->second.want;
+    SetHeld(it->second, 0);
     active.erase(it);
   }
 
@@ -75,11 +91,19 @@ struct BudgetCore::Tenant {
     for (auto it = active.begin(); it != active.end();) {
       if (it->second.last_seen < cutoff) {
         want_sum -= it->second.want;
+        SetHeld(it->second, 0);
         active.erase(it++);
       } else {
         ++it;
       }
     }
+  }
+
+  // Brings the bucket up to `now`: forgets the leases that expired (at most 100 ms late), then
+  // refills. Every read or change of the level starts here.
+  void Advance(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    SweepActive(now);
+    bucket.Refill(now);
   }
 
   // Success credit per second, smoothed over windows of about a second.
@@ -285,7 +309,7 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
     if (tenant->source == PolicySource::kAdmin) continue;
     auto it = listed.find(name);
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
-    tenant->bucket.Refill(now);
+    tenant->Advance(now);
     tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
     tenant->policy = p;
     tenant->source = it != listed.end() ? PolicySource::kFile : PolicySource::kDefault;
@@ -577,7 +601,18 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
       if (new_record) instance->tenants.erase(rec_it);
       continue;
     }
-    tb.bucket.Refill(now);
+    tb.Advance(now);  // up to now, with what the fleet held until this report
+    // What the instance still holds after this report (validated: never negative), recorded
+    // before the deposit below so that tokens it returns or never received make room for
+    // themselves under the capacity.
+    const uint64_t held = sent.tokens_received() - (sent.retries_spent() - sent.fallback_spent()) -
+                          sent.tokens_returned();
+    Tenant::Active* entry = nullptr;
+    if (request.final()) {
+      tb.RemoveActive(instance.get());
+    } else {
+      entry = &tb.SetActive(instance.get(), sent.want(), held, now);
+    }
     if (known[i]) {
       // Known history: apply only the difference. `rec` may be a fresh zero record here.
       const uint64_t d_success = sent.successes() - rec.successes;
@@ -617,14 +652,11 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
     uint64_t granted = 0;
     const absl::Duration ttl = tb.policy.lease_ttl;
     absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
-    if (request.final()) {
-      tb.RemoveActive(instance.get());
-    } else {
-      tb.SweepActive(now);
-      tb.SetActive(instance.get(), sent.want(), now);
+    if (entry != nullptr) {
       granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
       if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
       granted = tb.bucket.Take(granted);
+      tb.SetHeld(*entry, entry->held + granted);
       rec.granted_total += granted;
       tb.totals.granted += granted;
       tb.totals.wanted += sent.want();
@@ -664,7 +696,7 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   MutexLock lock(&tenant.mu);
-  tenant.bucket.Refill(now);
+  tenant.Advance(now);
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
   *s.mutable_policy() = tenant.policy.ToProto();
@@ -738,7 +770,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
   }
   {
     MutexLock lock(&t->mu);
-    t->bucket.Refill(now);  // time so far counts at the old rate
+    t->Advance(now);  // time so far counts at the old rate
     t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
     t->policy = *resolved;
     t->source = PolicySource::kAdmin;
@@ -823,7 +855,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   }
   for (auto& t : tenants) {
     MutexLock lock(&t->mu);
-    t->bucket.Refill(now);
+    t->Advance(now);
     if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
     v1::TenantState* ts = state.add_tenants();
     ts->set_tenant(t->name);

@@ -12,16 +12,20 @@ TokenBucket::TokenBucket(double capacity, double refill_per_second, double initi
       tokens_(std::clamp(initial_tokens, 0.0, capacity)),
       last_(now) {}
 
+double TokenBucket::Grown(double added) const {
+  return std::max(tokens_, std::min(capacity_ - leased_, tokens_ + added));
+}
+
 void TokenBucket::Refill(absl::Time now) {
   if (now <= last_) return;
   const double dt = absl::ToDoubleSeconds(now - last_);
-  tokens_ = std::min(capacity_, tokens_ + refill_per_second_ * dt);
+  tokens_ = Grown(refill_per_second_ * dt);
   last_ = now;
 }
 
 void TokenBucket::Deposit(double tokens) {
   if (tokens <= 0) return;
-  tokens_ = std::min(capacity_, tokens_ + tokens);
+  tokens_ = Grown(tokens);
 }
 
 uint64_t TokenBucket::Take(uint64_t max_tokens) {

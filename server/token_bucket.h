@@ -14,12 +14,18 @@ class TokenBucket {
  public:
   TokenBucket(double capacity, double refill_per_second, double initial_tokens, absl::Time now);
 
-  // tokens = min(capacity, tokens + refill_per_second * (now - last)). Time going backwards
-  // adds nothing (and does not move `last` back).
+  // tokens = min(capacity - leased, tokens + refill_per_second * (now - last)), never lowering
+  // the level. Time going backwards adds nothing (and does not move `last` back).
   void Refill(absl::Time now);
 
-  // Adds `tokens` (success credit, returned or reclaimed tokens), capped at capacity.
+  // Adds `tokens` (success credit, returned or reclaimed tokens), capped the same way.
   void Deposit(double tokens);
+
+  // Tokens of this bucket that are held outside it, leased to clients. They still count
+  // against the capacity: the level grows (refill, deposits) only up to capacity - leased, so
+  // the level plus what the fleet holds never passes the capacity, the burst the policy allows.
+  void set_leased(double leased) { leased_ = leased; }
+  double leased() const { return leased_; }
 
   // Takes min(max_tokens, floor(level)) whole tokens and returns how many were taken.
   uint64_t Take(uint64_t max_tokens);
@@ -40,7 +46,11 @@ class TokenBucket {
   double capacity_;
   double refill_per_second_;
   double tokens_;
+  double leased_ = 0;
   absl::Time last_;
+
+  // `tokens_` + `added`, capped at capacity - leased, but never lower than now.
+  double Grown(double added) const;
 };
 
 }  // namespace retrybudget

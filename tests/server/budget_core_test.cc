@@ -1,6 +1,9 @@
 #include "server/budget_core.h"
 
+#include <algorithm>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -247,6 +250,95 @@ TEST_F(BudgetCoreTest, ReturnedTokensGoBackIntoTheBucket) {
   EXPECT_DOUBLE_EQ(Tokens(), 90);
   EXPECT_EQ(Status().returned_total(), 20u);
   EXPECT_EQ(Status().retries_total(), 10u);
+}
+
+// The capacity bounds what the fleet can spend at once: tokens leased out still count against it,
+// so a bucket whose tokens are all held by clients does not refill behind their backs.
+TEST_F(BudgetCoreTest, LeasedTokensCountAgainstTheCapacity) {
+  MakeCore(10, 1, 0);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 10u);
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(SyncOne("b", 1, {.want = 5}).granted(), 0u);  // a holds the whole capacity
+  EXPECT_DOUBLE_EQ(Tokens(), 0);
+  // a reports 4 spent and wants nothing: it holds 6, so the bucket may refill up to 4.
+  EXPECT_EQ(SyncOne("a", 2, {.spent = 4, .received = 10}).granted(), 0u);
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(SyncOne("b", 2, {.want = 5}).granted(), 2u);  // refilled 2 of the 4
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_DOUBLE_EQ(Tokens(), 2);  // a holds 6, b holds 2: room for 2 more, and 2 refilled
+  clock_.Advance(absl::Seconds(60));
+  // Both leases expired (TTL 5 s): what they held can no longer be spent.
+  EXPECT_DOUBLE_EQ(Tokens(), 10);
+  EXPECT_EQ(Status().active_instances(), 0u);
+}
+
+TEST_F(BudgetCoreTest, ReturnedAndLostTokensMakeRoomForThemselves) {
+  MakeCore(10, 0, 0);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 10u);
+  SyncOne("a", 2, {.returned = 10, .received = 10});
+  EXPECT_DOUBLE_EQ(Tokens(), 10);
+  EXPECT_EQ(SyncOne("b", 1, {.want = 10}).granted(), 10u);
+  SyncOne("b", 2, {.received = 0});  // the grant never arrived
+  EXPECT_DOUBLE_EQ(Tokens(), 10);
+  EXPECT_EQ(Status().reclaimed_total(), 10u);
+}
+
+TEST_F(BudgetCoreTest, SuccessCreditBeyondWhatTheFleetHoldsIsDiscarded) {
+  MakeCore(10, 0, 1, 0);  // starts empty, 1 token per success
+  SyncOne("a", 1, {.successes = 8, .want = 0});
+  EXPECT_DOUBLE_EQ(Tokens(), 8);
+  EXPECT_EQ(SyncOne("a", 2, {.successes = 8, .want = 8}).granted(), 8u);
+  SyncOne("a", 3, {.successes = 18, .received = 8});  // 10 credit, but a holds 8
+  EXPECT_DOUBLE_EQ(Tokens(), 2);
+}
+
+// A fleet of clients that spend, return and lose grants at random: at every moment, the bucket
+// plus what the clients really hold never passes the capacity, and what they spent never passes
+// the budget's bound (DESIGN.md "The invariant").
+TEST_F(BudgetCoreTest, BucketPlusLeasesNeverPassTheCapacity) {
+  constexpr double kCapacity = 20, kRefill = 5, kCredit = 0.5;
+  MakeCore(kCapacity, kRefill, kCredit);
+  struct Client {
+    std::string id;
+    uint64_t seq = 0;
+    Counters c;
+    uint64_t held = 0;
+  };
+  std::vector<Client> fleet(6);
+  for (size_t i = 0; i < fleet.size(); ++i) fleet[i].id = "i" + std::to_string(i);
+  std::mt19937 rng(42);
+  uint64_t spent = 0, successes = 0;
+  absl::Duration elapsed;
+  for (int step = 0; step < 3000; ++step) {
+    Client& cl = fleet[rng() % fleet.size()];
+    const uint64_t spend = std::min<uint64_t>(cl.held, rng() % 4);
+    cl.held -= spend;
+    cl.c.spent += spend;
+    spent += spend;
+    const uint64_t give_back = rng() % 8 == 0 ? cl.held : 0;
+    cl.held -= give_back;
+    cl.c.returned += give_back;
+    const uint64_t ok = rng() % 5;
+    cl.c.successes += ok;
+    successes += ok;
+    cl.c.want = rng() % 12;
+    auto r = core_->Sync(Request(cl.id, ++cl.seq, "t", cl.c));
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (rng() % 10 != 0) {  // 1 in 10 responses is lost
+      cl.c.received += r->tenants(0).granted();
+      cl.held += r->tenants(0).granted();
+    }
+    uint64_t fleet_holds = 0;
+    for (const Client& f : fleet) fleet_holds += f.held;
+    ASSERT_LE(Tokens() + static_cast<double>(fleet_holds), kCapacity + 1e-9) << "step " << step;
+    ASSERT_LE(static_cast<double>(spent),
+              kCapacity + kRefill * absl::ToDoubleSeconds(elapsed) +
+                  kCredit * static_cast<double>(successes) + 1e-9);
+    const absl::Duration tick = absl::Milliseconds(rng() % 200);
+    clock_.Advance(tick);
+    elapsed += tick;
+  }
+  EXPECT_GT(spent, 0u);
 }
 
 TEST_F(BudgetCoreTest, ScarceTokensAreSharedInProportionToWants) {
