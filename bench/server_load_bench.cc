@@ -1,10 +1,17 @@
 // Server throughput and latency: Sync/s and p50/p99/p999 of the real retry-budget-server binary,
-// next to a bare echo gRPC server (this binary with --serve_echo) built on the same callback API
-// and answering with the same request/response sizes, measured in one run by the same load
-// generator.
+// next to a bare echo gRPC server built on the same callback API and answering with the same
+// request/response sizes, measured in one run by the same load generator. Two more servers
+// (load_servers.h) put the same echo service and a real BudgetCore on the async
+// completion-queue API, to choose between the two APIs with numbers.
 //
 // Why: the issue asks for at least 80% of the echo server's throughput: the budget logic, the
 // service layer and the accounting should cost little next to gRPC itself.
+//
+// Method: --rounds rounds; each round runs the four servers back to back (echo_callback,
+// retry-budget-server, echo_cq, budget_cq), for 1 and then 8 tenants per request. A ratio is
+// taken within each round (the two runs are seconds apart, on the same machine state) and the
+// median over the rounds is reported, because this machine is shared and a single run can be
+// off by 2x.
 //
 // The load generator is an async gRPC client (CompletionQueue API): --channels separate
 // connections, --in_flight calls outstanding per channel, one CQ thread per --client_threads.
@@ -29,7 +36,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -45,6 +54,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "bench/load_servers.h"
 #include "bench/echo.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
@@ -56,43 +66,15 @@ ABSL_FLAG(int, instances, 4096, "distinct client instances the Syncs come from")
 ABSL_FLAG(int, tenant_pool, 64, "distinct tenants; each request names 1 or 8 of them");
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "load before measuring, per run");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(4), "measured load, per run");
+ABSL_FLAG(int, rounds, 3, "rounds of the four servers; ratios are medians over the rounds");
 ABSL_FLAG(std::string, server_bin, RETRYBUDGET_SERVER_BIN, "the retry-budget-server binary");
-ABSL_FLAG(bool, serve_echo, false, "internal: serve the echo service, print the port, run until "
-                                   "stdin closes");
+ABSL_FLAG(std::string, serve, "", "internal: serve echo_callback, echo_cq or budget_cq (see "
+                                  "load_servers.h), print the port, run until stdin closes");
+ABSL_FLAG(int, cq_threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+          "completion-queue threads of the *_cq servers");
 
 namespace retrybudget::bench {
 namespace {
-
-// ---------------------------------------------------------------------------------------------
-// The echo server (child process).
-
-class EchoServiceImpl final : public EchoService::CallbackService {
- public:
-  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context, const EchoRequest* request,
-                                 EchoResponse* response) override {
-    response->mutable_payload()->assign(request->response_bytes(), 'x');
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-};
-
-int ServeEcho() {
-  EchoServiceImpl service;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return 1;
-  std::printf("%d\n", port);
-  std::fflush(stdout);
-  std::string line;
-  while (std::getline(std::cin, line)) {
-  }
-  server->Shutdown(std::chrono::system_clock::now());
-  return 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Realistic Sync traffic.
@@ -180,6 +162,7 @@ enum class Target { kBudget, kEcho };
 
 struct RunResult {
   std::string server;
+  int round = 0;
   int tenants_per_request = 0;
   uint64_t calls = 0;
   uint64_t errors = 0;
@@ -319,8 +302,19 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index)
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
 }
 
-RunResult RunLoad(Target target, const std::string& address, pid_t server_pid,
-                  int tenants_per_request, const std::vector<std::string>& names) {
+// One server being measured: a child process serving on `address`.
+struct ServerUnderTest {
+  std::string name;  // as in the JSON lines
+  Target target = Target::kBudget;
+  std::string address;
+  pid_t pid = 0;
+};
+
+RunResult RunLoad(const ServerUnderTest& server, int tenants_per_request, int round,
+                  const std::vector<std::string>& names) {
+  const Target target = server.target;
+  const std::string& address = server.address;
+  const pid_t server_pid = server.pid;
   const int channels = absl::GetFlag(FLAGS_channels);
   const int threads = std::max(1, absl::GetFlag(FLAGS_client_threads));
   const int instances = absl::GetFlag(FLAGS_instances);
@@ -338,8 +332,8 @@ RunResult RunLoad(Target target, const std::string& address, pid_t server_pid,
 
   std::vector<InstanceState> all = MakeInstances(instances, tenants_per_request, pool);
   // Fresh ids per run so the budget server sees new instances (seq starts at 1).
-  const std::string run_tag = absl::StrFormat("-%s-%d", target == Target::kEcho ? "e" : "b",
-                                              tenants_per_request);
+  const std::string run_tag =
+      absl::StrFormat("-%s-%d-%d", server.name, tenants_per_request, round);
   for (auto& inst : all) inst.id += run_tag;
 
   std::vector<std::unique_ptr<LoadThread>> loaders;
@@ -370,7 +364,8 @@ RunResult RunLoad(Target target, const std::string& address, pid_t server_pid,
   for (auto& th : running) th.join();
 
   RunResult r;
-  r.server = target == Target::kBudget ? "retry-budget-server" : "echo";
+  r.server = server.name;
+  r.round = round;
   r.tenants_per_request = tenants_per_request;
   std::vector<double> latencies;
   for (auto& l : loaders) {
@@ -395,11 +390,11 @@ RunResult RunLoad(Target target, const std::string& address, pid_t server_pid,
 
 std::string ToJson(const RunResult& r) {
   return absl::StrFormat(
-      "{\"bench\":\"server_load_run\",\"server\":\"%s\",\"tenants_per_request\":%d,"
+      "{\"bench\":\"server_load_run\",\"server\":\"%s\",\"round\":%d,\"tenants_per_request\":%d,"
       "\"calls\":%d,\"errors\":%d,\"stale\":%d,\"seconds\":%.2f,\"calls_per_second\":%.0f,"
       "\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"server_cpu_us_per_call\":%.2f,"
       "\"request_bytes\":%d,\"response_bytes\":%d}",
-      r.server, r.tenants_per_request, r.calls, r.errors, r.stale, r.seconds, r.per_second,
+      r.server, r.round, r.tenants_per_request, r.calls, r.errors, r.stale, r.seconds, r.per_second,
       r.p50_us, r.p99_us, r.p999_us, r.server_cpu_us_per_call, r.request_bytes,
       r.response_bytes);
 }
@@ -412,59 +407,136 @@ absl::StatusOr<Child> StartLoadServer(int* port) {
   return StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, kUnlimitedPolicy, port);
 }
 
+// The median of `values` (-1 if empty).
+double Median(std::vector<double> values) {
+  if (values.empty()) return -1;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// `a` / `b`, or -1 when `b` is not positive (a failed run).
+double Ratio(double a, double b) { return b > 0 && a >= 0 ? a / b : -1; }
+
+// Starts one of this binary's own servers (load_servers.h) and reads its port.
+absl::StatusOr<Child> StartOwnServer(const std::string& kind, std::string* address) {
+  absl::StatusOr<Child> child = Child::Spawn(
+      {SelfExe(), absl::StrCat("--serve=", kind),
+       absl::StrCat("--cq_threads=", absl::GetFlag(FLAGS_cq_threads))});
+  if (!child.ok()) return child.status();
+  absl::StatusOr<std::string> port = child->ReadLine(absl::Seconds(10));
+  if (!port.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("--serve=", kind, " did not print its port: ", port.status().message()));
+  }
+  *address = absl::StrCat("127.0.0.1:", *port);
+  return child;
+}
+
 int Main() {
   const int pool = absl::GetFlag(FLAGS_tenant_pool);
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   std::vector<std::string> names;
   for (int i = 0; i < pool; ++i) names.push_back(TenantName(i));
 
-  int budget_port = 0;
-  absl::StatusOr<Child> budget = StartLoadServer(&budget_port);
-  if (!budget.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(budget.status().message()).c_str());
-    return 1;
+  // The four servers, in the order each round runs them.
+  std::vector<Child> children;
+  std::vector<ServerUnderTest> servers;
+  for (const auto& [name, target] : std::vector<std::pair<std::string, Target>>{
+           {"echo_callback", Target::kEcho},
+           {"retry-budget-server", Target::kBudget},
+           {"echo_cq", Target::kEcho},
+           {"budget_cq", Target::kBudget}}) {
+    ServerUnderTest server{.name = name, .target = target, .address = "", .pid = 0};
+    absl::StatusOr<Child> child = absl::InternalError("not started");
+    if (name == "retry-budget-server") {
+      int port = 0;
+      child = StartLoadServer(&port);
+      server.address = absl::StrCat("127.0.0.1:", port);
+    } else {
+      child = StartOwnServer(name, &server.address);
+    }
+    if (!child.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(child.status().message()).c_str());
+      return 1;
+    }
+    server.pid = child->pid();
+    children.push_back(*std::move(child));
+    servers.push_back(server);
   }
-  absl::StatusOr<Child> echo = Child::Spawn({SelfExe(), "--serve_echo"});
-  if (!echo.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(echo.status().message()).c_str());
-    return 1;
-  }
-  absl::StatusOr<std::string> echo_port = echo->ReadLine(absl::Seconds(10));
-  if (!echo_port.ok()) {
-    std::fprintf(stderr, "echo server: %s\n", std::string(echo_port.status().message()).c_str());
-    return 1;
-  }
-  const std::string budget_address = absl::StrCat("127.0.0.1:", budget_port);
-  const std::string echo_address = absl::StrCat("127.0.0.1:", *echo_port);
 
-  std::vector<std::string> ratio_fields, target_fields;
+  // Per tenants-per-request, per server: each round's result.
+  std::map<int, std::map<std::string, std::vector<RunResult>>> results;
   for (int per_request : {1, 8}) {
-    // Echo first, then the budget server, back to back on the same machine state.
-    const RunResult e = RunLoad(Target::kEcho, echo_address, echo->pid(), per_request, names);
-    std::printf("%s\n", ToJson(e).c_str());
-    std::fflush(stdout);
-    const RunResult b =
-        RunLoad(Target::kBudget, budget_address, budget->pid(), per_request, names);
-    std::printf("%s\n", ToJson(b).c_str());
-    std::fflush(stdout);
-    const double ratio = e.per_second > 0 ? b.per_second / e.per_second : -1;
-    const double cpu_ratio =
-        e.server_cpu_us_per_call > 0 ? b.server_cpu_us_per_call / e.server_cpu_us_per_call : -1;
+    for (int round = 0; round < rounds; ++round) {
+      for (const ServerUnderTest& server : servers) {
+        const RunResult r = RunLoad(server, per_request, round, names);
+        std::printf("%s\n", ToJson(r).c_str());
+        std::fflush(stdout);
+        results[per_request][server.name].push_back(r);
+      }
+    }
+  }
+
+  // Ratios within each round, then the median over the rounds.
+  auto median_ratio = [&](int per_request, const std::string& a, const std::string& b,
+                          double RunResult::*field) {
+    std::vector<double> ratios;
+    for (int round = 0; round < rounds; ++round) {
+      ratios.push_back(Ratio(results[per_request][a][round].*field,
+                             results[per_request][b][round].*field));
+    }
+    return Median(ratios);
+  };
+  auto median_of = [&](int per_request, const std::string& server, double RunResult::*field) {
+    std::vector<double> values;
+    for (const RunResult& r : results[per_request][server]) values.push_back(r.*field);
+    return Median(values);
+  };
+  std::vector<std::string> ratio_fields, target_fields, median_fields;
+  for (int per_request : {1, 8}) {
+    const double ratio = median_ratio(per_request, "retry-budget-server", "echo_callback",
+                                      &RunResult::per_second);
     ratio_fields.push_back(absl::StrFormat("\"throughput_vs_echo_%dt\":%.3f", per_request, ratio));
-    ratio_fields.push_back(
-        absl::StrFormat("\"server_cpu_per_call_vs_echo_%dt\":%.3f", per_request, cpu_ratio));
-    ratio_fields.push_back(absl::StrFormat("\"p99_vs_echo_%dt\":%.3f", per_request,
-                                           e.p99_us > 0 ? b.p99_us / e.p99_us : -1));
+    ratio_fields.push_back(absl::StrFormat(
+        "\"server_cpu_per_call_vs_echo_%dt\":%.3f", per_request,
+        median_ratio(per_request, "retry-budget-server", "echo_callback",
+                     &RunResult::server_cpu_us_per_call)));
+    ratio_fields.push_back(absl::StrFormat(
+        "\"p99_vs_echo_%dt\":%.3f", per_request,
+        median_ratio(per_request, "retry-budget-server", "echo_callback", &RunResult::p99_us)));
+    // The API question: the same work on the completion-queue API vs the callback API.
+    ratio_fields.push_back(absl::StrFormat(
+        "\"echo_cq_vs_echo_callback_%dt\":%.3f", per_request,
+        median_ratio(per_request, "echo_cq", "echo_callback", &RunResult::per_second)));
+    ratio_fields.push_back(absl::StrFormat(
+        "\"budget_cq_vs_budget_callback_%dt\":%.3f", per_request,
+        median_ratio(per_request, "budget_cq", "retry-budget-server", &RunResult::per_second)));
+    ratio_fields.push_back(absl::StrFormat(
+        "\"budget_cq_vs_echo_cq_%dt\":%.3f", per_request,
+        median_ratio(per_request, "budget_cq", "echo_cq", &RunResult::per_second)));
     target_fields.push_back(absl::StrFormat("\"throughput_at_least_80pct_of_echo_%dt\":%s",
                                             per_request, ratio >= 0.8 ? "true" : "false"));
+    for (const ServerUnderTest& server : servers) {
+      median_fields.push_back(absl::StrFormat(
+          "\"%s_%dt\":{\"calls_per_second\":%.0f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
+          "\"p999_us\":%.1f,\"server_cpu_us_per_call\":%.2f}",
+          server.name, per_request, median_of(per_request, server.name, &RunResult::per_second),
+          median_of(per_request, server.name, &RunResult::p50_us),
+          median_of(per_request, server.name, &RunResult::p99_us),
+          median_of(per_request, server.name, &RunResult::p999_us),
+          median_of(per_request, server.name, &RunResult::server_cpu_us_per_call)));
+    }
   }
   std::printf("{\"bench\":\"server_load\",\"channels\":%d,\"in_flight_per_channel\":%d,"
-              "\"instances\":%d,\"tenant_pool\":%d,\"ratios\":{%s},\"targets\":{%s}}\n",
+              "\"instances\":%d,\"tenant_pool\":%d,\"rounds\":%d,\"cq_threads\":%d,"
+              "\"ratios\":{%s},\"targets\":{%s},\"medians\":{%s}}\n",
               absl::GetFlag(FLAGS_channels), absl::GetFlag(FLAGS_in_flight),
-              absl::GetFlag(FLAGS_instances), pool, absl::StrJoin(ratio_fields, ",").c_str(),
-              absl::StrJoin(target_fields, ",").c_str());
+              absl::GetFlag(FLAGS_instances), pool, rounds, absl::GetFlag(FLAGS_cq_threads),
+              absl::StrJoin(ratio_fields, ",").c_str(), absl::StrJoin(target_fields, ",").c_str(),
+              absl::StrJoin(median_fields, ",").c_str());
   std::fflush(stdout);
-  budget->Stop(SIGTERM, absl::Seconds(5));
-  echo->Stop(SIGTERM, absl::Seconds(5));
+  for (Child& child : children) child.Stop(SIGTERM, absl::Seconds(5));
   return 0;
 }
 
@@ -473,6 +545,8 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_serve_echo)) return retrybudget::bench::ServeEcho();
+  if (!absl::GetFlag(FLAGS_serve).empty()) {
+    return retrybudget::bench::Serve(absl::GetFlag(FLAGS_serve), absl::GetFlag(FLAGS_cq_threads));
+  }
   return retrybudget::bench::Main();
 }
