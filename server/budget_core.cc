@@ -656,7 +656,11 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
       granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
       if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
       granted = tb.bucket.Take(granted);
-      tb.SetHeld(*entry, entry->held + granted);
+      // Only a satisfied instance's holdings count against the capacity. One that got less than
+      // it wants is about to spend all it has: its reported holdings are stale at once, and
+      // counting them would hold the refill back from the very instances waiting for it (under
+      // contention the level then sits idle while retries are denied).
+      tb.SetHeld(*entry, granted >= sent.want() ? entry->held + granted : 0);
       rec.granted_total += granted;
       tb.totals.granted += granted;
       tb.totals.wanted += sent.want();
