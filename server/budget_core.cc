@@ -705,6 +705,7 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_tenant(tenant.name);
   *s.mutable_policy() = tenant.policy.ToProto();
   s.set_tokens(tenant.bucket.tokens());
+  s.set_leased_tokens(static_cast<double>(tenant.held_sum));
   s.set_active_instances(tenant.ActiveCount(now));
   s.set_granted_total(tenant.totals.granted);
   s.set_successes_total(tenant.totals.successes);

@@ -42,6 +42,7 @@ ClientMetric Sample(std::vector<ClientMetric::Label> labels, MetricType type, do
 // One tenant's (or the "_other" aggregate's) values, summed in a scrape.
 struct TenantValues {
   double tokens = 0;
+  double leased = 0;
   double capacity = 0;
   double active_instances = 0;
   double granted = 0;
@@ -55,6 +56,7 @@ struct TenantValues {
 
   void Add(const v1::BudgetStatus& s) {
     tokens += s.tokens();
+    leased += s.leased_tokens();
     capacity += s.policy().capacity();
     active_instances += s.active_instances();
     granted += static_cast<double>(s.granted_total());
@@ -79,6 +81,9 @@ struct TenantFamilySpec {
 constexpr TenantFamilySpec kTenantFamilies[] = {
     {"retry_budget_tokens", "Tokens in the tenant's bucket (after refill to now).",
      MetricType::Gauge, &TenantValues::tokens},
+    {"retry_budget_leased_tokens",
+     "Tokens clients hold from their leases; with retry_budget_tokens, at most the capacity.",
+     MetricType::Gauge, &TenantValues::leased},
     {"retry_budget_capacity", "Most tokens the tenant's bucket holds (policy capacity).",
      MetricType::Gauge, &TenantValues::capacity},
     {"retry_budget_active_instances",

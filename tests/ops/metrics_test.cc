@@ -138,7 +138,8 @@ TEST(MetricsTest, ExposesEveryDesignedNameWithTheTenantLabel) {
   ClientExposition(*server, "named");  // one Sync at least
   const std::string text = Scrape(*server);
   for (const char* name :
-       {"retry_budget_tokens", "retry_budget_capacity", "retry_budget_active_instances",
+       {"retry_budget_tokens", "retry_budget_leased_tokens", "retry_budget_capacity",
+        "retry_budget_active_instances",
         "retry_budget_granted_tokens_total", "retry_budget_wanted_tokens_total",
         "retry_budget_retries_total", "retry_budget_retries_denied_total",
         "retry_budget_successes_total", "retry_budget_returned_tokens_total",

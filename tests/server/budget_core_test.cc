@@ -260,6 +260,7 @@ TEST_F(BudgetCoreTest, LeasedTokensCountAgainstTheCapacity) {
   clock_.Advance(absl::Seconds(3));
   EXPECT_EQ(SyncOne("b", 1, {.want = 5}).granted(), 0u);  // a holds the whole capacity
   EXPECT_DOUBLE_EQ(Tokens(), 0);
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 10);
   // a reports 4 spent and wants nothing: it holds 6, so the bucket may refill up to 4.
   EXPECT_EQ(SyncOne("a", 2, {.spent = 4, .received = 10}).granted(), 0u);
   clock_.Advance(absl::Seconds(2));
@@ -269,6 +270,7 @@ TEST_F(BudgetCoreTest, LeasedTokensCountAgainstTheCapacity) {
   clock_.Advance(absl::Seconds(60));
   // Both leases expired (TTL 5 s): what they held can no longer be spent.
   EXPECT_DOUBLE_EQ(Tokens(), 10);
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 0);
   EXPECT_EQ(Status().active_instances(), 0u);
 }
 
