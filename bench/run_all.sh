@@ -39,7 +39,7 @@ run amplification "$bin/bench_amplification" --out_dir="$out" --fleet_sizes=2,8,
 
 if command -v gnuplot > /dev/null; then
   (cd "$out" && gnuplot "$src/plots.gp")
-  echo "plots: $out/amplification_outage.png $out/amplification_by_regime.png" >&2
+  echo "plots: $out/amplification_outage.png $out/amplification_by_regime.png $out/amplification_fleet_size.png" >&2
 else
   echo "gnuplot not installed: no plots (apt-get install gnuplot-nox)" >&2
 fi
