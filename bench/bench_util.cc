@@ -89,6 +89,13 @@ int Child::Stop(int signo, absl::Duration timeout) {
   return process_->Stop(signo, timeout).value_or(0);
 }
 
+std::optional<std::string> Child::Exited() {
+  if (process_ == nullptr) return std::nullopt;
+  const std::optional<int> status = process_->Poll();
+  if (!status.has_value()) return std::nullopt;
+  return DescribeWaitStatus(*status);
+}
+
 int64_t RssBytes(pid_t pid) {
   std::ifstream in(pid == 0 ? std::string("/proc/self/statm")
                             : absl::StrCat("/proc/", pid, "/statm"));
@@ -163,6 +170,11 @@ absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);
     if (in >> *port && *port > 0) return child;
+    if (std::optional<std::string> how = child->Exited(); how.has_value()) {
+      // A bad flag or policy: say so now rather than after the 10 s wait (its stderr has why).
+      return absl::UnavailableError(
+          absl::StrCat(server_bin, " ", *how, " before writing its port file"));
+    }
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::UnavailableError("retry-budget-server did not write its port file");

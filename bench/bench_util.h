@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,9 @@ class Child {
   // Sends `signo` and waits up to `timeout` for the child to exit (then SIGKILL). Returns the
   // wait status (0 after a move).
   int Stop(int signo, absl::Duration timeout);
+  // How the child ended ("exited with status 2", ...) if it has exited (reaping it), else
+  // nullopt. Never blocks.
+  std::optional<std::string> Exited();
 
  private:
   explicit Child(std::unique_ptr<Subprocess> process) : process_(std::move(process)) {}
