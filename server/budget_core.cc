@@ -607,11 +607,15 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
     // themselves under the capacity.
     const uint64_t held = sent.tokens_received() - (sent.retries_spent() - sent.fallback_spent()) -
                           sent.tokens_returned();
+    // What it spent since its previous report (0 for a baseline): an instance that spends at
+    // least what it holds per report interval passes its tokens through rather than keeping
+    // them, and its reported holdings are stale by the time the server could count them.
+    const uint64_t spent_since = known[i] ? sent.retries_spent() - rec.retries_spent : 0;
     Tenant::Active* entry = nullptr;
     if (request.final()) {
       tb.RemoveActive(instance.get());
     } else {
-      entry = &tb.SetActive(instance.get(), sent.want(), held, now);
+      entry = &tb.SetActive(instance.get(), sent.want(), spent_since < held ? held : 0, now);
     }
     if (known[i]) {
       // Known history: apply only the difference. `rec` may be a fresh zero record here.
@@ -656,11 +660,13 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
       granted = GrantFor(sent.want(), tb.want_sum, tb.bucket.tokens());
       if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
       granted = tb.bucket.Take(granted);
-      // Only a satisfied instance's holdings count against the capacity. One that got less than
-      // it wants is about to spend all it has: its reported holdings are stale at once, and
-      // counting them would hold the refill back from the very instances waiting for it (under
-      // contention the level then sits idle while retries are denied).
-      tb.SetHeld(*entry, granted >= sent.want() ? entry->held + granted : 0);
+      // Only the holdings of an instance that keeps tokens count against the capacity: it got
+      // what it wanted, and it spent less than it now holds since its last report. One that got
+      // less than it wants, or spends faster than it holds, is about to spend all it has: its
+      // reported holdings are stale at once, and counting them would hold the refill back from
+      // the instances waiting for it (the level then sits idle while retries are denied).
+      const bool keeps = granted >= sent.want() && spent_since < held + granted;
+      tb.SetHeld(*entry, keeps ? held + granted : 0);
       rec.granted_total += granted;
       tb.totals.granted += granted;
       tb.totals.wanted += sent.want();
