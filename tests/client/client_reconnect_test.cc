@@ -198,7 +198,10 @@ TEST(ClientReconnectTest, ReturnsToLeasesWithinSecondsOfAKillNineAndRestartOnThe
   std::cerr << "[reconnect] " << in_fallback << " fallback retries, longest gap "
             << absl::FormatDuration(longest_gap) << "\n";
   EXPECT_GT(in_fallback, 10);
-  EXPECT_LT(longest_gap, absl::Milliseconds(400));
+  // The behaviour is "not blocked behind a Sync": a blocked refill shows gaps of the Sync deadline
+  // (1 s) or more. The bound is that deadline, not the 50 ms schedule: under AddressSanitizer on
+  // 2 shared cores the worker thread alone was once descheduled for 853 ms.
+  EXPECT_LT(longest_gap, absl::Seconds(1));
   EXPECT_TRUE((*client)->Shutdown().ok());
 }
 
