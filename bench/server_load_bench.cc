@@ -497,24 +497,29 @@ int Main() {
   for (int per_request : {1, 8}) {
     const double ratio = median_ratio(per_request, "retry-budget-server", "echo_callback",
                                       &RunResult::per_second);
-    ratio_fields.push_back(absl::StrFormat("\"throughput_vs_echo_%dt\":%.3f", per_request, ratio));
-    ratio_fields.push_back(absl::StrFormat(
-        "\"server_cpu_per_call_vs_echo_%dt\":%.3f", per_request,
-        median_ratio(per_request, "retry-budget-server", "echo_callback",
-                     &RunResult::server_cpu_us_per_call)));
-    ratio_fields.push_back(absl::StrFormat(
-        "\"p99_vs_echo_%dt\":%.3f", per_request,
-        median_ratio(per_request, "retry-budget-server", "echo_callback", &RunResult::p99_us)));
-    // The API question: the same work on the completion-queue API vs the callback API.
-    ratio_fields.push_back(absl::StrFormat(
-        "\"echo_cq_vs_echo_callback_%dt\":%.3f", per_request,
-        median_ratio(per_request, "echo_cq", "echo_callback", &RunResult::per_second)));
-    ratio_fields.push_back(absl::StrFormat(
-        "\"budget_cq_vs_budget_callback_%dt\":%.3f", per_request,
-        median_ratio(per_request, "budget_cq", "retry-budget-server", &RunResult::per_second)));
-    ratio_fields.push_back(absl::StrFormat(
-        "\"budget_cq_vs_echo_cq_%dt\":%.3f", per_request,
-        median_ratio(per_request, "budget_cq", "echo_cq", &RunResult::per_second)));
+    // Each reported ratio: its name, and which server's field over which. The last three answer
+    // the API question: the same work on the completion-queue API vs the callback API.
+    struct RatioSpec {
+      const char* name;
+      const char* server;
+      const char* baseline;
+      double RunResult::*field;
+    };
+    constexpr RatioSpec kRatios[] = {
+        {"throughput_vs_echo", "retry-budget-server", "echo_callback", &RunResult::per_second},
+        {"server_cpu_per_call_vs_echo", "retry-budget-server", "echo_callback",
+         &RunResult::server_cpu_us_per_call},
+        {"p99_vs_echo", "retry-budget-server", "echo_callback", &RunResult::p99_us},
+        {"echo_cq_vs_echo_callback", "echo_cq", "echo_callback", &RunResult::per_second},
+        {"budget_cq_vs_budget_callback", "budget_cq", "retry-budget-server",
+         &RunResult::per_second},
+        {"budget_cq_vs_echo_cq", "budget_cq", "echo_cq", &RunResult::per_second},
+    };
+    for (const RatioSpec& spec : kRatios) {
+      ratio_fields.push_back(
+          absl::StrFormat("\"%s_%dt\":%.3f", spec.name, per_request,
+                          median_ratio(per_request, spec.server, spec.baseline, spec.field)));
+    }
     target_fields.push_back(absl::StrFormat("\"throughput_at_least_80pct_of_echo_%dt\":%s",
                                             per_request, ratio >= 0.8 ? "true" : "false"));
     for (const ServerUnderTest& server : servers) {
