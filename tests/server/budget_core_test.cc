@@ -63,6 +63,16 @@ class BudgetCoreTest : public ::testing::Test {
     core_ = std::move(*core);
   }
 
+  // A strict server whose only listed tenant is "known" (capacity 10).
+  void MakeStrictCoreListingKnown() {
+    CoreOptions options;
+    options.policy.set_strict(true);
+    auto* listed = options.policy.add_tenants();
+    listed->set_tenant("known");
+    listed->mutable_policy()->set_capacity(10);
+    MakeCore(100, 0, 0, -1, options);
+  }
+
   v1::TenantGrant SyncOne(const std::string& instance, uint64_t seq, const Counters& c,
                           const std::string& tenant = "t") {
     auto r = core_->Sync(Request(instance, seq, tenant, c));
@@ -459,12 +469,7 @@ TEST_F(BudgetCoreTest, FinalRequestReturnsEverythingOnceAndForgetsTheInstance) {
 }
 
 TEST_F(BudgetCoreTest, StrictServerRefusesUnknownTenantsOneByOne) {
-  CoreOptions options;
-  options.policy.set_strict(true);
-  auto* listed = options.policy.add_tenants();
-  listed->set_tenant("known");
-  listed->mutable_policy()->set_capacity(10);
-  MakeCore(100, 0, 0, -1, options);
+  MakeStrictCoreListingKnown();
   v1::SyncRequest r = Request("a", 1, "known", {.want = 3});
   *r.add_tenants() = Entry("unknown", {.want = 3});
   auto resp = core_->Sync(r);
@@ -661,12 +666,7 @@ TEST_F(BudgetCoreTest, DeletingOneTenantLeavesTheInstancesOtherTenantsAlone) {
 }
 
 TEST_F(BudgetCoreTest, ARetriedRequestGetsItsRefusedEntriesBackToo) {
-  CoreOptions options;
-  options.policy.set_strict(true);
-  auto* listed = options.policy.add_tenants();
-  listed->set_tenant("known");
-  listed->mutable_policy()->set_capacity(10);
-  MakeCore(100, 0, 0, -1, options);
+  MakeStrictCoreListingKnown();
   v1::SyncRequest r = Request("a", 1, "unknown", {.want = 3});
   *r.add_tenants() = Entry("known", {.want = 4});
   auto first = core_->Sync(r);
