@@ -11,9 +11,9 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/bench_util.h"
 #include "bench/echo.grpc.pb.h"
-#include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "server/arena_messages.h"
 #include "server/budget_core.h"
 #include "server/policy.h"
 #include "server/service.h"
@@ -79,22 +79,11 @@ class CqUnaryMethod {
   static constexpr int kPendingPerQueue = 128;
 
   struct Call {
-    static google::protobuf::ArenaOptions Options(char* block, size_t size) {
-      google::protobuf::ArenaOptions options;
-      options.initial_block = block;
-      options.initial_block_size = size;
-      return options;
-    }
-    Call()
-        : arena(Options(block, sizeof(block))),
-          request(google::protobuf::Arena::CreateMessage<Request>(&arena)),
-          response(google::protobuf::Arena::CreateMessage<Response>(&arena)),
-          writer(&context) {}
+    Call() : request(messages.request()), response(messages.response()), writer(&context) {}
 
-    alignas(std::max_align_t) char block[4096];
-    google::protobuf::Arena arena;
-    Request* request;
-    Response* response;
+    ArenaMessages<Request, Response> messages;
+    Request* const request;
+    Response* const response;
     grpc::ServerContext context;
     Writer writer;
     bool answered = false;

@@ -8,10 +8,10 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "google/protobuf/arena.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/support/message_allocator.h"
 #include "retrybudget/names.h"
+#include "server/arena_messages.h"
 
 namespace retrybudget {
 namespace {
@@ -101,30 +101,19 @@ class Call {
   grpc::ServerUnaryReactor* const reactor_;
 };
 
-// The request and response of one Sync on one protobuf arena, whose first block comes with the
-// holder: parsing the request, building the response and freeing both are a few bump
-// allocations instead of a malloc per string and submessage. gRPC releases the holder when the
-// RPC is done.
+// The request and response of one Sync on an arena of their own (arena_messages.h). gRPC
+// releases the holder when the RPC is done.
 class ArenaSyncMessages final : public grpc::MessageHolder<v1::SyncRequest, v1::SyncResponse> {
  public:
-  ArenaSyncMessages() : arena_(ArenaOptions(initial_block_, sizeof(initial_block_))) {
-    set_request(google::protobuf::Arena::CreateMessage<v1::SyncRequest>(&arena_));
-    set_response(google::protobuf::Arena::CreateMessage<v1::SyncResponse>(&arena_));
+  ArenaSyncMessages() {
+    set_request(messages_.request());
+    set_response(messages_.response());
   }
 
   void Release() override { delete this; }
 
  private:
-  static google::protobuf::ArenaOptions ArenaOptions(char* block, size_t size) {
-    google::protobuf::ArenaOptions options;
-    options.initial_block = block;
-    options.initial_block_size = size;
-    return options;
-  }
-
-  // Enough for a request and response of about 16 tenant entries; larger ones grow the arena.
-  alignas(std::max_align_t) char initial_block_[4096];
-  google::protobuf::Arena arena_;  // after initial_block_: destroyed before it
+  ArenaMessages<v1::SyncRequest, v1::SyncResponse> messages_;
 };
 
 class ArenaSyncAllocator final
