@@ -1,0 +1,66 @@
+// The most conservative of the values seen lately: the server's largest fleet size of the last
+// minute, a client's smallest fallback share of the last minute. Both size a fallback bucket,
+// and both must not forget a value the moment a restart or a hang makes a smaller fleet visible.
+#ifndef RETRYBUDGET_RECENT_EXTREME_H_
+#define RETRYBUDGET_RECENT_EXTREME_H_
+
+#include <optional>
+#include <utility>
+
+#include "absl/time/time.h"
+
+namespace retrybudget {
+
+// Merges the values noted within the last `window` with `Merge` (an associative, commutative
+// "the more conservative of the two", such as max). Get(now) covers every value noted in
+// [now - window, now], and none noted 2 * window or more before now: two slots, the merge of the
+// current window [start, start + window) and that of the one before it. O(1) per call, no
+// allocation.
+//
+// Not thread-safe: the owner serialises calls. A clock that goes back never rolls a window.
+template <typename T, typename Merge>
+class RecentExtreme {
+ public:
+  explicit RecentExtreme(absl::Duration window, Merge merge = Merge())
+      : window_(window), merge_(std::move(merge)) {}
+
+  void Note(const T& value, absl::Time now) {
+    Roll(now);
+    current_ = current_.has_value() ? merge_(*current_, value) : value;
+  }
+
+  // The merge of the recent values; nullopt when none was noted within the last window.
+  std::optional<T> Get(absl::Time now) {
+    Roll(now);
+    if (!previous_.has_value()) return current_;
+    if (!current_.has_value()) return previous_;
+    return merge_(*current_, *previous_);
+  }
+
+ private:
+  // Windows are aligned: a roll moves `start_` by exactly one window, so `previous_` holds
+  // [start_ - window, start_) and `current_` holds [start_, now] with now < start_ + window.
+  // After an idle gap of two windows or more both are empty and the next window starts at `now`.
+  void Roll(absl::Time now) {
+    const absl::Duration age = now - start_;
+    if (age < window_) return;
+    if (age < 2 * window_) {
+      previous_ = std::move(current_);
+      start_ += window_;
+    } else {
+      previous_.reset();
+      start_ = now;
+    }
+    current_.reset();
+  }
+
+  const absl::Duration window_;
+  Merge merge_;
+  absl::Time start_ = absl::InfinitePast();
+  std::optional<T> current_;
+  std::optional<T> previous_;
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_RECENT_EXTREME_H_
