@@ -11,9 +11,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "retrybudget/names.h"
+#include "retrybudget/recent_extreme.h"
 #include "server/token_bucket.h"
 
 namespace retrybudget {
+
+// How long a tenant's largest fleet is remembered for sizing the fallback shares. Longer than
+// any lease TTL: after a server hang or outage the instances rejoin one by one, each seeing
+// a swept active set, and must not be told that the budget is theirs alone (DESIGN.md, "When
+// the server is unreachable").
+constexpr absl::Duration kFleetSizeWindow = absl::Seconds(60);
+
+struct MaxCount {
+  uint64_t operator()(uint64_t a, uint64_t b) const { return std::max(a, b); }
+};
 
 // Where a tenant's policy came from: a reload keeps admin-set policies and re-applies the others.
 enum class PolicySource { kDefault, kFile, kAdmin };
@@ -51,6 +62,8 @@ struct BudgetCore::Tenant {
   uint64_t want_sum ABSL_GUARDED_BY(mu) = 0;
   uint64_t held_sum ABSL_GUARDED_BY(mu) = 0;  // also the bucket's `leased`
   absl::Time last_sweep ABSL_GUARDED_BY(mu);
+  // The most instances active at once lately: the SafeShare divides the budget among them.
+  RecentExtreme<uint64_t, MaxCount> fleet_size ABSL_GUARDED_BY(mu){kFleetSizeWindow};
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
@@ -616,6 +629,7 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
       tb.RemoveActive(instance.get());
     } else {
       entry = &tb.SetActive(instance.get(), sent.want(), spent_since < held ? held : 0, now);
+      tb.fleet_size.Note(tb.active.size(), now);
     }
     if (known[i]) {
       // Known history: apply only the difference. `rec` may be a fresh zero record here.
@@ -686,11 +700,15 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
     // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
     // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
     const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.active.size()));
+    // Fallback shares divide among the largest fleet of the last minute, not the active set of
+    // this moment: every instance that may be in fallback at once gets a share of one budget.
+    const double fleet = static_cast<double>(
+        std::max<uint64_t>(active, tb.fleet_size.Get(now).value_or(0)));
     out.granted = granted;
     out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
     out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
-    out.safe_capacity = tb.policy.capacity / active;
-    out.safe_refill_per_second = tb.policy.refill_per_second / active;
+    out.safe_capacity = tb.policy.capacity / fleet;
+    out.safe_refill_per_second = tb.policy.refill_per_second / fleet;
     out.bucket_tokens = tb.bucket.tokens();
     out.capacity = tb.policy.capacity;
     out.active_instances = active;

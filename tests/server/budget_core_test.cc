@@ -444,6 +444,29 @@ TEST_F(BudgetCoreTest, SafeShareSplitsCapacityAndRefillAmongActiveInstances) {
   EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 4);
 }
 
+// After a hang longer than the lease TTL every instance is swept, and they rejoin one by one.
+// The first to come back must not be handed the whole budget as its fallback share: if the
+// server goes away again, the whole fleet falls back at once.
+TEST_F(BudgetCoreTest, SafeShareDividesAmongTheLargestFleetOfTheLastMinute) {
+  MakeCore(100, 8, 0);
+  for (const char* id : {"a", "b", "c", "d"}) SyncOne(id, 1, {.want = 1});
+  clock_.Advance(absl::Seconds(8));  // the server hung; leases (5 s) expired meanwhile
+  auto g = SyncOne("a", 2, {.received = 1, .want = 1});
+  EXPECT_EQ(g.active_instances(), 1u);
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 25);
+  EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 2);
+  // A fleet that really shrank gets its larger shares once the old size is out of memory:
+  // after at most two minutes of "a" alone.
+  uint64_t seq = 3;
+  for (int i = 0; i < 30; ++i) {
+    clock_.Advance(absl::Seconds(4));
+    g = SyncOne("a", seq, {.received = seq - 1, .want = 1});
+    ++seq;
+  }
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 100);
+  EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 8);
+}
+
 TEST_F(BudgetCoreTest, ADryBucketAsksTheClientToComeBackLater) {
   MakeCore(100, 4, 0, 0);
   auto g = SyncOne("a", 1, {.want = 1});
