@@ -2,17 +2,26 @@
 #ifndef RETRYBUDGET_CLIENT_FALLBACK_BUCKET_H_
 #define RETRYBUDGET_CLIENT_FALLBACK_BUCKET_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/time/time.h"
 
 namespace retrybudget::client_internal {
 
-// Size of a local bucket: the last SafeShare the server sent for the tenant, or the configured
-// bucket of a client that never reached the server.
+// Size of a local bucket: the SafeShare the server sent for the tenant (see kSafeShareMemory in
+// retrybudget/client.h), or the configured bucket of a client that never reached the server.
 struct BucketShape {
   double capacity = 0;           // tokens
   double refill_per_second = 0;  // tokens per second
+};
+
+// The smaller of two shapes in each dimension.
+struct SmallerShape {
+  BucketShape operator()(const BucketShape& a, const BucketShape& b) const {
+    return {.capacity = std::min(a.capacity, b.capacity),
+            .refill_per_second = std::min(a.refill_per_second, b.refill_per_second)};
+  }
 };
 
 // The bucket math of fallback mode, for a bucket whose whole tokens sit in the lease word where

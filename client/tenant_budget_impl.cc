@@ -93,9 +93,13 @@ void TenantBudgetImpl::EnterFallbackLocked(absl::Time now) {
     mode_ = LeaseMode::kDenyFallback;
     return;
   }
-  // The instance's share of the fleet's budget as the server last saw it; a tenant the server
-  // never answered for gets the configured (conservative) bucket.
-  fallback_.emplace(safe_share_.value_or(fallback_config_.never_reached), now);
+  // The instance's share of the fleet's budget as the server last saw it (the smallest of the
+  // minute before its last answer); a tenant the server never answered for gets the configured
+  // (conservative) bucket.
+  const std::optional<BucketShape> share =
+      last_safe_share_at_ == absl::InfinitePast() ? std::nullopt
+                                                  : safe_shares_.Get(last_safe_share_at_);
+  fallback_.emplace(share.value_or(fallback_config_.never_reached), now);
   const uint64_t first = fallback_->Refill(now, 0);
   const uint64_t withdrawn = lease_.Replace(first, FallbackMarkLocked());
   ledger_.Withdrew(withdrawn, 0);  // leased tokens (or raced-in refunds): returned
@@ -210,8 +214,10 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
   }
   ledger_.Received(granted, deposited);
   if (grant.has_safe_share()) {
-    safe_share_ = BucketShape{.capacity = grant.safe_share().capacity(),
-                              .refill_per_second = grant.safe_share().refill_per_second()};
+    safe_shares_.Note({.capacity = grant.safe_share().capacity(),
+                       .refill_per_second = grant.safe_share().refill_per_second()},
+                      received);
+    last_safe_share_at_ = received;
   }
   // The lease (everything held, old tokens included) now ends at the time the request was
   // first SENT plus the TTL: the client's clock can only end it earlier than the server's view.

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "retrybudget/mutex.h"
+#include "retrybudget/recent_extreme.h"
 #include "absl/time/time.h"
 #include <optional>
 
@@ -191,8 +192,10 @@ class TenantBudgetImpl final : public TenantBudget {
   // The server granted less than wanted: a low/empty lease does not sync before this.
   absl::Time dry_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status error_ ABSL_GUARDED_BY(mu_);
-  // The last SafeShare the server sent for this tenant (none: never answered for it).
-  std::optional<BucketShape> safe_share_ ABSL_GUARDED_BY(mu_);
+  // The SafeShares the server sent for this tenant, and when the last one came (InfinitePast:
+  // never answered for it). Fallback uses the smallest of the minute before that answer.
+  RecentExtreme<BucketShape, SmallerShape> safe_shares_ ABSL_GUARDED_BY(mu_){kSafeShareMemory};
+  absl::Time last_safe_share_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The local bucket while mode_ == kFallback.
   std::optional<FallbackBucket> fallback_ ABSL_GUARDED_BY(mu_);
 };

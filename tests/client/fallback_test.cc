@@ -1,5 +1,5 @@
 // Fallback while the budget server is unreachable: the lease is spent to its expiry, then a
-// local bucket sized by the last SafeShare (or the configured bucket), or deny; back to leases
+// local bucket sized by the recent SafeShares (or the configured bucket), or deny; back to leases
 // when the server answers, reporting the fallback spending exactly. Every request the tests
 // send is checked against the server's validation rules (ClientHarness).
 #include <string>
@@ -121,6 +121,37 @@ TEST(FallbackTest, FallbackRateAndBurstAreTheLastSafeShare) {
   h.clock().Advance(absl::Minutes(5));
   h.client().RunOnce();
   EXPECT_EQ(TakeAll(budget), 4);
+}
+
+// A restarted (or hung) server sees the fleet rejoin one by one and offers the first instances
+// back a share of a smaller fleet. If it goes away again at once, the fallback bucket is the
+// smallest share of the minute before its last answer, not that inflated last one.
+TEST(FallbackTest, FallbackBurstIsTheSmallestShareOfTheLastMinute) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(GrantingWithShare(0, /*share_capacity=*/3, /*share_refill_per_second=*/1,
+                                  /*lease_ttl_ms=*/500));
+  h.client().RunOnce();
+  h.clock().Advance(absl::Seconds(20));
+  h.set_handler(GrantingWithShare(0, /*share_capacity=*/12, /*share_refill_per_second=*/4,
+                                  /*lease_ttl_ms=*/500));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  EXPECT_EQ(TakeAll(budget), 3);
+
+  // A fleet that really shrank: once the small share is more than two minutes old, the larger
+  // one is the share.
+  h.set_handler(GrantingWithShare(0, /*share_capacity=*/12, /*share_refill_per_second=*/4,
+                                  /*lease_ttl_ms=*/500));
+  StepUntilMode(h, budget, BudgetMode::kLease);
+  for (int i = 0; i < 5; ++i) {
+    h.clock().Advance(absl::Seconds(30));
+    h.client().RunOnce();
+  }
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  EXPECT_EQ(TakeAll(budget), 12);
 }
 
 TEST(FallbackTest, AClientThatNeverReachedTheServerUsesTheConfiguredBucket) {

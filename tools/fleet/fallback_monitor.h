@@ -17,7 +17,7 @@
 // them; a successful Sync observed during an episode is counted as the end of one episode and
 // the start of another (the bucket may have been refilled to capacity).
 //
-//   FallbackMonitor monitor(*budget, [&] { return observer->LastSafeShare(tenant); });
+//   FallbackMonitor monitor(*budget, [&] { return observer->FallbackShare(tenant); });
 //   monitor.Start(absl::Milliseconds(5));
 //   ... workers read monitor.phase() ...
 //   FallbackReport report = monitor.Finish();
@@ -61,8 +61,8 @@ struct FallbackReport {
   bool lease_after_fallback = false;
 };
 
-// What the monitor needs to know of the client besides its Stats(): the last SafeShare received
-// and the number of successful Syncs so far. Called on the monitor's thread.
+// What the monitor needs to know of the client besides its Stats(): the share its fallback bucket
+// gets from the SafeShares received (SyncObservingStub::FallbackShare) and the number of successful Syncs so far. Called on the monitor's thread.
 struct FallbackSources {
   std::function<std::optional<SafeShareView>()> safe_share = nullptr;
   std::function<uint64_t()> syncs_ok = nullptr;

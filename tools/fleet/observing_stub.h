@@ -1,14 +1,15 @@
 // A RetryBudgetService stub that forwards every call to a real stub and remembers what the
-// worker's client was told: the last SafeShare the server sent for each tenant (the size of the
-// client's local fallback bucket) and how many Sync attempts succeeded or failed. The fleet's
-// workers hand it to CreateBudgetClientForTesting() so that the harness can state the fallback
-// allowance from what each client actually received, without trusting the library's books.
+// worker's client was told: the SafeShares the server sent for each tenant (the client's local
+// fallback bucket is the smallest of the kSafeShareMemory before the last one, client.h) and how
+// many Sync attempts succeeded or failed. The fleet's workers hand it to
+// CreateBudgetClientForTesting() so that the harness can state the fallback allowance from what
+// each client actually received, without trusting the library's books.
 //
 //   auto observing = std::make_unique<SyncObservingStub>(v1::RetryBudgetService::NewStub(ch));
 //   SyncObservingStub* observer = observing.get();
 //   auto client = CreateBudgetClientForTesting(options, std::move(observing), true);
 //   ...
-//   std::optional<SafeShareView> share = observer->LastSafeShare("fleet");
+//   std::optional<SafeShareView> share = observer->FallbackShare("fleet");
 #ifndef RETRYBUDGET_TOOLS_FLEET_OBSERVING_STUB_H_
 #define RETRYBUDGET_TOOLS_FLEET_OBSERVING_STUB_H_
 
@@ -19,7 +20,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "retrybudget/client.h"
 #include "retrybudget/mutex.h"
+#include "retrybudget/recent_extreme.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tools/fleet/fallback_monitor.h"
 
@@ -35,9 +39,10 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
                     v1::SyncResponse* response) override;
   async_interface* async() override { return inner_->async(); }
 
-  // The SafeShare of the last successful, non-stale response that granted `tenant` without a
-  // per-tenant error; nullopt when none came yet.
-  std::optional<SafeShareView> LastSafeShare(absl::string_view tenant) const;
+  // The fallback bucket the client's rule gives `tenant` from the SafeShares of the successful,
+  // non-stale responses that granted it without a per-tenant error: the smallest of the
+  // kSafeShareMemory before the last one. nullopt when none came yet.
+  std::optional<SafeShareView> FallbackShare(absl::string_view tenant);
   uint64_t syncs_ok() const;
   uint64_t syncs_failed() const;
 
@@ -51,7 +56,14 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
 
   const std::unique_ptr<v1::RetryBudgetService::StubInterface> inner_;
   mutable Mutex mu_;
-  absl::flat_hash_map<std::string, SafeShareView> safe_shares_ ABSL_GUARDED_BY(mu_);
+  struct SmallerShare {
+    SafeShareView operator()(const SafeShareView& a, const SafeShareView& b) const;
+  };
+  struct Shares {
+    RecentExtreme<SafeShareView, SmallerShare> recent{kSafeShareMemory};
+    absl::Time last_at;
+  };
+  absl::flat_hash_map<std::string, Shares> safe_shares_ ABSL_GUARDED_BY(mu_);
   uint64_t syncs_ok_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t syncs_failed_ ABSL_GUARDED_BY(mu_) = 0;
 };

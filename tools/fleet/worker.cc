@@ -80,7 +80,7 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     monitor = std::make_unique<FallbackMonitor>(
         *budget,
         FallbackSources{
-            .safe_share = [observer, &options] { return observer->LastSafeShare(options.tenant); },
+            .safe_share = [observer, &options] { return observer->FallbackShare(options.tenant); },
             .syncs_ok = [observer] { return observer->syncs_ok(); },
             .never_reached = {.capacity = defaults.fallback_capacity,
                               .refill_per_second = defaults.fallback_refill_per_second}});

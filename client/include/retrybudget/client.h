@@ -14,9 +14,10 @@
 // returns unspent tokens, and is woken at once when a worker finds its lease empty.
 //
 // When the server is unreachable the client never fails open: it spends its current lease until
-// the lease expires, then falls back to a local token bucket sized by the last `safe_share` the
-// server sent for the tenant (ClientOptions::fallback), and goes back to leases, reporting what
-// it spent in fallback, as soon as the server answers again.
+// the lease expires, then falls back to a local token bucket sized by the `safe_share` the server
+// sent for the tenant (the smallest of the kSafeShareMemory before its last answer;
+// ClientOptions::fallback), and goes back to leases, reporting what it spent in fallback, as
+// soon as the server answers again.
 #ifndef RETRYBUDGET_CLIENT_H_
 #define RETRYBUDGET_CLIENT_H_
 
@@ -67,12 +68,18 @@ inline absl::string_view BudgetModeName(BudgetMode mode) {
   return "unknown";
 }
 
+// A fallback bucket is the smallest SafeShare (in capacity and in refill) the server sent for the
+// tenant within this long before its last answer, not simply the last one: a server that
+// restarted or hung sees the fleet rejoin one by one and may offer the first instances back the
+// share of a smaller fleet.
+inline constexpr absl::Duration kSafeShareMemory = absl::Seconds(60);
+
 // What a client does once the server is unreachable and its lease has expired.
 enum class FallbackMode {
-  // Allow retries from a local token bucket: the last SafeShare the server sent for the tenant
-  // (this instance's share of capacity and refill, so a fleet in fallback still spends about one
-  // budget), or ClientOptions::fallback_capacity / fallback_refill_per_second when the server
-  // never answered for the tenant.
+  // Allow retries from a local token bucket: the SafeShare the server sent for the tenant (this
+  // instance's share of capacity and refill, so a fleet in fallback still spends about one
+  // budget; see kSafeShareMemory), or ClientOptions::fallback_capacity /
+  // fallback_refill_per_second when the server never answered for the tenant.
   kLocalBucket,
   // Deny every retry until the server answers again.
   kDeny,
