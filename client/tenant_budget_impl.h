@@ -194,7 +194,8 @@ class TenantBudgetImpl final : public TenantBudget {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   // The SafeShares the server sent for this tenant, and when the last one came (InfinitePast:
   // never answered for it). Fallback uses the smallest of the minute before that answer.
-  RecentExtreme<BucketShape, SmallerShape> safe_shares_ ABSL_GUARDED_BY(mu_){kSafeShareMemory};
+  RecentExtreme<BucketShape, SmallerShape, kSafeShareMemoryMillis> safe_shares_
+      ABSL_GUARDED_BY(mu_);
   absl::Time last_safe_share_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The local bucket while mode_ == kFallback.
   std::optional<FallbackBucket> fallback_ ABSL_GUARDED_BY(mu_);

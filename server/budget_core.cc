@@ -20,7 +20,7 @@ namespace retrybudget {
 // any lease TTL: after a server hang or outage the instances rejoin one by one, each seeing
 // a swept active set, and must not be told that the budget is theirs alone (DESIGN.md, "When
 // the server is unreachable").
-constexpr absl::Duration kFleetSizeWindow = absl::Seconds(60);
+constexpr int64_t kFleetSizeWindowMillis = 60'000;
 
 struct MaxCount {
   uint64_t operator()(uint64_t a, uint64_t b) const { return std::max(a, b); }
@@ -63,7 +63,7 @@ struct BudgetCore::Tenant {
   uint64_t held_sum ABSL_GUARDED_BY(mu) = 0;  // also the bucket's `leased`
   absl::Time last_sweep ABSL_GUARDED_BY(mu);
   // The most instances active at once lately: the SafeShare divides the budget among them.
-  RecentExtreme<uint64_t, MaxCount> fleet_size ABSL_GUARDED_BY(mu){kFleetSizeWindow};
+  RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.

@@ -16,18 +16,18 @@ namespace {
 struct Max {
   uint64_t operator()(uint64_t a, uint64_t b) const { return std::max(a, b); }
 };
-using RecentMax = RecentExtreme<uint64_t, Max>;
+using RecentMax = RecentExtreme<uint64_t, Max, 60'000>;
 
 const absl::Time kT0 = absl::FromUnixSeconds(1'000'000);
-constexpr absl::Duration kWindow = absl::Seconds(60);
+constexpr absl::Duration kWindow = RecentMax::kWindow;
 
 TEST(RecentExtremeTest, NothingNotedIsNothing) {
-  RecentMax m(kWindow);
+  RecentMax m;
   EXPECT_EQ(m.Get(kT0), std::nullopt);
 }
 
 TEST(RecentExtremeTest, KeepsTheLargestOfTheWindowThenForgetsIt) {
-  RecentMax m(kWindow);
+  RecentMax m;
   m.Note(4, kT0);
   m.Note(1, kT0 + absl::Seconds(3));  // a fleet seen rejoining one by one after a hang
   EXPECT_EQ(m.Get(kT0 + absl::Seconds(3)), 4u);
@@ -38,13 +38,13 @@ TEST(RecentExtremeTest, KeepsTheLargestOfTheWindowThenForgetsIt) {
 }
 
 TEST(RecentExtremeTest, AnIdleGapLongerThanTwoWindowsForgetsEverything) {
-  RecentMax m(kWindow);
+  RecentMax m;
   m.Note(7, kT0);
   EXPECT_EQ(m.Get(kT0 + 2 * kWindow + absl::Seconds(1)), std::nullopt);
 }
 
 TEST(RecentExtremeTest, AClockThatGoesBackRollsNothing) {
-  RecentMax m(kWindow);
+  RecentMax m;
   m.Note(5, kT0);
   m.Note(2, kT0 - absl::Hours(1));
   EXPECT_EQ(m.Get(kT0 - absl::Hours(1)), 5u);
@@ -57,7 +57,7 @@ TEST(RecentExtremeTest, MergesWithAnyConservativeRule) {
       return {std::min(a.first, b.first), std::min(a.second, b.second)};
     }
   };
-  RecentExtreme<std::pair<double, double>, ComponentwiseMin> m(kWindow);
+  RecentExtreme<std::pair<double, double>, ComponentwiseMin, 60'000> m;
   m.Note({5, 15}, kT0);
   m.Note({6.5, 12}, kT0 + absl::Seconds(1));
   EXPECT_EQ(m.Get(kT0 + absl::Seconds(1)), std::make_pair(5.0, 12.0));
@@ -68,7 +68,7 @@ TEST(RecentExtremeTest, MergesWithAnyConservativeRule) {
 TEST(RecentExtremeTest, CoversTheLastWindowAndNothingOlderThanTwo) {
   std::mt19937_64 rng(20261202);
   for (int history = 0; history < 200; ++history) {
-    RecentMax m(kWindow);
+    RecentMax m;
     std::vector<std::pair<absl::Time, uint64_t>> noted;
     absl::Time now = kT0;
     for (int step = 0; step < 300; ++step) {

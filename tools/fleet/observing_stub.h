@@ -60,7 +60,7 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
     SafeShareView operator()(const SafeShareView& a, const SafeShareView& b) const;
   };
   struct Shares {
-    RecentExtreme<SafeShareView, SmallerShare> recent{kSafeShareMemory};
+    RecentExtreme<SafeShareView, SmallerShare, kSafeShareMemoryMillis> recent;
     absl::Time last_at;
   };
   absl::flat_hash_map<std::string, Shares> safe_shares_ ABSL_GUARDED_BY(mu_);

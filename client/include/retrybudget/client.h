@@ -72,7 +72,8 @@ inline absl::string_view BudgetModeName(BudgetMode mode) {
 // tenant within this long before its last answer, not simply the last one: a server that
 // restarted or hung sees the fleet rejoin one by one and may offer the first instances back the
 // share of a smaller fleet.
-inline constexpr absl::Duration kSafeShareMemory = absl::Seconds(60);
+inline constexpr int64_t kSafeShareMemoryMillis = 60'000;
+inline constexpr absl::Duration kSafeShareMemory = absl::Milliseconds(kSafeShareMemoryMillis);
 
 // What a client does once the server is unreachable and its lease has expired.
 enum class FallbackMode {

@@ -4,6 +4,7 @@
 #ifndef RETRYBUDGET_RECENT_EXTREME_H_
 #define RETRYBUDGET_RECENT_EXTREME_H_
 
+#include <cstdint>
 #include <optional>
 #include <utility>
 
@@ -11,18 +12,19 @@
 
 namespace retrybudget {
 
-// Merges the values noted within the last `window` with `Merge` (an associative, commutative
-// "the more conservative of the two", such as max). Get(now) covers every value noted in
+// Merges the values noted within the last window (kWindowMillis) with `Merge` (an associative,
+// commutative "the more conservative of the two", such as max). Get(now) covers every value noted in
 // [now - window, now], and none noted 2 * window or more before now: two slots, the merge of the
 // current window [start, start + window) and that of the one before it. O(1) per call, no
 // allocation.
 //
 // Not thread-safe: the owner serialises calls. A clock that goes back never rolls a window.
-template <typename T, typename Merge>
+// The window is a template argument and `Merge` an empty function object: a tenant holds one of
+// these, and a million tenants should not pay for a copy of a constant each.
+template <typename T, typename Merge, int64_t kWindowMillis>
 class RecentExtreme {
  public:
-  explicit RecentExtreme(absl::Duration window, Merge merge = Merge())
-      : window_(window), merge_(std::move(merge)) {}
+  static constexpr absl::Duration kWindow = absl::Milliseconds(kWindowMillis);
 
   void Note(const T& value, absl::Time now) {
     Roll(now);
@@ -43,10 +45,10 @@ class RecentExtreme {
   // After an idle gap of two windows or more both are empty and the next window starts at `now`.
   void Roll(absl::Time now) {
     const absl::Duration age = now - start_;
-    if (age < window_) return;
-    if (age < 2 * window_) {
+    if (age < kWindow) return;
+    if (age < 2 * kWindow) {
       previous_ = std::move(current_);
-      start_ += window_;
+      start_ += kWindow;
     } else {
       previous_.reset();
       start_ = now;
@@ -54,8 +56,7 @@ class RecentExtreme {
     current_.reset();
   }
 
-  const absl::Duration window_;
-  Merge merge_;
+  [[no_unique_address]] Merge merge_;
   absl::Time start_ = absl::InfinitePast();
   std::optional<T> current_;
   std::optional<T> previous_;
