@@ -62,7 +62,8 @@ struct FallbackReport {
 };
 
 // What the monitor needs to know of the client besides its Stats(): the share its fallback bucket
-// gets from the SafeShares received (SyncObservingStub::FallbackShare) and the number of successful Syncs so far. Called on the monitor's thread.
+// gets from the SafeShares received (SyncObservingStub::FallbackShare) and the number of
+// successful Syncs so far. Called on the monitor's thread.
 struct FallbackSources {
   std::function<std::optional<SafeShareView>()> safe_share = nullptr;
   std::function<uint64_t()> syncs_ok = nullptr;

@@ -13,10 +13,10 @@
 namespace retrybudget {
 
 // Merges the values noted within the last window (kWindowMillis) with `Merge` (an associative,
-// commutative "the more conservative of the two", such as max). Get(now) covers every value noted in
-// [now - window, now], and none noted 2 * window or more before now: two slots, the merge of the
-// current window [start, start + window) and that of the one before it. O(1) per call, no
-// allocation.
+// commutative "the more conservative of the two", such as max). Get(now) covers every value
+// noted in [now - window, now], and none noted 2 * window or more before now: two slots, the
+// merge of the current window [start, start + window) and that of the one before it. O(1) per
+// call, no allocation.
 //
 // Not thread-safe: the owner serialises calls. A clock that goes back never rolls a window.
 // The window is a template argument and `Merge` an empty function object: a tenant holds one of
