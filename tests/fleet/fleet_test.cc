@@ -2,10 +2,16 @@
 // binary, which starts real worker processes. Each test gets a fresh server and asserts on the
 // tool's one JSON line and its exit code. Each run takes a few seconds of wall time: these are
 // the end-to-end proof of DESIGN.md's invariant and of the leasing's utilisation.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -79,7 +85,8 @@ class FleetTest : public ::testing::Test {
     port_file_ = absl::StrCat(::testing::TempDir(), "/fleet_test_port_", getpid(), "_", ++counter);
     std::remove(port_file_.c_str());
     auto server = Subprocess::Spawn(
-        {kServerBinary, "--listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file_)});
+        {kServerBinary, "--listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file_),
+         "--metrics_listen="});  // no fixed port: `make run` may hold 9464 on this machine
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -339,6 +346,29 @@ TEST(FleetChaosTest, SlowServerStaysWithinTheBudget) {
   EXPECT_GT(r.Sub("faults", "delayed_responses"), 0) << r.line;
   EXPECT_EQ(r.Sub("faults", "delay_ms"), 300);
   EXPECT_GT(r.Num("retries_allowed"), 0) << r.line;
+}
+
+// The server the tool spawns must not need the fixed default metrics port (9464): the README's
+// `make run` holds it while a developer runs the tests, and every chaos run then failed with
+// "cannot serve metrics". Here the port is held (by this test, or by whoever already has it).
+TEST(FleetChaosTest, SpawnedServerStartsWhileTheDefaultMetricsPortIsHeld) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(9464);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    ASSERT_EQ(listen(fd, 1), 0) << std::strerror(errno);
+  } else {
+    ASSERT_EQ(errno, EADDRINUSE) << std::strerror(errno);  // held already: what we want
+  }
+  FleetResult r = RunFleetTool(ChaosRun(/*duration=*/1));
+  close(fd);
+  ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
+  EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
+  EXPECT_TRUE(r.Bool("within_budget")) << r.line;
+  EXPECT_LE(r.Num("retries_allowed"), r.Num("bound"));
 }
 
 TEST(FleetChaosTest, ChaosOptionsWithoutSpawnServerExitTwo) {

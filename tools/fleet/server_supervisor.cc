@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<ServerSupervisor>> ServerSupervisor::Start(
   s->port_file_ = absl::StrCat(s->options_.work_dir, "/server.port");
   s->persistent_ =
       !s->options_.data_dir.empty() && BinaryHasFlag(s->options_.binary, "data_dir");
+  s->metrics_off_ = BinaryHasFlag(s->options_.binary, "metrics_listen");
   if (absl::Status st = s->SpawnAndWait("127.0.0.1:0"); !st.ok()) return st;
   return s;
 }
@@ -75,6 +76,10 @@ absl::Status ServerSupervisor::SpawnAndWait(const std::string& listen) {
   std::vector<std::string> argv = {options_.binary, absl::StrCat("--listen=", listen),
                                    absl::StrCat("--port_file=", port_file_)};
   if (persistent_) argv.push_back(absl::StrCat("--data_dir=", options_.data_dir));
+  // The default metrics port is fixed (9464): a server already running on this machine holds it
+  // and this one would exit "cannot serve". An --server-arg=--metrics_listen=... comes later and
+  // wins.
+  if (metrics_off_) argv.push_back("--metrics_listen=");
   if (!options_.policy_file.empty()) {
     argv.push_back(absl::StrCat("--policy=", options_.policy_file));
   }

@@ -29,7 +29,9 @@ struct ServerSupervisorOptions {
   // it); a server without it restarts from an empty state (see persistent()).
   std::string data_dir = {};
   std::string policy_file = {};  // passed as --policy=FILE when non-empty
-  std::vector<std::string> extra_args = {};  // appended as given (e.g. --snapshot_interval=1s)
+  // Appended as given (e.g. --snapshot_interval=1s), after the supervisor's own flags, so they
+  // win. The metrics endpoint is off unless one of them sets --metrics_listen.
+  std::vector<std::string> extra_args = {};
   std::string work_dir = {};     // where the port file is written; must exist
   // How long one start (or restart) may take until the server has written its port file.
   absl::Duration start_timeout = absl::Seconds(20);
@@ -75,6 +77,7 @@ class ServerSupervisor {
 
   const ServerSupervisorOptions options_;
   bool persistent_ = false;
+  bool metrics_off_ = false;  // the binary knows --metrics_listen: started with it empty
   std::string port_file_;
   int port_ = 0;
   std::unique_ptr<Subprocess> child_;
