@@ -11,6 +11,9 @@ packages=(
   redis-server prometheus docker-compose openssl python3-grpcio
   libhiredis-dev gnuplot-nox
   libssl-dev clang libclang-rt-14-dev python3
+  etcd-server etcd-client
+  golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
+  python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client
 )
 
 missing=()
