@@ -226,3 +226,34 @@ async def test_cancelling_the_task_waiting_in_the_backoff_refunds_the_token(star
     # A Sync during the backoff may have reported the token spent; a count once reported never
     # goes back (the refunded token is absorbed), so the server saw at most that one.
     assert server.get_budget("t").retries_total <= 1
+
+
+@pytest.mark.asyncio
+async def test_async_client_falls_back_when_the_server_is_killed_and_returns_to_leases(
+        start_server):
+    server = start_server('tenants { tenant: "t" policy { capacity: 8 refill_per_second: 0 '
+                          'success_credit: 0 lease_ttl_ms: 300 } }\n')
+
+    async def until(predicate, timeout=10.0):
+        for _ in range(int(timeout / 0.01)):
+            if predicate():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
+
+    async with AsyncBudgetClient(ClientOptions(target=server.target, refresh_period=0.05,
+                                               sync_timeout=0.3, fallback_capacity=0,
+                                               fallback_refill_per_second=0)) as client:
+        budget = client.tenant("t")
+        await until(lambda: budget.stats().lease_active)
+        server.kill()
+        await until(lambda: budget.stats().mode == retrybudget.FALLBACK, timeout=5)
+        in_fallback = sum(budget.try_acquire() for _ in range(100))
+        assert 1 <= in_fallback <= 8  # the safe share, never more
+        # restart() blocks; run it off the loop so the refresher task keeps going.
+        await asyncio.get_running_loop().run_in_executor(None, server.restart)
+        await until(lambda: budget.stats().mode == retrybudget.LEASE)
+    assert await client.close() is None
+    stats = budget.stats()
+    assert stats.fallback_allowed == in_fallback
+    assert stats.tokens_held == 0
