@@ -2,7 +2,6 @@
 
 import socket
 
-import pytest
 
 import retrybudget
 from retrybudget import BudgetClient, ClientOptions

@@ -10,3 +10,5 @@ except ImportError as error:  # pragma: no cover - a build step was skipped
         "are missing. Build them (cmake --build build --target retrybudget_python_stubs, then "
         "put build/client/python/gen on PYTHONPATH) or install the package with "
         "`pip install ./client/python`.") from error
+
+__all__ = ["budget_pb2", "budget_pb2_grpc"]

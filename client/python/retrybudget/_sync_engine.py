@@ -29,7 +29,7 @@ from typing import List, Optional
 
 import grpc
 
-from ._bucket_math import (FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST,
+from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST,
                            MIN_FALLBACK_STEP_WINDOW, RefreshPolicy, retry_backoff)
 from ._proto import budget_pb2
 from .tenant_budget import ANSWERING, REFUSING, UNREACHABLE
@@ -91,6 +91,7 @@ class SyncEngine:
         self.server_state = ANSWERING
         self.shut_down = False
         self._step = _StepState()
+        self._final_tenants = []
 
     def _sync_due(self, tenants) -> float:
         if self._pending is not None:
@@ -242,7 +243,4 @@ class SyncEngine:
         if self.last_status is not None:
             _log.error("retrybudget: final Sync failed; unspent tokens are forfeited: %s",
                        self.last_status)
-        self.update_metrics(getattr(self, "_final_tenants", []))
-
-
-FINAL_ATTEMPTS = FINAL_SYNC_ATTEMPTS
+        self.update_metrics(self._final_tenants)

@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import grpc
 
