@@ -13,7 +13,7 @@ packages=(
   libssl-dev clang libclang-rt-14-dev python3
   etcd-server etcd-client
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
-  python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client
+  python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client python3-venv python3-pip
 )
 
 missing=()

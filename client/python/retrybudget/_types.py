@@ -1,0 +1,49 @@
+"""Public value types and exceptions of the retrybudget package."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+# Where a tenant's retry tokens come from right now (the `mode` label of the client metrics).
+NO_LEASE = "no_lease"            # no lease in force and the server answering: deny
+LEASE = "lease"                  # a lease from the server is in force
+FALLBACK = "fallback"            # server unreachable, no lease: the local fallback bucket
+DENY_FALLBACK = "deny_fallback"  # server unreachable, no lease, fallback="deny": deny
+MODES = (NO_LEASE, LEASE, FALLBACK, DENY_FALLBACK)
+
+
+@dataclass(frozen=True)
+class TenantStats:
+    """Counters of one tenant in this process, cumulative since the client was created."""
+    successes: int = 0
+    retries_allowed: int = 0    # try_acquire() returned True, minus refund() (lease + fallback)
+    retries_denied: int = 0     # try_acquire() returned False
+    fallback_allowed: int = 0   # of retries_allowed, from the local fallback bucket
+    tokens_received: int = 0    # granted by the server and received
+    tokens_returned: int = 0    # given back unspent
+    tokens_held: int = 0        # in the lease right now
+    refunds: int = 0            # refund() calls (already deducted from retries_allowed)
+    lease_active: bool = False  # a lease from the server is in force
+    mode: str = NO_LEASE        # one of MODES
+    # Why the server refused this tenant in the last Sync (e.g. "NOT_FOUND: ..."); None when the
+    # last answer for it was a grant or none came yet.
+    error: Optional[str] = None
+
+
+class InvalidOptions(ValueError):
+    """A ClientOptions field (or a tenant name) is out of range; the message names it and its
+    value."""
+
+
+class ClientClosed(RuntimeError):
+    """A new tenant was asked for after close()."""
+
+
+class BudgetExhausted(Exception):
+    """The retry budget denied a retry. Raised by the retry helpers (and the tenacity hooks)
+    from the last attempt's error, which is `last_error` (also `__cause__`)."""
+
+    def __init__(self, last_error: BaseException, attempts: int):
+        super().__init__(f"retry budget exhausted after {attempts} attempt(s); last error: "
+                         f"{last_error!r}")
+        self.last_error = last_error
+        self.attempts = attempts

@@ -1,0 +1,158 @@
+"""AsyncBudgetClient: BudgetClient's semantics on grpc.aio, for asyncio programs. The refresher
+is a task on the running loop; the TenantBudget handles are the same objects as with threads
+(try_acquire() never awaits, never blocks, never does I/O) and may be used from any number of
+coroutines (and threads).
+
+    async with retrybudget.AsyncBudgetClient(ClientOptions(target=...)) as client:
+        budget = client.tenant("payments-db")
+        result = await retrybudget.async_call_with_retry(budget, fetch)
+"""
+
+import asyncio
+import threading
+
+import grpc
+
+from ._bucket_math import BucketShape, FINAL_SYNC_ATTEMPTS, RefreshPolicy, retry_backoff
+from ._proto import budget_pb2_grpc
+from ._registry import TenantRegistry
+from ._sync_engine import Outcome, SyncEngine
+from .client import make_channel, make_metrics
+from .options import ClientOptions, validate_and_default
+from .tenant_budget import TenantBudget
+
+_MAX_IDLE_SLEEP = 60.0
+
+
+class AsyncBudgetClient:
+    """Create it inside a running event loop (it starts its refresher task there). Raises
+    InvalidOptions for bad options. `await close()` (or leaving `async with`) sends the final
+    Sync returning every unspent token, then stops the task."""
+
+    def __init__(self, options: ClientOptions = None):
+        o = validate_and_default(options if options is not None else ClientOptions())
+        self.options = o
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._channel = make_channel(o, aio=True)
+        self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
+        self._tenants = TenantRegistry(
+            o.clock, self._wake, o.fallback,
+            BucketShape(o.fallback_capacity, o.fallback_refill_per_second))
+        self._engine = SyncEngine(
+            o.instance_id, RefreshPolicy(o.refresh_period, o.min_sync_interval, o.lease_burst),
+            o.sync_timeout, o.bearer_token, o.clock, self._tenants, make_metrics(o))
+        self._clock = o.clock
+        self._wake_event = asyncio.Event()
+        self._waiting_call = None
+        self._waiting_woken = False
+        self._stopping = False
+        self._closed = False
+        self._final_status = None
+        self._close_lock = asyncio.Lock()
+        self._task = self._loop.create_task(self._run(), name="retrybudget-refresher")
+
+    @property
+    def instance_id(self) -> str:
+        return self.options.instance_id
+
+    def tenant(self, name: str) -> TenantBudget:
+        """As BudgetClient.tenant()."""
+        return self._tenants.get_or_create(name)
+
+    def last_sync_status(self):
+        return self._engine.last_status
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+        return False
+
+    def _wake(self) -> None:
+        # From the loop's thread: set the event directly (no I/O). From another thread: hand it
+        # to the loop (this path writes to the loop's wake-up pipe; it is rare).
+        if threading.get_ident() == self._loop_thread:
+            self._wake_now()
+        else:
+            try:
+                self._loop.call_soon_threadsafe(self._wake_now)
+            except RuntimeError:
+                pass  # the loop is closed: nothing left to wake
+
+    def _wake_now(self) -> None:
+        self._wake_event.set()
+        call = self._waiting_call
+        if call is not None and not self._waiting_woken:
+            self._waiting_woken = True
+            call.cancel()
+
+    async def _call_sync(self, request, timeout, wait_for_ready, cancellable) -> Outcome:
+        call = self._stub.Sync(request, timeout=timeout, metadata=self._engine.metadata,
+                               wait_for_ready=wait_for_ready)
+        if cancellable and wait_for_ready:
+            self._waiting_call = call
+            self._waiting_woken = False
+        try:
+            return Outcome(response=await call)
+        except asyncio.CancelledError:
+            if self._waiting_woken and call.cancelled():
+                return Outcome(code=grpc.StatusCode.CANCELLED, details="cancelled", woken=True)
+            raise
+        except grpc.RpcError as error:
+            return Outcome(code=error.code(), details=error.details() or "")
+        finally:
+            if cancellable and wait_for_ready:
+                self._waiting_call = None
+
+    async def _run(self) -> None:
+        engine = self._engine
+        while not self._stopping:
+            self._wake_event.clear()
+            plan = engine.begin_step()
+            if plan is not None:
+                outcome = await self._call_sync(plan.request, plan.timeout, plan.wait_for_ready,
+                                                True)
+                engine.end_attempt(plan, outcome)
+            nxt = engine.end_step()
+            if self._stopping:
+                return
+            if self._wake_event.is_set():
+                continue
+            delay = min(nxt - self._clock(), _MAX_IDLE_SLEEP)
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._wake_event.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def close(self):
+        """As BudgetClient.close(): None when the final Sync got a response, else the error."""
+        async with self._close_lock:
+            if self._closed:
+                return self._final_status
+            self._stopping = True
+            self._wake_event.set()
+            # The step in flight (its Sync bounded by sync_timeout) finishes first.
+            await asyncio.shield(self._task)
+            self._tenants.close()
+            self._final_status = await self._final_sync()
+            self._closed = True
+            await self._channel.close()
+            return self._final_status
+
+    async def _final_sync(self):
+        engine = self._engine
+        request = engine.begin_final()
+        if request is None:
+            return None
+        wait = engine.final_wait_for_ready()
+        for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
+            outcome = await self._call_sync(request, engine.sync_timeout, wait, False)
+            engine.end_final(outcome)
+            if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
+                break
+            await asyncio.sleep(retry_backoff(attempt, engine.policy))
+        engine.finish_final()
+        return engine.last_status

@@ -1,0 +1,224 @@
+"""The retry helper, as the C++ retrybudget::Retry: runs an operation and retries it so that
+callers never write the loop themselves.
+
+    result = retrybudget.call_with_retry(budget, lambda attempt: db.get(key, attempt.key),
+                                         timeout=2.0, stop=stop_event)
+
+What one logical call does:
+ * The first attempt is always sent (unless already stopped or past the deadline); the budget
+   decides every RETRY: one budget.try_acquire() per retry.
+ * After a failed attempt, in this order: stopped? -> retryable? -> attempts left? -> backoff
+   (server pushback or full-jitter exponential) -> would the backoff end at or after the overall
+   deadline? (then RetryDeadlineExceeded now, no token taken) -> try_acquire() (denied:
+   BudgetExhausted from the last error) -> wait, woken by `stop` (stopped or, in asyncio,
+   cancelled: the token is refund()ed and RetryCancelled / CancelledError raised) -> next attempt.
+ * A call that succeeds, at any attempt, calls record_success() exactly once.
+ * Every attempt of a call sees the same idempotency key.
+ * A BudgetExhausted raised by an attempt (an inner retry layer's budget said no) is never
+   retried: stacked retry layers must not multiply.
+Thread-safety: nothing is kept between calls; any number of threads (or tasks) may call it."""
+
+import asyncio
+import random as _random
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import grpc
+
+from ._types import BudgetExhausted, InvalidOptions
+
+_RETRYABLE_GRPC_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class RetryCancelled(Exception):
+    """The call's `stop` event was set (before an attempt or during a backoff)."""
+
+
+class RetryDeadlineExceeded(TimeoutError):
+    """The overall deadline passed, or a backoff would have crossed it. `last_error` (also
+    `__cause__`) is the last attempt's error, None if no attempt ran."""
+
+    def __init__(self, message: str, last_error: Optional[BaseException]):
+        super().__init__(message)
+        self.last_error = last_error
+
+
+def default_is_retryable(error: BaseException) -> bool:
+    """gRPC UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED; ConnectionError and
+    TimeoutError."""
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        return error.code() in _RETRYABLE_GRPC_CODES
+    return isinstance(error, (ConnectionError, TimeoutError))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Which failures are retried, how often and how far apart (seconds)."""
+    # Most attempts of one logical call, the first included (1 = never retry). >= 1.
+    max_attempts: int = 4
+    # Backoff before retry k is uniform in [0, min(max_backoff, initial * multiplier^(k-1))).
+    initial_backoff: float = 0.05
+    max_backoff: float = 5.0
+    multiplier: float = 2.0
+    # Time allowed to one attempt (Attempt.attempt_deadline); None: only the overall deadline.
+    per_attempt_timeout: Optional[float] = None
+    # Which exceptions are retried.
+    is_retryable: Callable[[BaseException], bool] = field(default=default_is_retryable)
+
+    def validate(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise InvalidOptions(f"policy.max_attempts is {self.max_attempts!r}; it must be >= 1")
+        if not self.initial_backoff >= 0:
+            raise InvalidOptions(f"policy.initial_backoff is {self.initial_backoff}; it must be "
+                                 ">= 0")
+        if not self.max_backoff >= self.initial_backoff:
+            raise InvalidOptions(f"policy.max_backoff is {self.max_backoff}; it must be >= "
+                                 f"initial_backoff = {self.initial_backoff}")
+        if not self.multiplier >= 1:
+            raise InvalidOptions(f"policy.multiplier is {self.multiplier}; it must be >= 1")
+        if self.per_attempt_timeout is not None and not self.per_attempt_timeout > 0:
+            raise InvalidOptions(f"policy.per_attempt_timeout is {self.per_attempt_timeout}; it "
+                                 "must be > 0")
+
+
+@dataclass
+class Attempt:
+    """What an attempt is told about itself (times are on the call's clock, time.monotonic by
+    default); it may set `pushback` (seconds >= 0: the server asked for this delay; < 0: do not
+    retry) before raising."""
+    number: int
+    idempotency_key: str
+    deadline: Optional[float]
+    attempt_deadline: Optional[float]
+    stop: Optional[threading.Event] = None
+    pushback: Optional[float] = None
+
+    def timeout(self, clock=time.monotonic) -> Optional[float]:
+        """Seconds left to this attempt's deadline (None: none), for an RPC's timeout=."""
+        return None if self.attempt_deadline is None else max(0.0, self.attempt_deadline - clock())
+
+
+def new_idempotency_key() -> str:
+    """A fresh random 128-bit key as 32 lowercase hex characters."""
+    return secrets.token_hex(16)
+
+
+def compute_backoff(policy: RetryPolicy, retry: int, random_value: float) -> float:
+    """Full-jitter backoff before retry `retry` (1 = the first retry), for a value in [0, 1)."""
+    ceiling = min(policy.max_backoff, policy.initial_backoff * policy.multiplier ** (retry - 1))
+    return ceiling * min(max(random_value, 0.0), 1.0)
+
+
+class _Loop:
+    """The decisions of the loop, shared by the blocking and the asyncio helper."""
+
+    def __init__(self, budget, policy, timeout, deadline, idempotency_key, random, clock, stop):
+        policy.validate()
+        self.budget = budget
+        self.policy = policy
+        self.clock = clock
+        self.random = random or _random.random
+        self.stop = stop
+        if deadline is None and timeout is not None:
+            deadline = clock() + timeout
+        self.deadline = deadline
+        self.key = idempotency_key or new_idempotency_key()
+        self.number = 0
+        self.last_error = None
+
+    def next_attempt(self) -> Attempt:
+        if self.stop is not None and self.stop.is_set():
+            raise RetryCancelled("the call was stopped") from self.last_error
+        now = self.clock()
+        if self.deadline is not None and now >= self.deadline:
+            raise RetryDeadlineExceeded(
+                f"deadline exceeded before attempt {self.number + 1}; last error: "
+                f"{self.last_error!r}", self.last_error) from self.last_error
+        self.number += 1
+        attempt_deadline = self.deadline
+        if self.policy.per_attempt_timeout is not None:
+            own = now + self.policy.per_attempt_timeout
+            attempt_deadline = own if attempt_deadline is None else min(own, attempt_deadline)
+        return Attempt(self.number, self.key, self.deadline, attempt_deadline, self.stop)
+
+    def after_failure(self, attempt: Attempt, error: BaseException) -> float:
+        """Raises `error` (or what replaces it) when the call ends here; otherwise takes a token
+        and returns the backoff to wait before the next attempt."""
+        self.last_error = error
+        if self.stop is not None and self.stop.is_set():
+            raise RetryCancelled("the call was stopped") from error
+        if isinstance(error, BudgetExhausted) or not self.policy.is_retryable(error):
+            raise error
+        if isinstance(error, TimeoutError) and self.deadline is not None \
+                and self.clock() >= self.deadline:
+            raise error
+        if self.number >= self.policy.max_attempts:
+            raise error
+        if attempt.pushback is not None and attempt.pushback < 0:
+            raise error
+        backoff = (attempt.pushback if attempt.pushback is not None
+                   else compute_backoff(self.policy, self.number, self.random()))
+        if self.deadline is not None and self.clock() + backoff >= self.deadline:
+            raise RetryDeadlineExceeded(
+                f"the backoff of {backoff:.3f}s would end past the deadline; last error: "
+                f"{error!r}", error) from error
+        if not self.budget.try_acquire():
+            raise BudgetExhausted(error, self.number) from error
+        return backoff
+
+
+def call_with_retry(budget, fn: Callable[[Attempt], object], *, policy: RetryPolicy = None,
+                    timeout: Optional[float] = None, deadline: Optional[float] = None,
+                    stop: Optional[threading.Event] = None, idempotency_key: str = "",
+                    random: Callable[[], float] = None, clock: Callable[[], float] = time.monotonic):
+    """Runs fn(attempt) and retries it as described at the top of this module. Blocks for at
+    most about the deadline (`timeout` seconds from now, or the absolute `deadline` on `clock`)
+    and wakes at once when `stop` is set. Returns fn's first result; raises the error that ended
+    the call: a non-retryable error or the last one unchanged, BudgetExhausted, RetryCancelled,
+    RetryDeadlineExceeded, or InvalidOptions for a bad policy (no attempt made)."""
+    loop = _Loop(budget, policy or RetryPolicy(), timeout, deadline, idempotency_key, random,
+                 clock, stop)
+    while True:
+        attempt = loop.next_attempt()
+        try:
+            result = fn(attempt)
+        except Exception as error:  # noqa: BLE001 - the policy decides
+            backoff = loop.after_failure(attempt, error)
+        else:
+            budget.record_success()
+            return result
+        waiter = stop if stop is not None else threading.Event()
+        if waiter.wait(backoff):
+            budget.refund()  # the retry is never sent
+            raise RetryCancelled("the call was stopped during a backoff") from loop.last_error
+
+
+async def async_call_with_retry(budget, fn, *, policy: RetryPolicy = None,
+                                timeout: Optional[float] = None,
+                                deadline: Optional[float] = None, idempotency_key: str = "",
+                                random: Callable[[], float] = None,
+                                clock: Callable[[], float] = time.monotonic):
+    """call_with_retry() for a coroutine function fn(attempt). Cancelling the task cancels it:
+    an attempt in flight gets the CancelledError; cancelled during a backoff, the token taken for
+    the next retry is refund()ed and CancelledError propagates."""
+    loop = _Loop(budget, policy or RetryPolicy(), timeout, deadline, idempotency_key, random,
+                 clock, None)
+    while True:
+        attempt = loop.next_attempt()
+        try:
+            result = await fn(attempt)
+        except Exception as error:  # noqa: BLE001 - CancelledError is a BaseException
+            backoff = loop.after_failure(attempt, error)
+        else:
+            budget.record_success()
+            return result
+        try:
+            await asyncio.sleep(backoff)
+        except asyncio.CancelledError:
+            budget.refund()  # the retry is never sent
+            raise

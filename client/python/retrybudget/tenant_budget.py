@@ -1,0 +1,329 @@
+"""One tenant's budget inside a client: the handle workers call, and the per-tenant half of the
+leasing protocol the refresher drives (a port of the C++ TenantBudgetImpl and Lease)."""
+
+import re
+import threading
+
+from . import _ledger
+from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST, MAX_LEASE_TOKENS, BucketShape,
+                           DemandEstimator, FallbackBucket, RecentSmallest, low_water_mark,
+                           next_sync_delay, want_for)
+from ._types import DENY_FALLBACK, FALLBACK, LEASE, NO_LEASE, TenantStats
+
+_TENANT_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
+
+# Internal modes (the C++ LeaseMode); public ones are _types.MODES.
+AWAITING = "awaiting_lease"
+LEASED = "leased"
+EXPIRED = "expired"
+REFUSED = "refused"
+IN_FALLBACK = "fallback"
+IN_DENY_FALLBACK = "deny_fallback"
+SHUTDOWN = "shutdown"
+_PUBLIC_MODE = {LEASED: LEASE, IN_FALLBACK: FALLBACK, IN_DENY_FALLBACK: DENY_FALLBACK}
+
+# What the refresher knows of the server from its last Sync attempt.
+ANSWERING = "answering"      # no attempt yet, or the last one got a response
+UNREACHABLE = "unreachable"  # the last attempt failed: fall back
+REFUSING = "refusing"        # UNAUTHENTICATED / PERMISSION_DENIED: deny
+
+
+def check_tenant_name(name) -> None:
+    from ._types import InvalidOptions
+    if not isinstance(name, str) or not _TENANT_RE.fullmatch(name):
+        raise InvalidOptions(f"tenant {name!r} is malformed; expected 1-128 characters of "
+                             "[A-Za-z0-9._:/-]")
+
+
+class TenantBudget:
+    """A tenant's budget as seen from this process. Thread-safe.
+
+    try_acquire(), refund() and record_success() are the hot path: each takes one lock for the
+    counter update only, never blocks on anything else, never performs I/O and never reads a
+    clock. The other methods belong to the refresher (serialised by it) and take `_mu`."""
+
+    def __init__(self, tenant: str, waker, created: float, fallback_mode: str,
+                 never_reached: BucketShape):
+        self.tenant = tenant
+        self._waker = waker  # callable: wake the refresher (cheap, never blocks)
+        self._fallback_mode = fallback_mode
+        self._never_reached = never_reached
+        # The lease word: tokens held, the low-water mark, closed; and the hot-path counters.
+        self._lock = threading.Lock()
+        self._held = 0
+        self._mark = 0
+        self._closed = True
+        self._successes = 0
+        self._denied = 0
+        self._refunds = 0
+        self._sync_wanted = False
+        # Refresher side.
+        self._mu = threading.Lock()
+        self._mode = AWAITING
+        self._ledger = _ledger.TenantLedger()
+        self._demand = DemandEstimator(created)
+        self._expiry = INFINITE_PAST
+        self._next_due = INFINITE_PAST
+        self._dry_until = INFINITE_PAST
+        self._error = None
+        self._safe_shares = RecentSmallest()
+        self._last_safe_share_at = INFINITE_PAST
+        self._fallback = None
+        # Fallback episodes: [shape cap, refill, start, end or None] (see fallback_allowance()).
+        self._episodes = []
+
+    # ---- worker side (hot path) ----
+
+    def try_acquire(self) -> bool:
+        """Asks for one retry: True when a token was taken (send the retry), False when none is
+        available (fail the call now). Never blocks, never performs I/O; on False (or when the
+        lease runs low) it wakes the refresher so a grant arrives within one round trip."""
+        with self._lock:
+            if self._closed or self._held == 0:
+                self._denied += 1
+                low = None
+            else:
+                self._held -= 1
+                low = self._held == self._mark
+        if low is None:
+            self._request_sync()
+            return False
+        if low:
+            self._request_sync()
+        return True
+
+    def refund(self) -> None:
+        """Gives back a token taken by try_acquire() for a retry that was never sent (e.g.
+        cancelled during backoff). At most once per successful try_acquire()."""
+        with self._lock:
+            self._held += 1
+            self._refunds += 1
+
+    def record_success(self) -> None:
+        """Records one successful logical call; it earns the budget `success_credit`."""
+        with self._lock:
+            self._successes += 1
+
+    def _request_sync(self) -> None:
+        # The first worker to find the lease low or empty since the last applied response wakes
+        # the refresher; later ones see the flag set.
+        if not self._sync_wanted:
+            self._sync_wanted = True
+            self._waker()
+
+    def stats(self) -> TenantStats:
+        """A snapshot of this process's counters for the tenant (not a hot-path call)."""
+        with self._mu:
+            with self._lock:
+                held, closed = self._held, self._closed
+                successes, denied, refunds = self._successes, self._denied, self._refunds
+            return TenantStats(
+                successes=successes,
+                retries_allowed=self._ledger.exact_spent(held),
+                retries_denied=denied,
+                fallback_allowed=self._ledger.exact_fallback_spent(held),
+                tokens_received=self._ledger.tokens_received,
+                tokens_returned=self._ledger.tokens_returned,
+                tokens_held=held,
+                refunds=refunds,
+                lease_active=self._mode == LEASED and not closed,
+                mode=_PUBLIC_MODE.get(self._mode, NO_LEASE),
+                error=self._error)
+
+    def fallback_allowance(self, now: float) -> float:
+        """What this tenant's fallback buckets may have handed out so far: the sum over its
+        fallback episodes of capacity (at least 1 when refilling) + refill * seconds. For fleet
+        checks; not a hot-path call."""
+        with self._mu:
+            return sum(cap + refill * ((now if end is None else end) - start)
+                       for cap, refill, start, end in self._episodes)
+
+    # ---- the lease word, refresher side ----
+
+    def _deposit(self, tokens: int, mark: int) -> int:
+        with self._lock:
+            added = 0 if self._held >= MAX_LEASE_TOKENS else min(tokens, MAX_LEASE_TOKENS - self._held)
+            self._held += added
+            self._mark = mark
+            self._closed = False
+            return added
+
+    def _replace(self, tokens: int, mark: int) -> int:
+        with self._lock:
+            old = self._held
+            self._held = min(tokens, MAX_LEASE_TOKENS)
+            self._mark = mark
+            self._closed = False
+            return old
+
+    def _withdraw_and_close(self) -> int:
+        with self._lock:
+            old = self._held
+            self._held = 0
+            self._mark = 0
+            self._closed = True
+            return old
+
+    def _held_now(self) -> int:
+        with self._lock:
+            return self._held
+
+    # ---- refresher side ----
+
+    def sync_due_at(self) -> float:
+        with self._mu:
+            if self._mode == SHUTDOWN:
+                return INFINITE_FUTURE
+            if self._sync_wanted:
+                return min(self._next_due, self._dry_until)
+            return self._next_due
+
+    def lease_ends_at(self) -> float:
+        with self._mu:
+            return self._expiry if self._mode == LEASED else INFINITE_FUTURE
+
+    def _end_episode(self, now: float) -> None:
+        if self._episodes and self._episodes[-1][3] is None:
+            self._episodes[-1][3] = now
+
+    def _withdraw_all(self, now: float) -> None:
+        withdrawn = self._withdraw_and_close()
+        self._ledger.withdrew(withdrawn, self._held_now())
+        self._ledger.switch_to(_ledger.LEASE)
+        if self._fallback is not None:
+            self._end_episode(now)
+        self._fallback = None
+
+    def _fallback_mark(self) -> int:
+        # A full bucket asks to hear of the very first take (mark = held - 1, and the wake flag
+        # cleared) so its refill restarts at once; otherwise an empty word wakes the refresher.
+        fb = self._fallback
+        if not fb.full() or fb.held == 0:
+            return 0
+        self._sync_wanted = False
+        return fb.held - 1
+
+    def _enter_fallback(self, now: float) -> None:
+        if self._fallback_mode == "deny":
+            self._withdraw_all(now)
+            self._mode = IN_DENY_FALLBACK
+            return
+        share = (None if self._last_safe_share_at == INFINITE_PAST
+                 else self._safe_shares.get(self._last_safe_share_at))
+        self._fallback = FallbackBucket(share or self._never_reached, now)
+        self._episodes.append([self._fallback.cap, self._fallback.shape.refill_per_second, now,
+                               None])
+        first = self._fallback.refill(now, 0)
+        withdrawn = self._replace(first, self._fallback_mark())
+        self._ledger.withdrew(withdrawn, 0)
+        self._ledger.switch_to(_ledger.FALLBACK)
+        self._ledger.fallback_deposited(min(first, MAX_LEASE_TOKENS))
+        self._mode = IN_FALLBACK
+
+    def _refill_fallback(self, now: float) -> float:
+        add = self._fallback.refill(now, self._held_now())
+        self._ledger.fallback_deposited(self._deposit(add, self._fallback_mark()))
+        return self._fallback.next_token_at()
+
+    def step(self, now: float, server: str) -> float:
+        """One refresher step at `now`: ends a lease at its expiry, enters / refills / leaves
+        fallback. Returns when this tenant next needs a step."""
+        with self._mu:
+            if self._mode == LEASED:
+                if now < self._expiry:
+                    return self._expiry
+                if server == UNREACHABLE:
+                    self._enter_fallback(now)
+                    return (self._refill_fallback(now) if self._mode == IN_FALLBACK
+                            else INFINITE_FUTURE)
+                # The lease ends at send time + TTL: every unspent token goes back.
+                self._withdraw_all(now)
+                self._mode = EXPIRED
+                return INFINITE_FUTURE
+            if self._mode == IN_FALLBACK:
+                if server != REFUSING:
+                    return self._refill_fallback(now)
+                self._withdraw_all(now)
+                self._mode = EXPIRED
+                return INFINITE_FUTURE
+            if self._mode == IN_DENY_FALLBACK and server == REFUSING:
+                self._mode = EXPIRED
+            if self._mode in (AWAITING, EXPIRED) and server == UNREACHABLE:
+                self._enter_fallback(now)
+                return self._refill_fallback(now) if self._mode == IN_FALLBACK else INFINITE_FUTURE
+            # A closed word: tokens can only be there from a refund racing a withdrawal.
+            if self._held_now() > 0:
+                withdrawn = self._withdraw_and_close()
+                self._ledger.withdrew(withdrawn, self._held_now())
+            return INFINITE_FUTURE
+
+    def _fill_counters(self, held: int, out) -> None:
+        with self._lock:
+            successes, denied = self._successes, self._denied
+        out.tenant = self.tenant
+        out.successes = successes
+        out.retries_spent = self._ledger.report_spent(held)
+        out.retries_denied = denied
+        out.tokens_returned = self._ledger.tokens_returned
+        out.tokens_received = self._ledger.tokens_received
+        out.fallback_spent = self._ledger.reported_fallback_spent
+
+    def fill_sync(self, now: float, policy, out) -> None:
+        """Fills `out` (a TenantSync) for a NEW request built at `now`."""
+        with self._mu:
+            held = self._held_now()
+            self._fill_counters(held, out)
+            self._demand.observe(now, out.retries_spent + out.retries_denied)
+            leased = held if self._ledger.source == _ledger.LEASE else 0
+            out.want = want_for(self._demand.rate, policy.refresh_period, policy.lease_burst,
+                                leased)
+
+    def apply_grant(self, grant, sent_entry, sent: float, received: float, policy) -> None:
+        """Applies a grant answering a request first sent at `sent`: the lease (every token held)
+        now ends at `sent` + lease_ttl_ms."""
+        with self._mu:
+            if self._mode == SHUTDOWN:
+                return
+            self._sync_wanted = False
+            granted = grant.granted
+            if self._ledger.source == _ledger.FALLBACK:
+                # Back from fallback: swap the fallback tokens for the leased ones at once.
+                deposited = min(granted, MAX_LEASE_TOKENS)
+                withdrawn = self._replace(granted, low_water_mark(granted))
+                self._ledger.withdrew(withdrawn, 0)
+                self._ledger.switch_to(_ledger.LEASE)
+                self._end_episode(received)
+                self._fallback = None
+            else:
+                deposited = self._deposit(granted, low_water_mark(granted))
+            self._ledger.received(granted, deposited)
+            if grant.HasField("safe_share"):
+                self._safe_shares.note(BucketShape(grant.safe_share.capacity,
+                                                   grant.safe_share.refill_per_second), received)
+                self._last_safe_share_at = received
+            self._expiry = sent + max(0, grant.lease_ttl_ms) / 1000.0
+            self._mode = LEASED
+            self._error = None
+            delay = next_sync_delay(grant.next_sync_ms, policy)
+            self._next_due = received + delay
+            self._dry_until = received + delay if granted < sent_entry.want else INFINITE_PAST
+
+    def apply_refusal(self, code_name: str, message: str, received: float, policy) -> None:
+        with self._mu:
+            if self._mode == SHUTDOWN:
+                return
+            self._sync_wanted = False
+            if self._mode in (LEASED, IN_FALLBACK) or self._held_now() > 0:
+                self._withdraw_all(received)
+            self._mode = REFUSED
+            self._error = f"{code_name}: budget server refused tenant \"{self.tenant}\": {message}"
+            self._next_due = received + policy.refresh_period
+            self._dry_until = self._next_due
+
+    def fill_final(self, now: float, out) -> None:
+        """Shuts the tenant down for good: withdraws every token, fills the final counters."""
+        with self._mu:
+            self._mode = SHUTDOWN
+            self._withdraw_all(now)
+            self._fill_counters(self._held_now(), out)
+            out.want = 0

@@ -1,0 +1,96 @@
+"""The Python client's pure logic, without a server: the same numbers as the C++ client's
+refresh_policy, demand_estimator, fallback_bucket and tenant_ledger."""
+
+import random
+
+import pytest
+
+from retrybudget import RetryPolicy, compute_backoff
+from retrybudget._bucket_math import (BucketShape, DemandEstimator, FallbackBucket,
+                                      RecentSmallest, RefreshPolicy, low_water_mark,
+                                      next_sync_delay, retry_backoff, want_for)
+from retrybudget._ledger import FALLBACK, TenantLedger
+
+
+def test_low_water_mark_is_a_fifth_rounded_up():
+    assert [low_water_mark(g) for g in (0, 1, 5, 6, 100)] == [0, 1, 1, 2, 20]
+
+
+def test_next_sync_delay_is_the_hint_within_the_client_bounds():
+    p = RefreshPolicy(refresh_period=0.2, min_sync_interval=0.005)
+    assert next_sync_delay(0, p) == 0.2
+    assert next_sync_delay(50, p) == 0.05
+    assert next_sync_delay(1, p) == 0.005
+    assert next_sync_delay(10_000, p) == 0.2
+
+
+def test_sync_retry_backoff_doubles_from_twenty_ms_to_one_second():
+    p = RefreshPolicy()
+    assert [retry_backoff(f, p) for f in (1, 2, 3, 7, 20)] == [0.02, 0.04, 0.08, 1.0, 1.0]
+
+
+def test_want_covers_a_period_of_demand_plus_burst_minus_held():
+    assert want_for(0, 0.2, 2, 0) == 2
+    assert want_for(100, 0.2, 2, 5) == 17
+    assert want_for(100, 0.2, 2, 50) == 0
+    assert want_for(1e12, 1, 0, 0) == 1_000_000
+
+
+def test_demand_rate_converges_to_a_steady_rate():
+    d = DemandEstimator(0.0)
+    for i in range(1, 101):
+        d.observe(i * 0.1, i * 10)  # 100 per second
+    assert d.rate == pytest.approx(100, rel=0.1)
+
+
+def test_fallback_bucket_never_hands_out_more_than_capacity_plus_refill_times_elapsed():
+    rng = random.Random(3)
+    bucket = FallbackBucket(BucketShape(capacity=5, refill_per_second=20), 0.0)
+    held, handed_out, now = 0, 0, 0.0
+    for _ in range(5000):
+        now += rng.uniform(0, 0.01)
+        added = bucket.refill(now, held)
+        held += added
+        handed_out += added
+        taken = rng.randint(0, held)
+        held -= taken
+    assert handed_out - held <= 5 + 20 * now + 1e-6
+    assert handed_out - held >= 0.9 * (5 + 20 * now) - 5  # and it does refill
+
+
+def test_a_refilling_share_below_one_token_grows_to_one_whole_token():
+    bucket = FallbackBucket(BucketShape(capacity=0.25, refill_per_second=0.5), 0.0)
+    assert bucket.refill(0.0, 0) == 0
+    assert bucket.refill(2.0, 0) == 1
+    assert bucket.next_token_at() == float("inf")  # full
+
+
+def test_the_smallest_share_of_the_last_minute_is_kept():
+    r = RecentSmallest()
+    r.note(BucketShape(10, 30), 0.0)
+    r.note(BucketShape(40, 90), 30.0)
+    assert r.get(59.0) == BucketShape(10, 30)
+    assert r.get(200.0) is None
+
+
+def test_ledger_counters_never_go_back_and_leased_spent_plus_returned_fit_received():
+    ledger = TenantLedger()
+    ledger.received(10, 10)
+    assert ledger.report_spent(held=7) == 3          # 3 taken
+    assert ledger.report_spent(held=8) == 3          # a refund after the report: held back
+    ledger.withdrew(8, 0)                            # expiry: 8 go out, the refunded one absorbed
+    assert ledger.tokens_returned == 7
+    assert ledger.report_spent(held=0) == 3
+    assert ledger.report_spent(0) + ledger.tokens_returned <= ledger.tokens_received
+    ledger.switch_to(FALLBACK)
+    ledger.fallback_deposited(4)
+    assert ledger.report_spent(held=1) == 6          # 3 leased + 3 fallback
+    assert ledger.reported_fallback_spent == 3
+
+
+def test_full_jitter_backoff_is_uniform_below_the_capped_exponential_ceiling():
+    p = RetryPolicy(initial_backoff=0.05, max_backoff=1.0, multiplier=2)
+    assert compute_backoff(p, 1, 0.5) == pytest.approx(0.025)
+    assert compute_backoff(p, 3, 0.999) == pytest.approx(0.2 * 0.999)
+    assert compute_backoff(p, 10, 0.5) == pytest.approx(0.5)
+    assert compute_backoff(p, 2, 7.0) == pytest.approx(0.1)  # clamped to [0, 1]
