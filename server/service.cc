@@ -117,12 +117,21 @@ absl::Status DiagnoseUnparseable(const std::string& bytes) {
   };
   UnknownFieldSet fields;
   if (!fields.ParseFromString(bytes)) return invalid("the bytes are not a protobuf encoding");
+  // The wire type each field of SyncRequest and TenantSync has (budget.proto).
+  auto expected = [](int number, bool entry) {
+    const bool text = entry ? number == 1 : number == 1 || number == 3;
+    return text ? UnknownField::TYPE_LENGTH_DELIMITED : UnknownField::TYPE_VARINT;
+  };
   int tenant_index = 0;
   for (int i = 0; i < fields.field_count(); ++i) {
     const UnknownField& f = fields.field(i);
-    if (f.number() == 1 && f.type() == UnknownField::TYPE_LENGTH_DELIMITED) {
+    if (f.number() < 1 || f.number() > 4) continue;  // unknown fields are allowed
+    if (f.type() != expected(f.number(), false)) {
+      return invalid(absl::StrCat("field ", f.number(), " has the wrong wire type"));
+    }
+    if (f.number() == 1) {
       if (auto s = ValidateInstanceId(f.length_delimited()); !s.ok()) return invalid(s.message());
-    } else if (f.number() == 3 && f.type() == UnknownField::TYPE_LENGTH_DELIMITED) {
+    } else if (f.number() == 3) {
       const std::string field = absl::StrCat("tenants[", tenant_index++, "]");
       UnknownFieldSet entry;
       if (!entry.ParseFromString(f.length_delimited())) {
@@ -130,16 +139,16 @@ absl::Status DiagnoseUnparseable(const std::string& bytes) {
       }
       for (int j = 0; j < entry.field_count(); ++j) {
         const UnknownField& e = entry.field(j);
-        if (e.number() == 1 && e.type() == UnknownField::TYPE_LENGTH_DELIMITED) {
+        if (e.number() < 1 || e.number() > 8) continue;
+        if (e.type() != expected(e.number(), true)) {
+          return invalid(absl::StrCat(field, " field ", e.number(), " has the wrong wire type"));
+        }
+        if (e.number() == 1) {
           if (auto s = ValidateTenantName(e.length_delimited(), field + ".tenant"); !s.ok()) {
             return invalid(s.message());
           }
-        } else if (e.number() >= 1 && e.number() <= 8) {
-          return invalid(absl::StrCat(field, " field ", e.number(), " has the wrong wire type"));
         }
       }
-    } else if (f.number() >= 1 && f.number() <= 4) {
-      return invalid(absl::StrCat("field ", f.number(), " has the wrong wire type"));
     }
   }
   return invalid("the encoding does not parse");

@@ -121,16 +121,18 @@ TEST_F(BudgetCoreTest, RefillFollowsTheClock) {
 
 TEST_F(BudgetCoreTest, SuccessesEarnTheirCredit) {
   MakeCore(100, 0, 0.1, 0);
-  SyncOne("a", 1, {.successes = 50});
+  SyncOne("a", 1, {});  // the baseline
+  SyncOne("a", 2, {.successes = 50});
   EXPECT_NEAR(Tokens(), 5, 1e-9);
-  SyncOne("a", 2, {.successes = 70});  // cumulative: 20 new
+  SyncOne("a", 3, {.successes = 70});  // cumulative: 20 new
   EXPECT_NEAR(Tokens(), 7, 1e-9);
   EXPECT_EQ(Status().successes_total(), 70u);
 }
 
 TEST_F(BudgetCoreTest, DuplicateRequestGetsTheSameResponseAndChangesNothing) {
   MakeCore(100, 0, 0.1);
-  auto req = Request("a", 1, "t", {.successes = 10, .want = 20});
+  SyncOne("a", 1, {});  // the baseline
+  auto req = Request("a", 2, "t", {.successes = 10, .want = 20});
   auto first = core_->Sync(req);
   ASSERT_TRUE(first.ok());
   const double after_first = Tokens();
@@ -189,24 +191,32 @@ TEST_F(BudgetCoreTest, PartiallyReceivedGrantsReclaimOnlyTheMissingPart) {
   EXPECT_EQ(Status().reclaimed_total(), 7u);
 }
 
-TEST_F(BudgetCoreTest, UnknownInstanceIsTakenAsABaseline) {
+TEST_F(BudgetCoreTest, UnknownInstanceIsABaselineAndItsEarlierTokensCreditNothing) {
   MakeCore(100, 0, 0.1, 50);
   // The server has never seen "ghost" but it is at seq 40: its history is unknown.
   auto g = SyncOne("ghost", 40, {.successes = 1000, .spent = 10, .returned = 15, .received = 30});
   EXPECT_DOUBLE_EQ(Tokens(), 50);  // nothing credited
   EXPECT_EQ(g.granted(), 0u);
-  // From then on only differences count.
+  EXPECT_EQ(Status().leased_tokens(), 0);  // its 5 held tokens were not granted here
+  // From then on only differences count, and returns only up to what this server granted it
+  // (nothing): the 5 returned tokens came from elsewhere.
   SyncOne("ghost", 41, {.successes = 1010, .spent = 10, .returned = 20, .received = 30});
-  EXPECT_NEAR(Tokens(), 50 + 1 + 5, 1e-9);
+  EXPECT_NEAR(Tokens(), 50 + 1, 1e-9);
+  EXPECT_EQ(Status().returned_total(), 5u);
+  EXPECT_EQ(Status().uncredited_total(), 5u);
 }
 
-TEST_F(BudgetCoreTest, InstanceSeenFromSeqOneHasAKnownHistory) {
+TEST_F(BudgetCoreTest, FirstContactIsABaselineEvenAtSeqOne) {
   MakeCore(100, 0, 0.1, 0);
   SyncOne("a", 1, {.successes = 30});
-  EXPECT_NEAR(Tokens(), 3, 1e-9);
-  // A tenant it reports later starts from zero too: the server saw all of its requests.
+  EXPECT_NEAR(Tokens(), 0, 1e-9);
+  // A tenant a known instance reports for the first time is a baseline too.
   SyncOne("a", 2, {.successes = 40}, "u");
-  EXPECT_NEAR(Tokens("u"), 4, 1e-9);  // created at initial 0, +4
+  EXPECT_NEAR(Tokens("u"), 0, 1e-9);
+  SyncOne("a", 3, {.successes = 50}, "u");
+  EXPECT_NEAR(Tokens("u"), 1, 1e-9);
+  SyncOne("a", 4, {.successes = 40});
+  EXPECT_NEAR(Tokens(), 1, 1e-9);
 }
 
 TEST_F(BudgetCoreTest, CountersGoingBackwardsAreRefusedAndChangeNothing) {
@@ -297,10 +307,11 @@ TEST_F(BudgetCoreTest, ReturnedAndLostTokensMakeRoomForThemselves) {
 
 TEST_F(BudgetCoreTest, SuccessCreditBeyondWhatTheFleetHoldsIsDiscarded) {
   MakeCore(10, 0, 1, 0);  // starts empty, 1 token per success
-  SyncOne("a", 1, {.successes = 8, .want = 0});
+  SyncOne("a", 1, {});  // the baseline
+  SyncOne("a", 2, {.successes = 8, .want = 0});
   EXPECT_DOUBLE_EQ(Tokens(), 8);
-  EXPECT_EQ(SyncOne("a", 2, {.successes = 8, .want = 8}).granted(), 8u);
-  SyncOne("a", 3, {.successes = 18, .received = 8});  // 10 credit, but a holds 8
+  EXPECT_EQ(SyncOne("a", 3, {.successes = 8, .want = 8}).granted(), 8u);
+  SyncOne("a", 4, {.successes = 18, .received = 8});  // 10 credit, but a holds 8
   EXPECT_DOUBLE_EQ(Tokens(), 2);
 }
 
