@@ -766,5 +766,103 @@ TEST_F(BudgetCoreTest, ProportionalSharesRoundToNearest) {
   EXPECT_EQ(SyncOne("x", 2, {.want = 2}).granted(), 2u);
 }
 
+
+// ---- at most once, ownership, bounds (docs/DESIGN.md "Accounting") ----
+
+TEST_F(BudgetCoreTest, AfterFinalEveryEarlierSeqIsStaleAndAHigherOneIsABaseline) {
+  MakeCore(100, 0, 1, 10);
+  SyncOne("a", 1, {.want = 5});
+  v1::SyncRequest last = Request("a", 2, "t", {.successes = 4, .returned = 5, .received = 5});
+  last.set_final(true);
+  ASSERT_TRUE(core_->Sync(last).ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 14);
+  EXPECT_EQ(core_->instance_count(), 0u);
+  EXPECT_EQ(core_->tombstone_count(), 1u);
+  for (uint64_t seq : {1, 2}) {
+    auto r = core_->Sync(Request("a", seq, "t", {.successes = 40, .want = 5}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->stale()) << seq;
+  }
+  EXPECT_DOUBLE_EQ(Tokens(), 14);
+  EXPECT_EQ(Status().granted_total(), 5u);
+  auto again = SyncOne("a", 3, {.successes = 40, .want = 5});
+  EXPECT_EQ(again.granted(), 5u);  // a new life: a baseline, granted as usual
+  EXPECT_DOUBLE_EQ(Tokens(), 9);   // its 40 successes credited nothing
+}
+
+TEST_F(BudgetCoreTest, TombstonesExpireAndAreBoundedInNumber) {
+  CoreOptions options;
+  options.max_instances = 3;
+  options.tombstone_ttl = absl::Minutes(10);
+  MakeCore(100, 0, 0, -1, options);
+  for (int i = 0; i < 5; ++i) {
+    v1::SyncRequest r = Request("f" + std::to_string(i), 1, "t", {});
+    r.set_final(true);
+    ASSERT_TRUE(core_->Sync(r).ok());
+  }
+  EXPECT_EQ(core_->tombstone_count(), 3u);  // the oldest two were dropped
+  // The dropped ones are unknown: a resend is a baseline (credits nothing, may be granted).
+  auto dropped = core_->Sync(Request("f0", 1, "t", {}));
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_FALSE(dropped->stale());
+  auto kept = core_->Sync(Request("f4", 1, "t", {}));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->stale());
+  clock_.Advance(absl::Minutes(11));
+  auto expired = core_->Sync(Request("f4", 1, "t", {}));
+  ASSERT_TRUE(expired.ok());
+  EXPECT_FALSE(expired->stale());
+}
+
+TEST_F(BudgetCoreTest, AnInstanceIdBelongsToThePrincipalThatFirstUsedIt) {
+  MakeCore(100, 0, 0);
+  ASSERT_TRUE(core_->Sync(Request("a", 1, "t", {.want = 10}), "credential:alpha").ok());
+  const v1::BudgetStatus before = Status();
+  v1::SyncRequest jump = Request("a", uint64_t{1} << 32, "t", {.returned = 10, .received = 10});
+  v1::SyncRequest last = Request("a", 2, "t", {.returned = 10, .received = 10});
+  last.set_final(true);
+  for (const v1::SyncRequest& r : {jump, last}) {
+    auto s = core_->Sync(r, "credential:beta");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("\"a\""));
+    auto anonymous = core_->Sync(r);
+    EXPECT_EQ(anonymous.status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(Status().SerializeAsString(), before.SerializeAsString());
+  EXPECT_EQ(core_->instance_count(), 1u);
+  // Its owner goes on at seq 2, and after its final the id stays its own.
+  ASSERT_TRUE(core_->Sync(last, "credential:alpha").ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 100);
+  auto after = core_->Sync(Request("a", 3, "t", {}), "credential:beta");
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(BudgetCoreTest, TotalsSaturateInsteadOfWrapping) {
+  MakeCore(100, 0, 0);
+  constexpr uint64_t kMaxCount = uint64_t{1} << 53;
+  // 2^11 instances reporting 2^53 each reach 2^64: the total stops at UINT64_MAX.
+  for (int i = 0; i < 2050; ++i) {
+    const std::string id = "i" + std::to_string(i);
+    SyncOne(id, 1, {});
+    SyncOne(id, 2, {.successes = kMaxCount, .spent = kMaxCount, .denied = kMaxCount,
+                    .fallback = kMaxCount});
+  }
+  const v1::BudgetStatus s = Status();
+  EXPECT_EQ(s.successes_total(), UINT64_MAX);
+  EXPECT_EQ(s.retries_total(), UINT64_MAX);
+  EXPECT_EQ(s.retries_denied_total(), UINT64_MAX);
+  EXPECT_EQ(s.fallback_retries_total(), UINT64_MAX);
+}
+
+TEST_F(BudgetCoreTest, ReturnsBeyondGrantsAreRecordedAndCreditNothing) {
+  MakeCore(100, 0, 0, 0);
+  // A baseline claiming 1e15 tokens holds nothing against the capacity.
+  SyncOne("x", 9, {.received = 1'000'000'000'000'000});
+  EXPECT_EQ(Status().leased_tokens(), 0);
+  SyncOne("x", 10, {.returned = 1'000'000'000'000'000, .received = 1'000'000'000'000'000});
+  EXPECT_DOUBLE_EQ(Tokens(), 0);
+  EXPECT_EQ(Status().uncredited_total(), 1'000'000'000'000'000u);
+}
+
 }  // namespace
 }  // namespace retrybudget
