@@ -59,9 +59,9 @@ struct Tombstone {
 };
 
 // The tombstones, kept for `ttl` but at most `max_entries` (oldest dropped first when more
-// instances finish within the TTL). Memory: at most 2 * max_entries ids plus ~48 bytes each
-// (the order queue may hold an id twice). Thread-compatible: the core guards it with its
-// instances lock.
+// instances finish within the TTL). Memory: the age queue holds at most max_entries entries and
+// the map at most as many, each the id plus ~30 bytes (about 250 bytes per tombstone with a
+// 32-character id). Thread-compatible: the core guards it with its instances lock.
 class Tombstones {
  public:
   Tombstones(size_t max_entries, absl::Duration ttl) : max_(max_entries), ttl_(ttl) {}
