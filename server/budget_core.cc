@@ -290,147 +290,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   records.resize(request.tenants_size());
   std::vector<std::string> fallback_reports;  // logged once no tenant lock is held
   for (int i = 0; i < request.tenants_size(); ++i) {
-    const v1::TenantSync& sent = request.tenants(i);
-    GrantRecord& out = records[i];
-    out.tenant = sent.tenant();
-    out.error_code = 0;
-    out.error_message.clear();
-
-    // The budget: the one this instance used last time unless it was deleted since, else found
-    // (or created) by name. A record exists only for a tenant applied before, so a
-    // refused tenant never gains a history.
-    auto rec_it = instance.tenants.find(sent.tenant());
-    Tenant* tenant = nullptr;
-    if (rec_it != instance.tenants.end() && rec_it->second.tenant != nullptr &&
-        !rec_it->second.tenant->deleted.load(std::memory_order_acquire)) {
-      tenant = rec_it->second.tenant.get();
-    }
-    std::shared_ptr<Tenant> found;
-    if (tenant == nullptr) {
-      v1::TenantError refusal;
-      for (int attempt = 0; attempt < 3 && found == nullptr; ++attempt) {
-        found = FindOrCreateTenant(sent.tenant(), &refusal);
-        if (found == nullptr) break;
-        if (found->deleted.load(std::memory_order_acquire)) found = nullptr;  // look up again
-      }
-      if (found == nullptr) {
-        if (refusal.code() == 0) {
-          refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-          refusal.set_message(kDeletedMeanwhile);
-        }
-        out.error_code = refusal.code();
-        out.error_message = refusal.message();
-        continue;
-      }
-      tenant = found.get();
-    }
-
-    const bool new_record = rec_it == instance.tenants.end();
-    if (new_record) rec_it = instance.tenants.try_emplace(sent.tenant()).first;
-    core_internal::InstanceTenant& rec = rec_it->second;
-    if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
-    std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
-    MutexLock lock(&tenant->mu);
-    Tenant& tb = *tenant;
-    if (tb.deleted.load(std::memory_order_relaxed)) {
-      // Deleted between the check above and the lock: nothing applied, nothing granted, and no
-      // new record (an empty one would later pass for a known, all-zero history).
-      out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
-      out.error_message = kDeletedMeanwhile;
-      keep_alive = std::move(rec.tenant);
-      if (new_record) instance.tenants.erase(rec_it);
-      continue;
-    }
-    tb.Advance(now);  // up to now, with what the fleet held until this report
-
-    // The report: a baseline records the counters and credits nothing; a known record credits
-    // its differences, capped by what this server granted and has not had back (grant_math.h).
-    const CumulativeCounters counters = CountersOf(sent);
-    ReportEffect effect;
-    if (new_record) {
-      rec.ledger = Baseline(counters);
-    } else {
-      effect = ApplyReport(rec.ledger, counters);
-    }
-    // What the instance still holds of this server's grants, counted before the deposit below
-    // so that tokens it returns make room for themselves under the capacity.
-    const uint64_t held = CountedHoldings(rec.ledger);
-    // An instance that spent at least what it holds since its previous report (0 for a
-    // baseline) passes its tokens through rather than keeping them, and its reported holdings
-    // are stale by the time the server could count them.
-    const uint64_t spent_since = effect.spent_since;
-    Tenant::Active* entry = nullptr;
-    if (request.final()) {
-      tb.RemoveActive(&instance);
-    } else {
-      entry = &tb.SetActive(&instance, sent.want(), spent_since < held ? held : 0, now);
-      tb.fleet_size.Note(tb.active.size(), now);
-    }
-    if (!new_record) {
-      const double credit = tb.policy.success_credit * static_cast<double>(effect.d_successes);
-      tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
-      tb.NoteCredit(credit, now);
-      BudgetTotals& totals = tb.totals;
-      totals.successes = SaturatingAdd(totals.successes, effect.d_successes);
-      totals.retries = SaturatingAdd(totals.retries, effect.d_retries);
-      totals.retries_denied = SaturatingAdd(totals.retries_denied, effect.d_denied);
-      totals.returned = SaturatingAdd(totals.returned, effect.d_returned);
-      totals.reclaimed = SaturatingAdd(totals.reclaimed, effect.reclaimed);
-      totals.uncredited = SaturatingAdd(totals.uncredited, effect.uncredited);
-      // Fallback spending took no token from this bucket; it is counted, not debited (the
-      // fallback allowance is the documented exception to the bound, DESIGN.md).
-      totals.fallback_retries = SaturatingAdd(totals.fallback_retries, effect.d_fallback);
-      if (effect.d_fallback > 0 && options_.log) {
-        fallback_reports.push_back(absl::StrFormat(
-            "tenant %s: instance %s reports %d retries allowed by its local fallback bucket "
-            "while it could not reach a server",
-            QuoteForError(sent.tenant()), QuoteForError(request.instance_id()),
-            effect.d_fallback));
-      }
-    }
-
-    uint64_t granted = 0;
-    const absl::Duration ttl = tb.policy.lease_ttl;
-    absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
-    if (entry != nullptr) {
-      granted = GrantFor(sent.want(), tb.WantSum(), tb.bucket.tokens());
-      if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
-      granted = tb.bucket.Take(granted);
-      // Only the holdings of an instance that keeps tokens count against the capacity: it got
-      // what it wanted, and it spent less than it now holds since its last report. One that got
-      // less than it wants, or spends faster than it holds, is about to spend all it has: its
-      // reported holdings are stale at once, and counting them would hold the refill back from
-      // the instances waiting for it (the level then sits idle while retries are denied).
-      const bool keeps = granted >= sent.want() && spent_since < held + granted;
-      tb.SetHeld(*entry, keeps ? held + granted : 0);
-      RecordGrant(rec.ledger, granted);
-      tb.totals.granted = SaturatingAdd(tb.totals.granted, granted);
-      tb.totals.wanted = SaturatingAdd(tb.totals.wanted, sent.want());
-      if (granted < sent.want()) {
-        // The bucket is dry: come back when refill has made about one token of this instance's
-        // share, not before (an empty lease must not turn into a hot loop of Syncs).
-        // The inflow is refill plus success credit: counting refill alone makes instances come
-        // back too rarely, and tokens pile up in the bucket while retries are denied.
-        next_sync = DryNextSync(tb.policy.refill_per_second + tb.CreditRate(), sent.want(),
-                                tb.WantSum(), next_sync, options_.min_next_sync);
-      }
-    }
-    // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
-    // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
-    const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.active.size()));
-    // Fallback shares divide among the largest fleet of the last minute, not the active set of
-    // this moment: every instance that may be in fallback at once gets a share of one budget.
-    const SafeShareOf share =
-        SafeShare(tb.policy.capacity, tb.policy.refill_per_second,
-                  std::max<uint64_t>(active, tb.fleet_size.Get(now).value_or(0)));
-    out.granted = granted;
-    out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
-    out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
-    out.safe_capacity = share.capacity;
-    out.safe_refill_per_second = share.refill_per_second;
-    out.bucket_tokens = tb.bucket.tokens();
-    out.capacity = tb.policy.capacity;
-    out.active_instances = active;
+    ApplyEntry(request, i, now, instance, records[i], &fallback_reports);
   }
 
   instance.last_seq = request.seq();
@@ -440,6 +300,159 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   if (request.final()) ForgetInstance(request.instance_id(), &instance, request.seq());
   for (const std::string& line : fallback_reports) options_.log(line);
   return absl::OkStatus();
+}
+
+BudgetCore::Tenant* BudgetCore::BudgetOf(Instance& instance, const v1::TenantSync& sent,
+                             std::shared_ptr<Tenant>* found, GrantRecord& out) {
+  // The one this instance used last time unless it was deleted since, else found (or created)
+  // by name.
+  auto rec_it = instance.tenants.find(sent.tenant());
+  if (rec_it != instance.tenants.end() && rec_it->second.tenant != nullptr &&
+      !rec_it->second.tenant->deleted.load(std::memory_order_acquire)) {
+    return rec_it->second.tenant.get();
+  }
+  v1::TenantError refusal;
+  for (int attempt = 0; attempt < 3 && *found == nullptr; ++attempt) {
+    *found = FindOrCreateTenant(sent.tenant(), &refusal);
+    if (*found == nullptr) break;
+    if ((*found)->deleted.load(std::memory_order_acquire)) found->reset();  // look up again
+  }
+  if (*found == nullptr) {
+    if (refusal.code() == 0) {
+      refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+      refusal.set_message(kDeletedMeanwhile);
+    }
+    out.error_code = refusal.code();
+    out.error_message = refusal.message();
+    return nullptr;
+  }
+  return found->get();
+}
+
+void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now,
+                            Instance& instance, GrantRecord& out,
+                            std::vector<std::string>* fallback_reports) {
+  const v1::TenantSync& sent = request.tenants(index);
+  out.tenant = sent.tenant();
+  out.error_code = 0;
+  out.error_message.clear();
+  std::shared_ptr<Tenant> found;
+  Tenant* tenant = BudgetOf(instance, sent, &found, out);
+  if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
+
+  // A record exists only for a tenant applied before, so a refused tenant never gains a
+  // history.
+  auto [rec_it, new_record] = instance.tenants.try_emplace(sent.tenant());
+  core_internal::InstanceTenant& rec = rec_it->second;
+  if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
+  std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
+  Tenant& tb = *tenant;
+  MutexLock lock(&tb.mu);
+  if (tb.deleted.load(std::memory_order_relaxed)) {
+    // Deleted between the check above and the lock: nothing applied, nothing granted, and no
+    // new record (an empty one would later pass for a known history).
+    out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
+    out.error_message = kDeletedMeanwhile;
+    keep_alive = std::move(rec.tenant);
+    if (new_record) instance.tenants.erase(rec_it);
+    return;
+  }
+  tb.Advance(now);  // up to now, with what the fleet held until this report
+
+  // The report: a baseline records the counters and credits nothing; a known record credits
+  // its differences, capped by what this server granted and has not had back (grant_math.h).
+  const CumulativeCounters counters = CountersOf(sent);
+  ReportEffect effect;
+  if (new_record) {
+    rec.ledger = Baseline(counters);
+  } else {
+    effect = ApplyReport(rec.ledger, counters);
+  }
+  // What the instance still holds of this server's grants, counted before the deposit below
+  // so that tokens it returns make room for themselves under the capacity.
+  const uint64_t held = CountedHoldings(rec.ledger);
+  // An instance that spent at least what it holds since its previous report (0 for a
+  // baseline) passes its tokens through rather than keeping them, and its reported holdings
+  // are stale by the time the server could count them.
+  Tenant::Active* entry = nullptr;
+  if (request.final()) {
+    tb.RemoveActive(&instance);
+  } else {
+    entry = &tb.SetActive(&instance, sent.want(), effect.spent_since < held ? held : 0, now);
+    tb.fleet_size.Note(tb.active.size(), now);
+  }
+  if (!new_record) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
+  Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
+}
+
+void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
+                        absl::string_view tenant, absl::string_view instance_id,
+                        std::vector<std::string>* fallback_reports) {
+  const double credit = tb.policy.success_credit * static_cast<double>(effect.d_successes);
+  tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
+  tb.NoteCredit(credit, now);
+  BudgetTotals& totals = tb.totals;
+  totals.successes = SaturatingAdd(totals.successes, effect.d_successes);
+  totals.retries = SaturatingAdd(totals.retries, effect.d_retries);
+  totals.retries_denied = SaturatingAdd(totals.retries_denied, effect.d_denied);
+  totals.returned = SaturatingAdd(totals.returned, effect.d_returned);
+  totals.reclaimed = SaturatingAdd(totals.reclaimed, effect.reclaimed);
+  totals.uncredited = SaturatingAdd(totals.uncredited, effect.uncredited);
+  // Fallback spending took no token from this bucket; it is counted, not debited (the
+  // fallback allowance is the documented exception to the bound, DESIGN.md).
+  totals.fallback_retries = SaturatingAdd(totals.fallback_retries, effect.d_fallback);
+  if (effect.d_fallback > 0 && options_.log) {
+    fallback_reports->push_back(absl::StrFormat(
+        "tenant %s: instance %s reports %d retries allowed by its local fallback bucket "
+        "while it could not reach a server",
+        QuoteForError(tenant), QuoteForError(instance_id), effect.d_fallback));
+  }
+}
+
+void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
+                       uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out) {
+  uint64_t granted = 0;
+  const absl::Duration ttl = tb.policy.lease_ttl;
+  absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
+  if (entry != nullptr) {  // null for a final request: nothing is granted
+    granted = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
+    if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
+    granted = tb.bucket.Take(granted);
+    // Only the holdings of an instance that keeps tokens count against the capacity: it got
+    // what it wanted, and it spent less than it now holds since its last report. One that got
+    // less than it wants, or spends faster than it holds, is about to spend all it has: its
+    // reported holdings are stale at once, and counting them would hold the refill back from
+    // the instances waiting for it (the level then sits idle while retries are denied).
+    const bool keeps = granted >= want && spent_since < held + granted;
+    tb.SetHeld(*entry, keeps ? held + granted : 0);
+    RecordGrant(ledger, granted);
+    tb.totals.granted = SaturatingAdd(tb.totals.granted, granted);
+    tb.totals.wanted = SaturatingAdd(tb.totals.wanted, want);
+    if (granted < want) {
+      // The bucket is dry: come back when refill has made about one token of this instance's
+      // share, not before (an empty lease must not turn into a hot loop of Syncs).
+      // The inflow is refill plus success credit: counting refill alone makes instances come
+      // back too rarely, and tokens pile up in the bucket while retries are denied.
+      next_sync = DryNextSync(tb.policy.refill_per_second + tb.CreditRate(), want, tb.WantSum(),
+                              next_sync, options_.min_next_sync);
+    }
+  }
+  // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
+  // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
+  const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.active.size()));
+  // Fallback shares divide among the largest fleet of the last minute, not the active set of
+  // this moment: every instance that may be in fallback at once gets a share of one budget.
+  const SafeShareOf share =
+      SafeShare(tb.policy.capacity, tb.policy.refill_per_second,
+                std::max<uint64_t>(active, tb.fleet_size.Get(now).value_or(0)));
+  out.granted = granted;
+  out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
+  out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
+  out.safe_capacity = share.capacity;
+  out.safe_refill_per_second = share.refill_per_second;
+  out.bucket_tokens = tb.bucket.tokens();
+  out.capacity = tb.policy.capacity;
+  out.active_instances = active;
 }
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {

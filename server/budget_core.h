@@ -154,6 +154,24 @@ class BudgetCore {
   absl::Status SyncLocked(const v1::SyncRequest& request, uint64_t principal, absl::Time now,
                           Instance& instance, bool created, v1::SyncResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // Applies entry `index` of `request` to its budget and grants, writing the outcome to `out`.
+  void ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now, Instance& instance,
+                  GrantRecord& out, std::vector<std::string>* fallback_reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // The budget of `sent`: the one the instance used last time, else found or created by name
+  // (then held in `*found`). Null, with `out`'s error set, when refused.
+  Tenant* BudgetOf(Instance& instance, const v1::TenantSync& sent,
+                   std::shared_ptr<Tenant>* found, GrantRecord& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // Deposits what a known record's report credits and adds it to the totals.
+  void Credit(Tenant& tenant, const ReportEffect& effect, absl::Time now,
+              absl::string_view tenant_name, absl::string_view instance_id,
+              std::vector<std::string>* fallback_reports) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
+  // Sizes and takes the grant of an entry (none when `entry` is null: a final request), and
+  // fills the rest of `out`.
+  void Grant(Tenant& tenant, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
+             uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
   // Cuts `granted` to what the tenant's durable limit allows, extending the limit first when
   // needed. Returns the grant that may be taken. Requires tenant.mu held.
