@@ -147,7 +147,7 @@ TEST(BudgetCoreConcurrentTest, AFailedFirstRequestNeverErasesAnotherRequestsInst
   options.policy.mutable_default_policy()->set_capacity(1e9);
   auto core = BudgetCore::Create(options);
   ASSERT_TRUE(core.ok());
-  constexpr int kIds = 2000;
+  constexpr int kIds = 1000;
   std::atomic<int> arrived{0};
   auto run = [&](bool good) {
     for (int i = 0; i < kIds; ++i) {
