@@ -158,7 +158,7 @@ absl::Status BearerAuthorizer::Authorize(const grpc::ServerContextBase& context,
                         "; nothing in the request was applied")));
     }
   }
-  *principal = absl::StrCat("credential:", found->name);
+  *principal = found->name;  // names are non-empty and unique: "" stays anonymous
   return absl::OkStatus();
 }
 

@@ -65,7 +65,7 @@ class BearerAuthorizer final : public RequestAuthorizer {
 
   absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
                          absl::Span<const absl::string_view> tenants) override;
-  // The principal is "credential:<name>" when credentials are configured, else "".
+  // The principal is the credential's name when credentials are configured, else "".
   absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
                          absl::Span<const absl::string_view> tenants,
                          std::string* principal) override;

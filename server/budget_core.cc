@@ -208,12 +208,13 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
 absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t principal,
                                     absl::Time now, Instance& instance, bool created,
                                     v1::SyncResponse* response) {
-  instance.last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   if (instance.principal != principal) {
     return absl::PermissionDeniedError(
         absl::StrCat("instance_id ", QuoteForError(request.instance_id()),
                      " belongs to another credential; nothing in the request was applied"));
   }
+  // Only its owner's requests keep an instance from eviction.
+  instance.last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   const uint64_t fingerprint = Fingerprint(request);
   if (instance.last_seq != 0) {
     if (request.seq() < instance.last_seq) {
