@@ -310,6 +310,10 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // history.
   auto [rec_it, new_record] = instance.tenants.try_emplace(sent.tenant());
   core_internal::InstanceTenant& rec = rec_it->second;
+  // A baseline also when the budget the record was kept for was deleted and this is a new one:
+  // the record's grants came from the old budget, and returning them must not fill the new one.
+  const bool baseline =
+      new_record || (found != nullptr && rec.tenant != nullptr && rec.tenant != found);
   if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
   std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
   Tenant& tb = *tenant;
@@ -329,7 +333,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // its differences, capped by what this server granted and has not had back (grant_math.h).
   const CumulativeCounters counters = CountersOf(sent);
   ReportEffect effect;
-  if (new_record) {
+  if (baseline) {
     rec.ledger = Baseline(counters);
   } else {
     effect = ApplyReport(rec.ledger, counters);
@@ -347,7 +351,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     entry = &tb.SetActive(&instance, sent.want(), effect.spent_since < held ? held : 0, now);
     tb.fleet_size.Note(tb.active.size(), now);
   }
-  if (!new_record) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
+  if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
   Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
 }
 

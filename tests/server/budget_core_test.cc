@@ -864,5 +864,17 @@ TEST_F(BudgetCoreTest, ReturnsBeyondGrantsAreRecordedAndCreditNothing) {
   EXPECT_EQ(Status().uncredited_total(), 1'000'000'000'000'000u);
 }
 
+TEST_F(BudgetCoreTest, TokensOfADeletedBudgetDoNotFillItsSuccessor) {
+  MakeCore(100, 0, 0, 50);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 10u);
+  ASSERT_TRUE(core_->DeleteBudget("t").ok());
+  // The budget is created again at its initial level; the 10 tokens "a" returns were the old
+  // budget's: a baseline for the new one.
+  SyncOne("a", 2, {.returned = 10, .received = 10});
+  EXPECT_DOUBLE_EQ(Tokens(), 50);
+  SyncOne("a", 3, {.returned = 10, .received = 10, .want = 5});
+  EXPECT_DOUBLE_EQ(Tokens(), 45);
+}
+
 }  // namespace
 }  // namespace retrybudget
