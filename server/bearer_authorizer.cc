@@ -107,6 +107,14 @@ size_t BearerAuthorizer::admin_count() {
 
 absl::Status BearerAuthorizer::Authorize(const grpc::ServerContextBase& context, Rpc rpc,
                                          absl::Span<const absl::string_view> tenants) {
+  std::string principal;
+  return Authorize(context, rpc, tenants, &principal);
+}
+
+absl::Status BearerAuthorizer::Authorize(const grpc::ServerContextBase& context, Rpc rpc,
+                                         absl::Span<const absl::string_view> tenants,
+                                         std::string* principal) {
+  principal->clear();
   const std::shared_ptr<const CredentialSet> credentials = current();
   if (credentials->empty()) return absl::OkStatus();
 
@@ -150,6 +158,7 @@ absl::Status BearerAuthorizer::Authorize(const grpc::ServerContextBase& context,
                         "; nothing in the request was applied")));
     }
   }
+  *principal = found->name;  // names are non-empty and unique: "" stays anonymous
   return absl::OkStatus();
 }
 

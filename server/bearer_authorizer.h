@@ -65,6 +65,10 @@ class BearerAuthorizer final : public RequestAuthorizer {
 
   absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
                          absl::Span<const absl::string_view> tenants) override;
+  // The principal is the credential's name when credentials are configured, else "".
+  absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
+                         absl::Span<const absl::string_view> tenants,
+                         std::string* principal) override;
 
   // Installs the credentials of `config`. INVALID_ARGUMENT (and the old set stays) if invalid.
   absl::Status Replace(const v1::PolicyConfig& config);

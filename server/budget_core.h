@@ -2,6 +2,13 @@
 // accounting that makes Sync idempotent, and proportional sharing among active instances.
 // No gRPC here: the service layer (service.h) translates RPCs into these calls.
 //
+// The core's parts, one job each: tenant_state.h (a bucket and its active set),
+// instance_state.h (an instance's ledger and the tombstones), sync_validation.h (checks of a
+// request), grant_math.h (grant sizing, safe share, the ledger: pure functions),
+// replay_cache.h (the response kept for a retry, the stable fingerprint),
+// cumulative_counters.h (the counters, defined once), state_io.cc (ExportState and Restore);
+// budget_core.cc orchestrates Sync and holds the admin operations.
+//
 //   auto core = BudgetCore::Create({.policy = config, .clock = &clock});
 //   absl::StatusOr<v1::SyncResponse> response = (*core)->Sync(request);
 //
@@ -29,7 +36,9 @@
 #include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.pb.h"
 #include "retrybudget/v1/state.pb.h"
+#include "server/budget_totals.h"
 #include "server/durable_store.h"
+#include "server/instance_state.h"
 #include "server/policy.h"
 
 namespace retrybudget {
@@ -40,8 +49,11 @@ struct CoreOptions {
   // Most tenants with a budget; auto-creating one more is refused with RESOURCE_EXHAUSTED.
   size_t max_tenants = 10'000;
   // Most instances tracked; past it the least recently seen are forgotten (they are taken as a
-  // baseline when they come back: forgetting never credits anything).
+  // baseline when they come back: forgetting never credits anything). Also the most tombstones
+  // of finished and evicted instances kept (DESIGN.md "Accounting").
   size_t max_instances = 100'000;
+  // How long a tombstone is kept at least (unless more than max_instances are kept).
+  absl::Duration tombstone_ttl = absl::Minutes(10);
   // Most tenant entries in one SyncRequest.
   size_t max_tenants_per_request = 256;
   // Largest `want` of one tenant entry.
@@ -60,17 +72,6 @@ struct CoreOptions {
   std::function<void(absl::string_view)> log = nullptr;
 };
 
-// Totals of one budget since it was created (for GetBudget and metrics).
-struct BudgetTotals {
-  uint64_t granted = 0;
-  uint64_t wanted = 0;
-  uint64_t successes = 0;
-  uint64_t retries = 0;
-  uint64_t retries_denied = 0;
-  uint64_t returned = 0;
-  uint64_t reclaimed = 0;
-  uint64_t fallback_retries = 0;
-};
 
 // Thread-safe. Tenants are locked one at a time (never all behind one lock); requests of the same
 // instance are serialised by that instance's lock.
@@ -83,15 +84,20 @@ class BudgetCore {
   BudgetCore& operator=(const BudgetCore&) = delete;
   ~BudgetCore();
 
-  // Applies one Sync (DESIGN.md "Accounting"). Whole-request errors (INVALID_ARGUMENT naming the
-  // field and value) change no state. A tenant refused on its own (NOT_FOUND on a strict server,
-  // RESOURCE_EXHAUSTED at the tenant limit) gets an error entry; the other tenants are applied.
-  // A request repeating the last applied seq with identical content gets the same response
-  // again; an older seq gets `stale = true` and changes nothing.
-  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request);
+  // Applies one Sync (DESIGN.md "Accounting") from the caller `principal` (the credential's
+  // identity; "" for every caller of a server without credentials). Whole-request errors
+  // (INVALID_ARGUMENT naming the field and value; PERMISSION_DENIED for an instance id first
+  // used by another principal) change no state. A tenant refused on its own (NOT_FOUND on a
+  // strict server, RESOURCE_EXHAUSTED at the tenant limit) gets an error entry; the other
+  // tenants are applied. A request repeating the last applied seq with identical content gets
+  // the same response again; an older seq (also of an instance that finished or was evicted
+  // lately) gets `stale = true` and changes nothing.
+  absl::StatusOr<v1::SyncResponse> Sync(const v1::SyncRequest& request,
+                                        absl::string_view principal = "");
   // The same, writing into `response`, which must be empty. On error `response` is left in an
   // unspecified state and must not be sent.
-  absl::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response);
+  absl::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response,
+                    absl::string_view principal = "");
 
   // NOT_FOUND if the tenant has no budget.
   absl::StatusOr<v1::BudgetStatus> GetBudget(absl::string_view tenant);
@@ -124,29 +130,48 @@ class BudgetCore {
 
   size_t tenant_count();
   size_t instance_count();
+  size_t tombstone_count();
 
  private:
-  struct Tenant;
-  struct Instance;
-  struct InstanceTenant;
-  struct GrantRecord;
+  using Tenant = core_internal::Tenant;
+  using Instance = core_internal::Instance;
 
   explicit BudgetCore(CoreOptions options);
 
-  // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.
-  static void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* response);
-  static void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* records);
-  // Checks `sent` against what was applied before; `applied` is null for a baseline.
-  static absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
-                                          const InstanceTenant* applied);
-  // Checks what can be checked without state. Never changes state.
-  absl::Status ValidateRequest(const v1::SyncRequest& request) const;
   // Finds the budget, creating it with the default policy unless strict or full. Sets *error.
   std::shared_ptr<Tenant> FindOrCreateTenant(absl::string_view name, v1::TenantError* error);
   std::shared_ptr<Tenant> FindTenant(absl::string_view name);
-  std::shared_ptr<Instance> FindOrCreateInstance(absl::string_view id, bool* created);
-  void ForgetInstance(absl::string_view id);
+  // The instance `id` for a request with `seq` from `principal`, created if unknown. Null with
+  // OK status: the id has a tombstone with a seq >= `seq` (the request is stale). Null with
+  // PERMISSION_DENIED: the id (or its tombstone) belongs to another principal.
+  absl::Status FindOrCreateInstance(absl::string_view id, uint64_t seq, uint64_t principal,
+                                    std::shared_ptr<Instance>* instance, bool* created);
+  // Removes `id` from the map if it still holds `instance` (never another object that holds
+  // the id by now), leaving a tombstone at `last_seq` when that is non-zero.
+  void ForgetInstance(absl::string_view id, const Instance* instance, uint64_t last_seq);
   void EvictInstancesIfFull() ABSL_EXCLUSIVE_LOCKS_REQUIRED(instances_mu_);
+  // Sync once `instance` is found and locked. `created`: this request created it.
+  absl::Status SyncLocked(const v1::SyncRequest& request, uint64_t principal, absl::Time now,
+                          Instance& instance, bool created, v1::SyncResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // Applies entry `index` of `request` to its budget and grants, writing the outcome to `out`.
+  void ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now, Instance& instance,
+                  GrantRecord& out, std::vector<std::string>* fallback_reports)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // The budget of `sent`: the one the instance used last time, else found or created by name
+  // (then held in `*found`). Null, with `out`'s error set, when refused.
+  Tenant* BudgetOf(Instance& instance, const v1::TenantSync& sent,
+                   std::shared_ptr<Tenant>* found, GrantRecord& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // Deposits what a known record's report credits and adds it to the totals.
+  void Credit(Tenant& tenant, const ReportEffect& effect, absl::Time now,
+              absl::string_view tenant_name, absl::string_view instance_id,
+              std::vector<std::string>* fallback_reports) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
+  // Sizes and takes the grant of an entry (none when `entry` is null: a final request), and
+  // fills the rest of `out`.
+  void Grant(Tenant& tenant, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
+             uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
   // Cuts `granted` to what the tenant's durable limit allows, extending the limit first when
   // needed. Returns the grant that may be taken. Requires tenant.mu held.
@@ -167,6 +192,7 @@ class BudgetCore {
   Mutex instances_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances_
       ABSL_GUARDED_BY(instances_mu_);
+  const std::unique_ptr<core_internal::Tombstones> tombstones_ ABSL_PT_GUARDED_BY(instances_mu_);
 };
 
 }  // namespace retrybudget

@@ -53,6 +53,7 @@ struct TenantValues {
   double returned = 0;
   double reclaimed = 0;
   double fallback_retries = 0;
+  double uncredited = 0;
 
   void Add(const v1::BudgetStatus& s) {
     tokens += s.tokens();
@@ -67,6 +68,7 @@ struct TenantValues {
     returned += static_cast<double>(s.returned_total());
     reclaimed += static_cast<double>(s.reclaimed_total());
     fallback_retries += static_cast<double>(s.fallback_retries_total());
+    uncredited += static_cast<double>(s.uncredited_total());
   }
 };
 
@@ -109,6 +111,10 @@ constexpr TenantFamilySpec kTenantFamilies[] = {
      "Of the retries, those clients allowed from their local fallback bucket while the server "
      "was unreachable.",
      MetricType::Counter, &TenantValues::fallback_retries},
+    {"retry_budget_uncredited_tokens_total",
+     "Tokens clients returned or had reclaimed beyond what this server granted them and had not "
+     "had back (a baseline's earlier tokens, or a client's lie): recorded, not credited.",
+     MetricType::Counter, &TenantValues::uncredited},
 };
 
 }  // namespace

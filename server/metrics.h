@@ -27,6 +27,7 @@
 //   retry_budget_returned_tokens_total{tenant}         counter  leased tokens given back unspent
 //   retry_budget_reclaimed_tokens_total{tenant}        counter  grants lost in transit, refunded
 //   retry_budget_fallback_retries_total{tenant}        counter  of retries, from fallback buckets
+//   retry_budget_uncredited_tokens_total{tenant}       counter  returns beyond grants, not credited
 //   retry_budget_tenants                               gauge    budgets held by the server
 //   retry_budget_store_errors_total                    counter  reservations not made durable
 //   retry_budget_snapshots_total{result="ok|error"}    counter  snapshots written / failed

@@ -8,8 +8,9 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/alarm.h"
-#include "grpcpp/support/message_allocator.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "retrybudget/names.h"
 #include "server/arena_messages.h"
 
@@ -66,10 +67,12 @@ class Call {
                      : new TrackedReactor(admitted_ ? options.in_flight : nullptr)) {}
 
   // Whether the RPC may proceed: the server is not draining and the authorizer allows the
-  // caller to act on `tenants`.
-  absl::Status Admit(absl::Span<const absl::string_view> tenants) {
+  // caller to act on `tenants`. Sets `*principal` (if not null) to the caller's identity.
+  absl::Status Admit(absl::Span<const absl::string_view> tenants,
+                     std::string* principal = nullptr) {
     if (!admitted_) return absl::UnavailableError("the budget server is shutting down");
-    return options_.authorizer->Authorize(*context_, rpc_, tenants);
+    if (principal == nullptr) return options_.authorizer->Authorize(*context_, rpc_, tenants);
+    return options_.authorizer->Authorize(*context_, rpc_, tenants, principal);
   }
 
   grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
@@ -101,28 +104,55 @@ class Call {
   grpc::ServerUnaryReactor* const reactor_;
 };
 
-// The request and response of one Sync on an arena of their own (arena_messages.h). gRPC
-// releases the holder when the RPC is done.
-class ArenaSyncMessages final : public grpc::MessageHolder<v1::SyncRequest, v1::SyncResponse> {
- public:
-  ArenaSyncMessages() {
-    set_request(messages_.request());
-    set_response(messages_.response());
+constexpr absl::string_view kNotASyncRequest = "request is not a valid retrybudget.v1.SyncRequest: ";
+
+// Why `bytes`, which failed to parse as a SyncRequest, are not one: the first string field
+// that is not valid (invalid UTF-8 is never a valid instance id or tenant name), else the
+// encoding. Runs only on a failed parse.
+absl::Status DiagnoseUnparseable(const std::string& bytes) {
+  using google::protobuf::UnknownField;
+  using google::protobuf::UnknownFieldSet;
+  auto invalid = [](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(kNotASyncRequest, why));
+  };
+  UnknownFieldSet fields;
+  if (!fields.ParseFromString(bytes)) return invalid("the bytes are not a protobuf encoding");
+  // The wire type each field of SyncRequest and TenantSync has (budget.proto).
+  auto expected = [](int number, bool entry) {
+    const bool text = entry ? number == 1 : number == 1 || number == 3;
+    return text ? UnknownField::TYPE_LENGTH_DELIMITED : UnknownField::TYPE_VARINT;
+  };
+  int tenant_index = 0;
+  for (int i = 0; i < fields.field_count(); ++i) {
+    const UnknownField& f = fields.field(i);
+    if (f.number() < 1 || f.number() > 4) continue;  // unknown fields are allowed
+    if (f.type() != expected(f.number(), false)) {
+      return invalid(absl::StrCat("field ", f.number(), " has the wrong wire type"));
+    }
+    if (f.number() == 1) {
+      if (auto s = ValidateInstanceId(f.length_delimited()); !s.ok()) return invalid(s.message());
+    } else if (f.number() == 3) {
+      const std::string field = absl::StrCat("tenants[", tenant_index++, "]");
+      UnknownFieldSet entry;
+      if (!entry.ParseFromString(f.length_delimited())) {
+        return invalid(absl::StrCat(field, " is not a protobuf encoding"));
+      }
+      for (int j = 0; j < entry.field_count(); ++j) {
+        const UnknownField& e = entry.field(j);
+        if (e.number() < 1 || e.number() > 8) continue;
+        if (e.type() != expected(e.number(), true)) {
+          return invalid(absl::StrCat(field, " field ", e.number(), " has the wrong wire type"));
+        }
+        if (e.number() == 1) {
+          if (auto s = ValidateTenantName(e.length_delimited(), field + ".tenant"); !s.ok()) {
+            return invalid(s.message());
+          }
+        }
+      }
+    }
   }
-
-  void Release() override { delete this; }
-
- private:
-  ArenaMessages<v1::SyncRequest, v1::SyncResponse> messages_;
-};
-
-class ArenaSyncAllocator final
-    : public grpc::MessageAllocator<v1::SyncRequest, v1::SyncResponse> {
- public:
-  grpc::MessageHolder<v1::SyncRequest, v1::SyncResponse>* AllocateMessages() override {
-    return new ArenaSyncMessages();
-  }
-};
+  return invalid("the encoding does not parse");
+}
 
 }  // namespace
 
@@ -189,26 +219,52 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 // ---- RetryBudgetService ----
 
-RetryBudgetServiceImpl::RetryBudgetServiceImpl(ServiceOptions options)
-    : options_(WithDefaults(std::move(options))),
-      allocator_(std::make_unique<ArenaSyncAllocator>()) {
-  SetMessageAllocatorFor_Sync(allocator_.get());
+absl::Status ParseSyncRequest(const grpc::ByteBuffer& bytes, v1::SyncRequest* request) {
+  grpc::ByteBuffer shared(bytes);  // shares the slices; the reader consumes this copy
+  {
+    grpc::ProtoBufferReader reader(&shared);
+    if (request->ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
+  }
+  std::vector<grpc::Slice> slices;
+  std::string flat;
+  if (bytes.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  return DiagnoseUnparseable(flat);
 }
+
+RetryBudgetServiceImpl::RetryBudgetServiceImpl(ServiceOptions options)
+    : options_(WithDefaults(std::move(options))) {}
 
 RetryBudgetServiceImpl::~RetryBudgetServiceImpl() = default;
 
 grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerContext* context,
-                                                       const v1::SyncRequest* request,
-                                                       v1::SyncResponse* response) {
+                                                       const grpc::ByteBuffer* request_bytes,
+                                                       grpc::ByteBuffer* response_bytes) {
   Call call(options_, context, Rpc::kSync);
+  // Parsed and answered on an arena that lives until the response is serialised below.
+  ArenaMessages<v1::SyncRequest, v1::SyncResponse> messages;
+  v1::SyncRequest* request = messages.request();
+  if (absl::Status s = ParseSyncRequest(*request_bytes, request); !s.ok()) return call.Finish(s);
   absl::InlinedVector<absl::string_view, 16> tenants;
   tenants.reserve(request->tenants_size());
   for (const auto& t : request->tenants()) tenants.push_back(t.tenant());
-  if (absl::Status s = call.Admit(tenants); !s.ok()) return call.Finish(s);
+  std::string principal;
+  if (absl::Status s = call.Admit(tenants, &principal); !s.ok()) return call.Finish(s);
 
-  // The core never blocks on I/O, so it runs inline on the callback thread, and writes the
-  // response in place (on the RPC's arena).
-  const absl::Status result = options_.core->Sync(*request, response);
+  // The core never blocks on I/O, so it runs inline on the callback thread.
+  absl::Status result = options_.core->Sync(*request, messages.response(), principal);
+  if (result.ok()) {
+    bool own_buffer = false;
+    const grpc::Status serialized = grpc::SerializationTraits<v1::SyncResponse>::Serialize(
+        *messages.response(), response_bytes, &own_buffer);
+    if (!serialized.ok()) {
+      result = absl::InternalError(
+          absl::StrCat("could not serialise the response: ", serialized.error_message()));
+    }
+  }
   if (options_.testonly_sync_response_delay > absl::ZeroDuration()) {
     return call.FinishAfter(options_.testonly_sync_response_delay, result);
   }

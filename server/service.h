@@ -54,6 +54,15 @@ class RequestAuthorizer {
   // as is, and nothing is applied.
   virtual absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
                                  absl::Span<const absl::string_view> tenants) = 0;
+  // The same, also naming the caller in `*principal` when allowed: the identity that owns the
+  // instance ids it uses (BudgetCore::Sync). "" for an authorizer without identities (every
+  // caller is the same anonymous principal), which is what this default gives.
+  virtual absl::Status Authorize(const grpc::ServerContextBase& context, Rpc rpc,
+                                 absl::Span<const absl::string_view> tenants,
+                                 std::string* principal) {
+    principal->clear();
+    return Authorize(context, rpc, tenants);
+  }
 
   // Allows everything (the default until credentials exist). Never null, never destroyed.
   static RequestAuthorizer* AllowAll();
@@ -117,21 +126,28 @@ struct ServiceOptions {
 // The absl::Status as a grpc::Status with the same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// Thread-safe (all state is in the BudgetCore).
-class RetryBudgetServiceImpl final : public v1::RetryBudgetService::CallbackService {
+// Thread-safe (all state is in the BudgetCore). Sync is registered as a raw method: the service
+// parses the request bytes itself, so bytes that are not a valid SyncRequest (invalid UTF-8 in a
+// string field, a broken encoding) get INVALID_ARGUMENT naming what is wrong, not gRPC's bare
+// UNIMPLEMENTED. The request and response live on an arena of their own (arena_messages.h).
+class RetryBudgetServiceImpl final
+    : public v1::RetryBudgetService::WithRawCallbackMethod_Sync<v1::RetryBudgetService::Service> {
  public:
   explicit RetryBudgetServiceImpl(ServiceOptions options);
   ~RetryBudgetServiceImpl() override;
 
   grpc::ServerUnaryReactor* Sync(grpc::CallbackServerContext* context,
-                                 const v1::SyncRequest* request,
-                                 v1::SyncResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
 
  private:
   const ServiceOptions options_;
-  // Puts each Sync's request and response on an arena of their own.
-  const std::unique_ptr<grpc::MessageAllocator<v1::SyncRequest, v1::SyncResponse>> allocator_;
 };
+
+// Parses a SyncRequest from `bytes`. INVALID_ARGUMENT "request is not a valid
+// retrybudget.v1.SyncRequest: ..." naming the field (invalid UTF-8 or characters in instance_id
+// or a tenant name) or the encoding at fault.
+absl::Status ParseSyncRequest(const grpc::ByteBuffer& bytes, v1::SyncRequest* request);
 
 // Thread-safe (all state is in the BudgetCore).
 class BudgetAdminServiceImpl final : public v1::BudgetAdminService::CallbackService {

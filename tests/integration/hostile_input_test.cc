@@ -1,6 +1,8 @@
 // Hostile requests through the real wire and the real binary: each row of the table gets its
 // status and changes nothing; floods of distinct tenant names and instance ids are refused or
-// evicted as specified while the server's memory stays bounded.
+// evicted as specified while the server's memory stays bounded. Requests that try to create
+// tokens or be applied twice (baselines, claims beyond grants, replays after final, eviction and
+// restarts, ids of another credential, unparseable bytes) are in hostile_accounting_test.cc.
 //
 // The memory bound: the server's resident set (VmRSS of the child process) grows by less than
 // kMaxRssGrowth over a whole flood (50k tenant names at --max_tenants=1000; 25k instance ids,

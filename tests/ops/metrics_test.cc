@@ -143,7 +143,8 @@ TEST(MetricsTest, ExposesEveryDesignedNameWithTheTenantLabel) {
         "retry_budget_granted_tokens_total", "retry_budget_wanted_tokens_total",
         "retry_budget_retries_total", "retry_budget_retries_denied_total",
         "retry_budget_successes_total", "retry_budget_returned_tokens_total",
-        "retry_budget_reclaimed_tokens_total", "retry_budget_fallback_retries_total"}) {
+        "retry_budget_reclaimed_tokens_total", "retry_budget_fallback_retries_total",
+        "retry_budget_uncredited_tokens_total"}) {
     EXPECT_TRUE(SampleValue(text, absl::StrCat(name, "{tenant=\"named\"}")).has_value()) << name;
   }
   EXPECT_EQ(SampleValue(text, "retry_budget_capacity{tenant=\"named\"}"), 10);

@@ -136,5 +136,44 @@ TEST(BudgetCoreConcurrentTest, DeletingABudgetUnderLoadNeverGrantsMoreThanItsInc
   EXPECT_EQ(kept->granted_total(), 500u);
 }
 
+
+// Issue 11, case 7: a first request of an id racing another first request of the same id.
+// Whatever their order, the id ends up with exactly one instance: a request that fails never
+// erases an instance another request created (it erases only the object it created itself).
+TEST(BudgetCoreConcurrentTest, AFailedFirstRequestNeverErasesAnotherRequestsInstance) {
+  FakeClock clock;
+  CoreOptions options;
+  options.clock = &clock;
+  options.policy.mutable_default_policy()->set_capacity(1e9);
+  auto core = BudgetCore::Create(options);
+  ASSERT_TRUE(core.ok());
+  constexpr int kIds = 1000;
+  std::atomic<int> arrived{0};
+  auto run = [&](bool good) {
+    for (int i = 0; i < kIds; ++i) {
+      // Both threads start each id together.
+      arrived.fetch_add(1);
+      while (arrived.load() < 2 * (i + 1)) {
+      }
+      v1::SyncRequest r;
+      r.set_instance_id("race-" + std::to_string(i));
+      r.set_seq(1);
+      auto* e = r.add_tenants();
+      e->set_tenant("t");
+      if (good) {
+        e->set_want(1);
+      } else {
+        e->set_tokens_received(5);  // once refused as more than was ever granted
+      }
+      (void)(*core)->Sync(r);
+    }
+  };
+  std::thread good([&] { run(true); });
+  std::thread bad([&] { run(false); });
+  good.join();
+  bad.join();
+  EXPECT_EQ((*core)->instance_count(), static_cast<size_t>(kIds));
+}
+
 }  // namespace
 }  // namespace retrybudget

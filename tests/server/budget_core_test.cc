@@ -121,16 +121,18 @@ TEST_F(BudgetCoreTest, RefillFollowsTheClock) {
 
 TEST_F(BudgetCoreTest, SuccessesEarnTheirCredit) {
   MakeCore(100, 0, 0.1, 0);
-  SyncOne("a", 1, {.successes = 50});
+  SyncOne("a", 1, {});  // the baseline
+  SyncOne("a", 2, {.successes = 50});
   EXPECT_NEAR(Tokens(), 5, 1e-9);
-  SyncOne("a", 2, {.successes = 70});  // cumulative: 20 new
+  SyncOne("a", 3, {.successes = 70});  // cumulative: 20 new
   EXPECT_NEAR(Tokens(), 7, 1e-9);
   EXPECT_EQ(Status().successes_total(), 70u);
 }
 
 TEST_F(BudgetCoreTest, DuplicateRequestGetsTheSameResponseAndChangesNothing) {
   MakeCore(100, 0, 0.1);
-  auto req = Request("a", 1, "t", {.successes = 10, .want = 20});
+  SyncOne("a", 1, {});  // the baseline
+  auto req = Request("a", 2, "t", {.successes = 10, .want = 20});
   auto first = core_->Sync(req);
   ASSERT_TRUE(first.ok());
   const double after_first = Tokens();
@@ -189,24 +191,32 @@ TEST_F(BudgetCoreTest, PartiallyReceivedGrantsReclaimOnlyTheMissingPart) {
   EXPECT_EQ(Status().reclaimed_total(), 7u);
 }
 
-TEST_F(BudgetCoreTest, UnknownInstanceIsTakenAsABaseline) {
+TEST_F(BudgetCoreTest, UnknownInstanceIsABaselineAndItsEarlierTokensCreditNothing) {
   MakeCore(100, 0, 0.1, 50);
   // The server has never seen "ghost" but it is at seq 40: its history is unknown.
   auto g = SyncOne("ghost", 40, {.successes = 1000, .spent = 10, .returned = 15, .received = 30});
   EXPECT_DOUBLE_EQ(Tokens(), 50);  // nothing credited
   EXPECT_EQ(g.granted(), 0u);
-  // From then on only differences count.
+  EXPECT_EQ(Status().leased_tokens(), 0);  // its 5 held tokens were not granted here
+  // From then on only differences count, and returns only up to what this server granted it
+  // (nothing): the 5 returned tokens came from elsewhere.
   SyncOne("ghost", 41, {.successes = 1010, .spent = 10, .returned = 20, .received = 30});
-  EXPECT_NEAR(Tokens(), 50 + 1 + 5, 1e-9);
+  EXPECT_NEAR(Tokens(), 50 + 1, 1e-9);
+  EXPECT_EQ(Status().returned_total(), 5u);
+  EXPECT_EQ(Status().uncredited_total(), 5u);
 }
 
-TEST_F(BudgetCoreTest, InstanceSeenFromSeqOneHasAKnownHistory) {
+TEST_F(BudgetCoreTest, FirstContactIsABaselineEvenAtSeqOne) {
   MakeCore(100, 0, 0.1, 0);
   SyncOne("a", 1, {.successes = 30});
-  EXPECT_NEAR(Tokens(), 3, 1e-9);
-  // A tenant it reports later starts from zero too: the server saw all of its requests.
+  EXPECT_NEAR(Tokens(), 0, 1e-9);
+  // A tenant a known instance reports for the first time is a baseline too.
   SyncOne("a", 2, {.successes = 40}, "u");
-  EXPECT_NEAR(Tokens("u"), 4, 1e-9);  // created at initial 0, +4
+  EXPECT_NEAR(Tokens("u"), 0, 1e-9);
+  SyncOne("a", 3, {.successes = 50}, "u");
+  EXPECT_NEAR(Tokens("u"), 1, 1e-9);
+  SyncOne("a", 4, {.successes = 40});
+  EXPECT_NEAR(Tokens(), 1, 1e-9);
 }
 
 TEST_F(BudgetCoreTest, CountersGoingBackwardsAreRefusedAndChangeNothing) {
@@ -297,10 +307,11 @@ TEST_F(BudgetCoreTest, ReturnedAndLostTokensMakeRoomForThemselves) {
 
 TEST_F(BudgetCoreTest, SuccessCreditBeyondWhatTheFleetHoldsIsDiscarded) {
   MakeCore(10, 0, 1, 0);  // starts empty, 1 token per success
-  SyncOne("a", 1, {.successes = 8, .want = 0});
+  SyncOne("a", 1, {});  // the baseline
+  SyncOne("a", 2, {.successes = 8, .want = 0});
   EXPECT_DOUBLE_EQ(Tokens(), 8);
-  EXPECT_EQ(SyncOne("a", 2, {.successes = 8, .want = 8}).granted(), 8u);
-  SyncOne("a", 3, {.successes = 18, .received = 8});  // 10 credit, but a holds 8
+  EXPECT_EQ(SyncOne("a", 3, {.successes = 8, .want = 8}).granted(), 8u);
+  SyncOne("a", 4, {.successes = 18, .received = 8});  // 10 credit, but a holds 8
   EXPECT_DOUBLE_EQ(Tokens(), 2);
 }
 
@@ -753,6 +764,116 @@ TEST_F(BudgetCoreTest, ProportionalSharesRoundToNearest) {
   SyncOne("z", 1, {.want = 2});
   clock_.Advance(absl::Seconds(1));  // 5 tokens for wants of 6: a share of 1.67 rounds to 2
   EXPECT_EQ(SyncOne("x", 2, {.want = 2}).granted(), 2u);
+}
+
+
+// ---- at most once, ownership, bounds (docs/DESIGN.md "Accounting") ----
+
+TEST_F(BudgetCoreTest, AfterFinalEveryEarlierSeqIsStaleAndAHigherOneIsABaseline) {
+  MakeCore(100, 0, 1, 10);
+  SyncOne("a", 1, {.want = 5});
+  v1::SyncRequest last = Request("a", 2, "t", {.successes = 4, .returned = 5, .received = 5});
+  last.set_final(true);
+  ASSERT_TRUE(core_->Sync(last).ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 14);
+  EXPECT_EQ(core_->instance_count(), 0u);
+  EXPECT_EQ(core_->tombstone_count(), 1u);
+  for (uint64_t seq : {1, 2}) {
+    auto r = core_->Sync(Request("a", seq, "t", {.successes = 40, .want = 5}));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->stale()) << seq;
+  }
+  EXPECT_DOUBLE_EQ(Tokens(), 14);
+  EXPECT_EQ(Status().granted_total(), 5u);
+  auto again = SyncOne("a", 3, {.successes = 40, .want = 5});
+  EXPECT_EQ(again.granted(), 5u);  // a new life: a baseline, granted as usual
+  EXPECT_DOUBLE_EQ(Tokens(), 9);   // its 40 successes credited nothing
+}
+
+TEST_F(BudgetCoreTest, TombstonesExpireAndAreBoundedInNumber) {
+  CoreOptions options;
+  options.max_instances = 3;
+  options.tombstone_ttl = absl::Minutes(10);
+  MakeCore(100, 0, 0, -1, options);
+  for (int i = 0; i < 5; ++i) {
+    v1::SyncRequest r = Request("f" + std::to_string(i), 1, "t", {});
+    r.set_final(true);
+    ASSERT_TRUE(core_->Sync(r).ok());
+  }
+  EXPECT_EQ(core_->tombstone_count(), 3u);  // the oldest two were dropped
+  // The dropped ones are unknown: a resend is a baseline (credits nothing, may be granted).
+  auto dropped = core_->Sync(Request("f0", 1, "t", {}));
+  ASSERT_TRUE(dropped.ok());
+  EXPECT_FALSE(dropped->stale());
+  auto kept = core_->Sync(Request("f4", 1, "t", {}));
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->stale());
+  clock_.Advance(absl::Minutes(11));
+  auto expired = core_->Sync(Request("f4", 1, "t", {}));
+  ASSERT_TRUE(expired.ok());
+  EXPECT_FALSE(expired->stale());
+}
+
+TEST_F(BudgetCoreTest, AnInstanceIdBelongsToThePrincipalThatFirstUsedIt) {
+  MakeCore(100, 0, 0);
+  ASSERT_TRUE(core_->Sync(Request("a", 1, "t", {.want = 10}), "credential:alpha").ok());
+  const v1::BudgetStatus before = Status();
+  v1::SyncRequest jump = Request("a", uint64_t{1} << 32, "t", {.returned = 10, .received = 10});
+  v1::SyncRequest last = Request("a", 2, "t", {.returned = 10, .received = 10});
+  last.set_final(true);
+  for (const v1::SyncRequest& r : {jump, last}) {
+    auto s = core_->Sync(r, "credential:beta");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr("\"a\""));
+    auto anonymous = core_->Sync(r);
+    EXPECT_EQ(anonymous.status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(Status().SerializeAsString(), before.SerializeAsString());
+  EXPECT_EQ(core_->instance_count(), 1u);
+  // Its owner goes on at seq 2, and after its final the id stays its own.
+  ASSERT_TRUE(core_->Sync(last, "credential:alpha").ok());
+  EXPECT_DOUBLE_EQ(Tokens(), 100);
+  auto after = core_->Sync(Request("a", 3, "t", {}), "credential:beta");
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(BudgetCoreTest, TotalsSaturateInsteadOfWrapping) {
+  MakeCore(100, 0, 0);
+  constexpr uint64_t kMaxCount = uint64_t{1} << 53;
+  // 2^11 instances reporting 2^53 each reach 2^64: the total stops at UINT64_MAX.
+  for (int i = 0; i < 2050; ++i) {
+    const std::string id = "i" + std::to_string(i);
+    SyncOne(id, 1, {});
+    SyncOne(id, 2, {.successes = kMaxCount, .spent = kMaxCount, .denied = kMaxCount,
+                    .fallback = kMaxCount});
+  }
+  const v1::BudgetStatus s = Status();
+  EXPECT_EQ(s.successes_total(), UINT64_MAX);
+  EXPECT_EQ(s.retries_total(), UINT64_MAX);
+  EXPECT_EQ(s.retries_denied_total(), UINT64_MAX);
+  EXPECT_EQ(s.fallback_retries_total(), UINT64_MAX);
+}
+
+TEST_F(BudgetCoreTest, ReturnsBeyondGrantsAreRecordedAndCreditNothing) {
+  MakeCore(100, 0, 0, 0);
+  // A baseline claiming 1e15 tokens holds nothing against the capacity.
+  SyncOne("x", 9, {.received = 1'000'000'000'000'000});
+  EXPECT_EQ(Status().leased_tokens(), 0);
+  SyncOne("x", 10, {.returned = 1'000'000'000'000'000, .received = 1'000'000'000'000'000});
+  EXPECT_DOUBLE_EQ(Tokens(), 0);
+  EXPECT_EQ(Status().uncredited_total(), 1'000'000'000'000'000u);
+}
+
+TEST_F(BudgetCoreTest, TokensOfADeletedBudgetDoNotFillItsSuccessor) {
+  MakeCore(100, 0, 0, 50);
+  EXPECT_EQ(SyncOne("a", 1, {.want = 10}).granted(), 10u);
+  ASSERT_TRUE(core_->DeleteBudget("t").ok());
+  // The budget is created again at its initial level; the 10 tokens "a" returns were the old
+  // budget's: a baseline for the new one.
+  SyncOne("a", 2, {.returned = 10, .received = 10});
+  EXPECT_DOUBLE_EQ(Tokens(), 50);
+  SyncOne("a", 3, {.returned = 10, .received = 10, .want = 5});
+  EXPECT_DOUBLE_EQ(Tokens(), 45);
 }
 
 }  // namespace

@@ -74,6 +74,16 @@ class PersistenceTest : public ::testing::Test {
 
   double Tokens() { return core_->GetBudget("t")->tokens(); }
 
+  static v1::SyncRequest Request(const std::string& instance, uint64_t seq, uint64_t want) {
+    v1::SyncRequest r;
+    r.set_instance_id(instance);
+    r.set_seq(seq);
+    auto* t = r.add_tenants();
+    t->set_tenant("t");
+    t->set_want(want);
+    return r;
+  }
+
   std::string dir_;
   FakeClock clock_;
   std::unique_ptr<DurableStore> store_;
@@ -101,6 +111,31 @@ TEST_F(PersistenceTest, CleanRestartReplaysTheLastResponseToARetriedSync) {
   ASSERT_TRUE(Boot().ok());
   EXPECT_EQ(Grant("a", 1, 10), 10u);  // the same response again, not a new grant
   EXPECT_DOUBLE_EQ(Tokens(), 90);
+}
+
+TEST_F(PersistenceTest, CleanRestartKeepsTombstonesAndTheirOwners) {
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(Grant("a", 1, 10), 10u);
+  v1::SyncRequest last;
+  last.set_instance_id("a");
+  last.set_seq(2);
+  last.set_final(true);
+  auto* t = last.add_tenants();
+  t->set_tenant("t");
+  t->set_tokens_received(10);
+  t->set_tokens_returned(10);
+  ASSERT_TRUE(core_->Sync(last).ok());
+  ASSERT_TRUE(core_->Sync(Request("owned", 1, 0), "credential:alpha").ok());
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  ASSERT_TRUE(Boot().ok());
+  EXPECT_EQ(core_->tombstone_count(), 1u);
+  const double level = Tokens();
+  auto resend = core_->Sync(last);  // a delayed duplicate of the final request
+  ASSERT_TRUE(resend.ok());
+  EXPECT_TRUE(resend->stale());
+  EXPECT_DOUBLE_EQ(Tokens(), level);
+  EXPECT_EQ(core_->Sync(Request("owned", 2, 0), "credential:beta").status().code(),
+            absl::StatusCode::kPermissionDenied);
 }
 
 TEST_F(PersistenceTest, CrashNeverCreatesTokens) {

@@ -1,0 +1,170 @@
+// BudgetCore's admin side: policy reloads, and reading, setting and deleting budgets
+// (BudgetAdminService, metrics, snapshots' statuses). Sync is in budget_core.cc.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "retrybudget/names.h"
+#include "server/budget_core.h"
+#include "server/tenant_state.h"
+
+namespace retrybudget {
+
+absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
+  // Validate everything first: an invalid config changes nothing.
+  auto default_policy = ResolvePolicy(config.default_policy(), "default_policy");
+  if (!default_policy.ok()) return default_policy.status();
+  absl::flat_hash_map<std::string, ResolvedPolicy> listed;
+  for (int i = 0; i < config.tenants_size(); ++i) {
+    const auto& t = config.tenants(i);
+    const std::string field = absl::StrCat("tenants[", i, "]");
+    if (auto s = ValidateTenantName(t.tenant(), field + ".tenant"); !s.ok()) return s;
+    auto p = ResolvePolicy(t.policy(), field + ".policy");
+    if (!p.ok()) return p.status();
+    if (!listed.emplace(t.tenant(), *p).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".tenant ", QuoteForError(t.tenant()), " is listed twice"));
+    }
+  }
+  if (auto s = ValidateCredentials(config); !s.ok()) return s;
+  const absl::Time now = clock_->Now();
+  MutexLock policy_lock(&policy_mu_);
+  policy_ = config;
+  default_policy_ = *default_policy;
+  MutexLock tenants_lock(&tenants_mu_);
+  for (auto& [name, tenant] : tenants_) {
+    MutexLock lock(&tenant->mu);
+    if (tenant->source == v1::POLICY_SOURCE_ADMIN) continue;
+    auto it = listed.find(name);
+    const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
+    tenant->Advance(now);
+    tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
+    tenant->policy = p;
+    tenant->source = it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT;
+  }
+  return absl::OkStatus();
+}
+
+v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
+  MutexLock lock(&tenant.mu);
+  tenant.Advance(now);
+  v1::BudgetStatus s;
+  s.set_tenant(tenant.name);
+  *s.mutable_policy() = tenant.policy.ToProto();
+  s.set_tokens(tenant.bucket.tokens());
+  s.set_leased_tokens(static_cast<double>(tenant.held_sum));
+  s.set_active_instances(tenant.ActiveCount(now));
+  s.set_granted_total(tenant.totals.granted);
+  s.set_successes_total(tenant.totals.successes);
+  s.set_retries_total(tenant.totals.retries);
+  s.set_retries_denied_total(tenant.totals.retries_denied);
+  s.set_returned_total(tenant.totals.returned);
+  s.set_reclaimed_total(tenant.totals.reclaimed);
+  s.set_wanted_total(tenant.totals.wanted);
+  s.set_explicit_policy(tenant.source != v1::POLICY_SOURCE_DEFAULT);
+  s.set_fallback_retries_total(tenant.totals.fallback_retries);
+  s.set_uncredited_total(tenant.totals.uncredited);
+  return s;
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::GetBudget(absl::string_view tenant) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  auto t = FindTenant(tenant);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+  }
+  return StatusOf(*t, clock_->Now());
+}
+
+absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
+    const v1::ListBudgetsRequest& request) {
+  constexpr uint32_t kMaxPage = 1000;
+  const uint32_t page = request.page_size() == 0 ? kMaxPage : std::min(request.page_size(), kMaxPage);
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) {
+      if (request.page_token().empty() || name > request.page_token()) tenants.push_back(t);
+    }
+  }
+  std::sort(tenants.begin(), tenants.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  v1::ListBudgetsResponse response;
+  const absl::Time now = clock_->Now();
+  for (size_t i = 0; i < tenants.size() && i < page; ++i) {
+    *response.add_budgets() = StatusOf(*tenants[i], now);
+  }
+  if (tenants.size() > page) response.set_next_page_token(tenants[page - 1]->name);
+  return response;
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
+                                                       const v1::BudgetPolicy& policy) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  auto resolved = ResolvePolicy(policy, "policy");
+  if (!resolved.ok()) return resolved.status();
+  const absl::Time now = clock_->Now();
+  std::shared_ptr<Tenant> t;
+  {
+    MutexLock lock(&tenants_mu_);
+    auto it = tenants_.find(tenant);
+    if (it != tenants_.end()) {
+      t = it->second;
+    } else {
+      if (tenants_.size() >= options_.max_tenants) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "tenant %s cannot be created: the server holds %d tenants, its limit",
+            QuoteForError(tenant), tenants_.size()));
+      }
+      t = std::make_shared<Tenant>(std::string(tenant), *resolved, v1::POLICY_SOURCE_ADMIN, now);
+      tenants_.emplace(t->name, t);
+      return StatusOf(*t, now);
+    }
+  }
+  {
+    MutexLock lock(&t->mu);
+    t->Advance(now);  // time so far counts at the old rate
+    t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
+    t->policy = *resolved;
+    t->source = v1::POLICY_SOURCE_ADMIN;
+  }
+  return StatusOf(*t, now);
+}
+
+absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
+  if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  std::shared_ptr<Tenant> t;
+  {
+    MutexLock lock(&tenants_mu_);
+    auto it = tenants_.find(tenant);
+    if (it == tenants_.end()) {
+      return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+    }
+    t = it->second;
+    tenants_.erase(it);
+  }
+  MutexLock lock(&t->mu);
+  t->deleted.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
+  std::vector<v1::BudgetStatus> out;
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+  }
+  std::sort(tenants.begin(), tenants.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  const absl::Time now = clock_->Now();
+  out.reserve(tenants.size());
+  for (auto& t : tenants) out.push_back(StatusOf(*t, now));
+  return out;
+}
+
+}  // namespace retrybudget

@@ -1,0 +1,80 @@
+// The cumulative counters a client reports per tenant (TenantSync), defined once. Every step
+// that handles them (validation, the check against what was applied, the replay fingerprint,
+// the ledger, the snapshot and its restore) walks kCumulativeCounters, so a counter added here
+// is handled everywhere and one missing from a step cannot happen. `want` is not cumulative
+// and is not listed. tests/server/cumulative_counters_test.cc checks that every field of
+// TenantSync is either listed here or handled by name.
+#ifndef RETRYBUDGET_SERVER_CUMULATIVE_COUNTERS_H_
+#define RETRYBUDGET_SERVER_CUMULATIVE_COUNTERS_H_
+
+#include <array>
+#include <cstdint>
+
+#include "absl/strings/string_view.h"
+#include "retrybudget/v1/budget.pb.h"
+#include "retrybudget/v1/state.pb.h"
+
+namespace retrybudget {
+
+// The largest value of any counter and of seq: 2^53, so that every counter is exact as a double
+// (metrics, JSON) and sums of a few of them cannot overflow 64 bits.
+inline constexpr uint64_t kMaxCounter = uint64_t{1} << 53;
+
+struct CumulativeCounters {
+  uint64_t successes = 0;
+  uint64_t retries_spent = 0;
+  uint64_t retries_denied = 0;
+  uint64_t tokens_returned = 0;
+  uint64_t tokens_received = 0;
+  uint64_t fallback_spent = 0;
+
+  // Retries spent from leases (not from the local fallback bucket). Validated requests have
+  // fallback_spent <= retries_spent.
+  uint64_t lease_spent() const {
+    return retries_spent >= fallback_spent ? retries_spent - fallback_spent : 0;
+  }
+};
+
+// One counter: its name in the protos and its place in each representation.
+struct CounterField {
+  absl::string_view name;
+  uint64_t CumulativeCounters::*value;
+  uint64_t (v1::TenantSync::*sent)() const;
+  uint64_t (v1::InstanceTenantState::*saved)() const;
+  void (v1::InstanceTenantState::*save)(uint64_t);
+};
+
+inline constexpr std::array<CounterField, 6> kCumulativeCounters = {{
+    {"successes", &CumulativeCounters::successes, &v1::TenantSync::successes,
+     &v1::InstanceTenantState::successes, &v1::InstanceTenantState::set_successes},
+    {"retries_spent", &CumulativeCounters::retries_spent, &v1::TenantSync::retries_spent,
+     &v1::InstanceTenantState::retries_spent, &v1::InstanceTenantState::set_retries_spent},
+    {"retries_denied", &CumulativeCounters::retries_denied, &v1::TenantSync::retries_denied,
+     &v1::InstanceTenantState::retries_denied, &v1::InstanceTenantState::set_retries_denied},
+    {"tokens_returned", &CumulativeCounters::tokens_returned, &v1::TenantSync::tokens_returned,
+     &v1::InstanceTenantState::tokens_returned, &v1::InstanceTenantState::set_tokens_returned},
+    {"tokens_received", &CumulativeCounters::tokens_received, &v1::TenantSync::tokens_received,
+     &v1::InstanceTenantState::tokens_received, &v1::InstanceTenantState::set_tokens_received},
+    {"fallback_spent", &CumulativeCounters::fallback_spent, &v1::TenantSync::fallback_spent,
+     &v1::InstanceTenantState::fallback_spent, &v1::InstanceTenantState::set_fallback_spent},
+}};
+
+inline CumulativeCounters CountersOf(const v1::TenantSync& sent) {
+  CumulativeCounters c;
+  for (const CounterField& f : kCumulativeCounters) c.*f.value = (sent.*f.sent)();
+  return c;
+}
+
+inline CumulativeCounters CountersOf(const v1::InstanceTenantState& saved) {
+  CumulativeCounters c;
+  for (const CounterField& f : kCumulativeCounters) c.*f.value = (saved.*f.saved)();
+  return c;
+}
+
+inline void SaveCounters(const CumulativeCounters& c, v1::InstanceTenantState* out) {
+  for (const CounterField& f : kCumulativeCounters) (out->*f.save)(c.*f.value);
+}
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_SERVER_CUMULATIVE_COUNTERS_H_

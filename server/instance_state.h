@@ -1,0 +1,102 @@
+// One client instance inside the core: what was applied for it per tenant (its ledger), the
+// response last sent (for an exact retry), the credential it belongs to; and the tombstones of
+// instances that finished or were evicted. Internal to BudgetCore (budget_core.h).
+#ifndef RETRYBUDGET_SERVER_INSTANCE_STATE_H_
+#define RETRYBUDGET_SERVER_INSTANCE_STATE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "retrybudget/mutex.h"
+#include "server/grant_math.h"
+#include "server/replay_cache.h"
+#include "server/tenant_state.h"
+
+namespace retrybudget::core_internal {
+
+// What the server applied for one instance and tenant.
+struct InstanceTenant {
+  LedgerEntry ledger;
+  // The budget this instance used for the tenant last time, so the next Sync neither looks the
+  // name up nor takes the lock of the tenant map. Dropped when that budget was deleted.
+  std::shared_ptr<Tenant> tenant;
+};
+
+struct Instance {
+  explicit Instance(uint64_t principal_hash) : principal(principal_hash) {}
+
+  // StableHash of the credential that first used the id; fixed for the object's life.
+  const uint64_t principal;
+  Mutex mu;
+  // Last time a request of this instance arrived, for eviction (read without `mu`).
+  std::atomic<int64_t> last_seen_ns{0};
+  // last_seq, readable without `mu` (for the tombstone of an eviction).
+  std::atomic<uint64_t> published_seq{0};
+  // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
+  // failed first request): a request that finds it so after taking `mu` looks the id up again.
+  std::atomic<bool> forgotten{false};
+  uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
+  uint64_t last_fingerprint ABSL_GUARDED_BY(mu) = 0;
+  // The response to last_seq, one record per tenant entry.
+  std::vector<GrantRecord> last_grants ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, InstanceTenant> tenants ABSL_GUARDED_BY(mu);
+};
+
+// An instance that sent `final` or was evicted: a request with seq <= last_seq is stale, and
+// only its credential may use the id again.
+struct Tombstone {
+  uint64_t last_seq = 0;
+  uint64_t principal = 0;
+  absl::Time at;
+};
+
+// The tombstones, kept for `ttl` but at most `max_entries` (oldest dropped first when more
+// instances finish within the TTL). Memory: the age queue holds at most max_entries entries and
+// the map at most as many, each the id plus ~30 bytes (about 250 bytes per tombstone with a
+// 32-character id). Thread-compatible: the core guards it with its instances lock.
+class Tombstones {
+ public:
+  Tombstones(size_t max_entries, absl::Duration ttl) : max_(max_entries), ttl_(ttl) {}
+
+  void Put(absl::string_view id, const Tombstone& t);
+  // Null if `id` has no live tombstone at `now`.
+  const Tombstone* Find(absl::string_view id, absl::Time now);
+  void Clear();
+  size_t size() const { return by_id_.size(); }
+
+  template <typename F>
+  void ForEach(F f) const {
+    for (const auto& [id, stored] : by_id_) f(id, stored.tombstone);
+  }
+
+ private:
+  void DropExpired(absl::Time now);
+  void Pop();  // drops the oldest entry of `order_`
+
+  const size_t max_;
+  const absl::Duration ttl_;
+  struct Stored {
+    Tombstone tombstone;
+    uint64_t generation;  // of its entry in `order_`
+  };
+  absl::flat_hash_map<std::string, Stored> by_id_;
+  struct Entry {
+    std::string id;
+    absl::Time at;
+    uint64_t generation;
+  };
+  uint64_t next_generation_ = 0;
+  std::deque<Entry> order_;  // oldest first
+};
+
+}  // namespace retrybudget::core_internal
+
+#endif  // RETRYBUDGET_SERVER_INSTANCE_STATE_H_

@@ -1,0 +1,183 @@
+// BudgetCore's state export (for snapshots) and restore (from a data directory): DESIGN.md
+// "Persistence". Every counter of an instance's ledger goes through kCumulativeCounters.
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "retrybudget/names.h"
+#include "server/budget_core.h"
+#include "server/cumulative_counters.h"
+#include "server/instance_state.h"
+#include "server/replay_cache.h"
+#include "server/tenant_state.h"
+
+namespace retrybudget {
+
+v1::ServerState BudgetCore::ExportState(bool clean) {
+  const absl::Time now = clock_->Now();
+  v1::ServerState state;
+  state.set_clean(clean);
+  state.set_written_at_unix_nanos(absl::ToUnixNanos(now));
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+  }
+  for (auto& t : tenants) {
+    MutexLock lock(&t->mu);
+    t->Advance(now);
+    if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
+    v1::TenantState* ts = state.add_tenants();
+    ts->set_tenant(t->name);
+    *ts->mutable_policy() = t->policy.ToProto();
+    ts->set_policy_source(t->source);
+    ts->set_level(t->bucket.tokens());
+    ts->set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
+    ts->set_granted_total(t->totals.granted);
+    ts->set_grant_limit(std::max(t->grant_limit, t->totals.granted));
+    ts->set_wanted_total(t->totals.wanted);
+    ts->set_successes_total(t->totals.successes);
+    ts->set_retries_total(t->totals.retries);
+    ts->set_retries_denied_total(t->totals.retries_denied);
+    ts->set_returned_total(t->totals.returned);
+    ts->set_reclaimed_total(t->totals.reclaimed);
+    ts->set_fallback_retries_total(t->totals.fallback_retries);
+    ts->set_uncredited_total(t->totals.uncredited);
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<Instance>>> instances;
+  {
+    ReaderMutexLock lock(&instances_mu_);
+    for (const auto& [id, inst] : instances_) instances.emplace_back(id, inst);
+    // Tombstones matter only to a clean restart: after a crash every instance is a baseline.
+    if (clean) {
+      tombstones_->ForEach([&](absl::string_view id, const core_internal::Tombstone& t) {
+        v1::InstanceTombstone* out = state.add_tombstones();
+        out->set_instance_id(std::string(id));
+        out->set_last_seq(t.last_seq);
+        out->set_principal_hash(t.principal);
+        out->set_at_unix_nanos(absl::ToUnixNanos(t.at));
+      });
+    }
+  }
+  for (auto& [id, inst] : instances) {
+    MutexLock lock(&inst->mu);
+    v1::InstanceState* is = state.add_instances();
+    is->set_instance_id(id);
+    is->set_principal_hash(inst->principal);
+    is->set_last_seq(inst->last_seq);
+    is->set_last_fingerprint(inst->last_fingerprint);
+    WriteResponse(inst->last_grants, is->mutable_last_response());
+    is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
+    for (const auto& [tenant, rec] : inst->tenants) {
+      v1::InstanceTenantState* r = is->add_tenants();
+      r->set_tenant(tenant);
+      SaveCounters(rec.ledger.applied, r);
+      r->set_granted_total(rec.ledger.expected_received);
+      r->set_outstanding(rec.ledger.outstanding);
+    }
+  }
+  return state;
+}
+
+absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
+  const absl::Time now = clock_->Now();
+  const bool clean =
+      recovered.snapshot.has_value() && recovered.snapshot->clean() && recovered.reservations.empty();
+  MutexLock policy_lock(&policy_mu_);
+  absl::flat_hash_map<std::string, ResolvedPolicy> listed;
+  for (const auto& t : policy_.tenants()) listed.emplace(t.tenant(), *ResolvePolicy(t.policy()));
+  // The current configuration decides the policy of every tenant an admin did not set.
+  auto current_policy = [&](const std::string& name, v1::PolicySource* source) {
+    auto it = listed.find(name);
+    *source = it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT;
+    return it != listed.end() ? it->second : default_policy_;
+  };
+
+  absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> restored;
+  if (recovered.snapshot.has_value()) {
+    for (const v1::TenantState& ts : recovered.snapshot->tenants()) {
+      if (auto s = ValidateTenantName(ts.tenant(), "snapshot tenant"); !s.ok()) return s;
+      v1::PolicySource source = ts.policy_source();
+      ResolvedPolicy policy;
+      if (source == v1::POLICY_SOURCE_ADMIN) {
+        auto p = ResolvePolicy(ts.policy(), absl::StrCat("snapshot tenant ", ts.tenant()));
+        if (!p.ok()) return p.status();
+        policy = *p;
+      } else {
+        policy = current_policy(ts.tenant(), &source);
+      }
+      const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
+      auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, at);
+      MutexLock lock(&t->mu);
+      uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
+      if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
+        limit = std::max(limit, it->second);
+      }
+      // After a crash, every token up to the durable limit may have been granted.
+      const uint64_t granted = clean ? ts.granted_total() : limit;
+      t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()), at);
+      t->grant_limit = limit;
+      t->totals = BudgetTotals{.granted = granted,
+                               .wanted = ts.wanted_total(),
+                               .successes = ts.successes_total(),
+                               .retries = ts.retries_total(),
+                               .retries_denied = ts.retries_denied_total(),
+                               .returned = ts.returned_total(),
+                               .reclaimed = ts.reclaimed_total(),
+                               .fallback_retries = ts.fallback_retries_total(),
+                               .uncredited = ts.uncredited_total()};
+      restored.emplace(ts.tenant(), std::move(t));
+    }
+  }
+  // Tenants created after the last snapshot that had reserved grants: recreated now, in debt by
+  // everything they may have granted.
+  for (const auto& [name, limit] : recovered.reservations) {
+    if (restored.contains(name)) continue;
+    if (auto s = ValidateTenantName(name, "journal tenant"); !s.ok()) return s;
+    v1::PolicySource source;
+    const ResolvedPolicy policy = current_policy(name, &source);
+    auto t = std::make_shared<Tenant>(name, policy, source, now);
+    MutexLock lock(&t->mu);
+    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit), now);
+    t->grant_limit = limit;
+    t->totals.granted = limit;
+    restored.emplace(name, std::move(t));
+  }
+
+  absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances;
+  if (clean) {
+    for (const v1::InstanceState& is : recovered.snapshot->instances()) {
+      auto inst = std::make_shared<Instance>(is.principal_hash());
+      MutexLock lock(&inst->mu);
+      inst->last_seq = is.last_seq();
+      inst->published_seq.store(is.last_seq(), std::memory_order_relaxed);
+      inst->last_fingerprint = is.last_fingerprint();
+      ReadResponse(is.last_response(), &inst->last_grants);
+      inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
+      for (const v1::InstanceTenantState& r : is.tenants()) {
+        core_internal::InstanceTenant& rec = inst->tenants[r.tenant()];
+        rec.ledger = LedgerEntry{.applied = CountersOf(r),
+                                 .expected_received = r.granted_total(),
+                                 .outstanding = r.outstanding()};
+      }
+      instances.emplace(is.instance_id(), std::move(inst));
+    }
+  }
+  {
+    MutexLock lock(&tenants_mu_);
+    tenants_ = std::move(restored);
+  }
+  MutexLock lock(&instances_mu_);
+  instances_ = std::move(instances);
+  tombstones_->Clear();
+  if (clean) {
+    for (const v1::InstanceTombstone& t : recovered.snapshot->tombstones()) {
+      tombstones_->Put(t.instance_id(), {.last_seq = t.last_seq(),
+                                         .principal = t.principal_hash(),
+                                         .at = absl::FromUnixNanos(t.at_unix_nanos())});
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace retrybudget

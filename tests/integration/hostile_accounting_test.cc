@@ -1,0 +1,367 @@
+// Accounting that no client and no restart can fool, through the real binary over real gRPC
+// (docs/DESIGN.md "Accounting"). One test per way a request could create tokens or be applied
+// twice; each names the case of issue 11 it covers:
+//  1. tokens from nothing: claimed receipts and returns of a baseline credit nothing;
+//  2. one client freezing a tenant: claimed holdings count only up to this server's grants;
+//  3. applied twice after `final`, after eviction, after kill -9 and restart;
+//  4. an exact replay after a clean restart gets the cached response;
+//  5. counters over 2^53 are refused (so totals cannot wrap);
+//  6. an instance id belongs to the credential that first used it;
+//  8. unparseable bytes get INVALID_ARGUMENT with a message.
+// (Case 7, the validation race, is in tests/server/budget_core_concurrent_test.cc.)
+#include <signal.h>
+
+#include <cstdint>
+#include <future>
+#include <limits>
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "server/bearer_authorizer.h"
+#include "tests/integration/server_process.h"
+
+namespace retrybudget::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kMaxU64 = std::numeric_limits<uint64_t>::max();
+constexpr uint64_t k2To53 = uint64_t{1} << 53;
+
+// `policy` (a BudgetPolicy's fields) as the only listed tenant `tenant`.
+std::string PolicyFile(const std::string& dir, const std::string& tenant,
+                       const std::string& policy, const std::string& extra = "") {
+  const std::string path = dir + "/policy.textproto";
+  WriteFile(path, absl::StrCat("tenants { tenant: \"", tenant, "\" policy { ", policy, " } }\n",
+                               extra));
+  return path;
+}
+
+v1::BudgetStatus Budget(ServerConnection& c, const std::string& tenant) {
+  v1::BudgetStatus b;
+  const grpc::Status s = c.GetBudget(tenant, &b);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return b;
+}
+
+v1::SyncRequest WithSuccesses(v1::SyncRequest r, uint64_t successes) {
+  r.mutable_tenants(0)->set_successes(successes);
+  return r;
+}
+
+// ---- 1. tokens from nothing ----
+
+TEST(HostileAccountingTest, ClaimedReceiptsAndReturnsOfABaselineCreditNothing) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "t",
+                                            "capacity: 100 initial_tokens: 0 "
+                                            "refill_per_second: 0 success_credit: 0")});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  // "i" claims 50 tokens it never got from this server, then returns them.
+  ASSERT_TRUE(c.Sync(SyncOf("i", 5, "t", 0, 50), &r).ok());
+  ASSERT_TRUE(c.Sync(SyncOf("i", 6, "t", 0, 50, 50), &r).ok());
+  v1::BudgetStatus b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 0);
+  EXPECT_EQ(b.granted_total(), 0u);
+  EXPECT_EQ(b.uncredited_total(), 50u);
+  // Another instance finds nothing to lease.
+  ASSERT_TRUE(c.Sync(SyncOf("other", 1, "t", 50), &r).ok());
+  EXPECT_EQ(r.tenants(0).granted(), 0u);
+  // The largest claim allowed, and one beyond it.
+  ASSERT_TRUE(c.Sync(SyncOf("j", 1, "t", 0, k2To53), &r).ok());
+  ASSERT_TRUE(c.Sync(SyncOf("j", 2, "t", 0, k2To53, k2To53), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 0);
+  const grpc::Status over = c.Sync(SyncOf("k", 1, "t", 0, kMaxU64), &r);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(over.error_message(), HasSubstr("tokens_received = 18446744073709551615"));
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 2. one client freezing a tenant ----
+
+TEST(HostileAccountingTest, ClaimedHoldingsDoNotHoldTheCapacity) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "dos",
+                                            "capacity: 100 refill_per_second: 0 "
+                                            "success_credit: 0")});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  // x claims to hold 1e15 tokens; two more claim 2^53 and 1 (their sum wrapped 64 bits once).
+  ASSERT_TRUE(c.Sync(SyncOf("x", 9, "dos", 1, 1'000'000'000'000'000), &r).ok());
+  ASSERT_TRUE(c.Sync(SyncOf("y", 9, "dos", 1, k2To53), &r).ok());
+  ASSERT_TRUE(c.Sync(SyncOf("z", 9, "dos", 1, 1), &r).ok());
+  v1::BudgetStatus b = Budget(c, "dos");
+  // Only the one token each was granted here counts against the capacity.
+  EXPECT_LE(b.leased_tokens(), 3);
+  EXPECT_EQ(b.tokens() + b.leased_tokens(), 100);
+  // Another instance still leases what is left.
+  ASSERT_TRUE(c.Sync(SyncOf("w", 1, "dos", 50), &r).ok());
+  EXPECT_EQ(r.tenants(0).granted(), 50u);
+  const grpc::Status over = c.Sync(SyncOf("v", 9, "dos", 1, kMaxU64), &r);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(over.error_message(), HasSubstr("tokens_received"));
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 3. applied twice after the server forgot the instance ----
+
+constexpr char kCreditPolicy[] =
+    "capacity: 1000 initial_tokens: 10 refill_per_second: 0 success_credit: 1";
+
+TEST(HostileAccountingTest, RequestsOfAFinishedInstanceAreStale) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "t", kCreditPolicy)});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  const v1::SyncRequest first = WithSuccesses(SyncOf("f", 1, "t", 0), 0);
+  const v1::SyncRequest second = WithSuccesses(SyncOf("f", 2, "t", 0), 5);
+  v1::SyncRequest last = WithSuccesses(SyncOf("f", 3, "t", 0), 10);
+  last.set_final(true);
+  ASSERT_TRUE(c.Sync(first, &r).ok());
+  ASSERT_TRUE(c.Sync(second, &r).ok());
+  ASSERT_TRUE(c.Sync(last, &r).ok());
+  const v1::BudgetStatus done = Budget(c, "t");
+  EXPECT_EQ(done.tokens(), 20);
+  // Delayed duplicates of every request it sent: stale, nothing applied, nothing granted.
+  for (v1::SyncRequest again : {first, second, last}) {
+    again.mutable_tenants(0)->set_want(again.seq() == 1 ? 10 : 0);
+    const grpc::Status s = c.Sync(again, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(r.stale()) << again.ShortDebugString();
+  }
+  const v1::BudgetStatus after = Budget(c, "t");
+  EXPECT_EQ(after.tokens(), done.tokens());
+  EXPECT_EQ(after.granted_total(), done.granted_total());
+  EXPECT_EQ(after.successes_total(), done.successes_total());
+  // A higher seq is the id's new life: a baseline.
+  ASSERT_TRUE(c.Sync(WithSuccesses(SyncOf("f", 4, "t", 0), 99), &r).ok());
+  EXPECT_FALSE(r.stale());
+  EXPECT_EQ(Budget(c, "t").tokens(), done.tokens());
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+TEST(HostileAccountingTest, RequestsOfAnEvictedInstanceAreStale) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(),
+      {"--policy=" + PolicyFile(dir.path(), "t", kCreditPolicy), "--max_instances=10"});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  const v1::SyncRequest first = WithSuccesses(SyncOf("e", 1, "t", 0), 10);
+  ASSERT_TRUE(c.Sync(first, &r).ok());
+  // 12 more instances: "e" (the least recently seen) and two others are evicted and leave
+  // tombstones (at most --max_instances of them are kept).
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(c.Sync(SyncOf(absl::StrCat("crowd-", i), 1, "t", 0), &r).ok());
+  }
+  const v1::BudgetStatus before = Budget(c, "t");
+  ASSERT_TRUE(c.Sync(first, &r).ok());  // a resend after "e" was evicted
+  EXPECT_TRUE(r.stale());
+  const v1::BudgetStatus after = Budget(c, "t");
+  EXPECT_EQ(after.tokens(), before.tokens());
+  EXPECT_EQ(after.successes_total(), before.successes_total());
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+TEST(HostileAccountingTest, AResendAfterKillNineIsABaseline) {
+  ScopedTempDir dir;
+  const std::vector<std::string> args = {
+      "--policy=" + PolicyFile(dir.path(), "t", kCreditPolicy),
+      "--data_dir=" + dir.path() + "/data", "--snapshot_interval=100ms"};
+  auto server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  v1::SyncResponse r;
+  const v1::SyncRequest first = WithSuccesses(SyncOf("k", 1, "t", 0), 10);
+  {
+    ServerConnection c = server->Connect();
+    ASSERT_TRUE(c.Sync(first, &r).ok());
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // a periodic snapshot holds the level
+  server->Stop(SIGKILL);
+  server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  const v1::BudgetStatus before = Budget(c, "t");
+  // The client never got the response: it resends the same request.
+  ASSERT_TRUE(c.Sync(first, &r).ok());
+  const v1::BudgetStatus after = Budget(c, "t");
+  EXPECT_EQ(after.tokens(), before.tokens());
+  EXPECT_EQ(after.successes_total(), before.successes_total());
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 4. an exact replay after a clean restart ----
+
+TEST(HostileAccountingTest, ExactReplayAfterACleanRestartGetsTheSameResponse) {
+  ScopedTempDir dir;
+  const std::vector<std::string> args = {
+      "--policy=" + PolicyFile(dir.path(), "t", kCreditPolicy),
+      "--data_dir=" + dir.path() + "/data"};
+  auto server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  v1::SyncResponse first;
+  const v1::SyncRequest request = SyncOf("r", 2, "t", 3, 0);
+  {
+    ServerConnection c = server->Connect();
+    v1::SyncResponse r;
+    ASSERT_TRUE(c.Sync(SyncOf("r", 1, "t", 0), &r).ok());
+    ASSERT_TRUE(c.Sync(request, &first).ok());
+    ASSERT_EQ(first.tenants(0).granted(), 3u);
+  }
+  ASSERT_EQ(server->Stop(SIGTERM), 0);
+  server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse again;
+  const grpc::Status s = c.Sync(request, &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(again.SerializeAsString(), first.SerializeAsString());
+  EXPECT_EQ(Budget(c, "t").granted_total(), 3u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 5. counters beyond the bound ----
+
+TEST(HostileAccountingTest, CountersOverTwoToThe53AreRefusedNamingFieldAndValue) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "t", kCreditPolicy)});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  ASSERT_TRUE(c.Sync(SyncOf("n", 1, "t", 0), &r).ok());
+  const v1::BudgetStatus before = Budget(c, "t");
+  struct Case {
+    std::string field;
+    v1::SyncRequest request;
+  };
+  v1::SyncRequest successes = SyncOf("n", 2, "t", 0);
+  successes.mutable_tenants(0)->set_successes(kMaxU64);
+  v1::SyncRequest retries = SyncOf("n", 2, "t", 0);
+  retries.mutable_tenants(0)->set_retries_denied(k2To53 + 1);
+  v1::SyncRequest fallback = SyncOf("n", 2, "t", 0);
+  fallback.mutable_tenants(0)->set_retries_spent(kMaxU64);
+  fallback.mutable_tenants(0)->set_fallback_spent(kMaxU64);
+  v1::SyncRequest seq = SyncOf("n", kMaxU64, "t", 0);
+  v1::SyncRequest jump = SyncOf("n", (uint64_t{1} << 32) + 2, "t", 0);
+  for (const Case& k : {Case{"tenants[0].successes = 18446744073709551615", successes},
+                        Case{"tenants[0].retries_denied = 9007199254740993", retries},
+                        Case{"tenants[0].retries_spent = 18446744073709551615", fallback},
+                        Case{"seq = 18446744073709551615", seq},
+                        Case{"more than 2^32 past", jump}}) {
+    const grpc::Status s = c.Sync(k.request, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.field;
+    EXPECT_THAT(s.error_message(), HasSubstr(k.field));
+  }
+  // Nothing changed, and seq 2 is still the instance's next.
+  EXPECT_EQ(Budget(c, "t").SerializeAsString(), before.SerializeAsString());
+  ASSERT_TRUE(c.Sync(WithSuccesses(SyncOf("n", 2, "t", 0), 3), &r).ok());
+  EXPECT_FALSE(r.stale());
+  EXPECT_EQ(Budget(c, "t").successes_total(), 3u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 6. instance ids belong to a credential ----
+
+std::string Sha256Hex(const std::string& token) {
+  const std::array<uint8_t, 32> d = Sha256(token);
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+}
+
+TEST(HostileAccountingTest, AnInstanceIdOfAnotherCredentialIsPermissionDenied) {
+  ScopedTempDir dir;
+  const std::string policy = PolicyFile(
+      dir.path(), "b", "capacity: 100 refill_per_second: 0 success_credit: 0",
+      absl::StrCat("credentials { name: \"alpha\" token_sha256: \"", Sha256Hex("alpha-token"),
+                   "\" tenants: \"a\" }\n"
+                   "credentials { name: \"beta\" token_sha256: \"", Sha256Hex("beta-token"),
+                   "\" tenants: \"b\" }\n"
+                   "credentials { name: \"ops\" token_sha256: \"", Sha256Hex("ops-token"),
+                   "\" admin: true }\n"));
+  auto server = ServerProcess::Start(dir.path(), {"--policy=" + policy});
+  ASSERT_NE(server, nullptr);
+  ServerConnection alpha = server->Connect("alpha-token");
+  ServerConnection beta = server->Connect("beta-token");
+  ServerConnection ops = server->Connect("ops-token");
+  v1::SyncResponse r;
+  ASSERT_TRUE(beta.Sync(SyncOf("victim", 1, "b", 10), &r).ok());
+  ASSERT_EQ(r.tenants(0).granted(), 10u);
+  const v1::BudgetStatus before = Budget(ops, "b");
+
+  v1::SyncRequest jump = SyncOf("victim", (uint64_t{1} << 32), "a", 0);
+  v1::SyncRequest final_request = SyncOf("victim", 2, "a", 0);
+  final_request.set_final(true);
+  for (const v1::SyncRequest& hostile : {jump, final_request}) {
+    const grpc::Status s = alpha.Sync(hostile, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << hostile.ShortDebugString();
+    EXPECT_THAT(s.error_message(), HasSubstr("\"victim\""));
+  }
+  // The victim goes on as if nothing happened: seq 2 is neither stale nor refused, and its 10
+  // tokens come back.
+  ASSERT_TRUE(beta.Sync(SyncOf("victim", 2, "b", 0, 10, 10), &r).ok());
+  EXPECT_FALSE(r.stale());
+  const v1::BudgetStatus after = Budget(ops, "b");
+  EXPECT_EQ(after.tokens(), before.tokens() + 10);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// ---- 8. unparseable bytes ----
+
+grpc::Status SendRaw(const ServerProcess& server, const std::string& bytes) {
+  auto channel = grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&context, "/retrybudget.v1.RetryBudgetService/Sync", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+TEST(HostileAccountingTest, UnparseableBytesAreInvalidArgumentNamingWhatIsWrong) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(dir.path(), {});
+  ASSERT_NE(server, nullptr);
+  struct Case {
+    std::string name;
+    std::string bytes;
+    std::string message;
+  };
+  // Field 1 (instance_id) = "\xff\xfe"; field 2 (seq) = 1.
+  const std::string bad_id("\x0a\x02\xff\xfe\x10\x01", 6);
+  // instance_id "i", seq 1, tenants { tenant: "t\xff" }.
+  const std::string bad_tenant("\x0a\x01i\x10\x01\x1a\x04\x0a\x02t\xff", 11);
+  const std::string garbage("\xff\xff\xff\xff\xff", 5);
+  for (const Case& k : {Case{"bad_id", bad_id, "instance_id"},
+                        Case{"bad_tenant", bad_tenant, "tenants[0].tenant"},
+                        Case{"garbage", garbage, "not a protobuf encoding"}}) {
+    const grpc::Status s = SendRaw(*server, k.bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.name;
+    EXPECT_THAT(s.error_message(), HasSubstr("request is not a valid retrybudget.v1.SyncRequest"))
+        << k.name;
+    EXPECT_THAT(s.error_message(), HasSubstr(k.message)) << k.name;
+  }
+  // A well-formed request through the same path works.
+  const grpc::Status ok = SendRaw(*server, SyncOf("fine", 1, "t", 1).SerializeAsString());
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+}  // namespace
+}  // namespace retrybudget::testing
