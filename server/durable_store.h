@@ -3,8 +3,10 @@
 //   journal.<N>.log       reservations appended after the snapshot, fdatasync'ed one by one
 // Each file is a sequence of framed records: magic, length, CRC-32, payload. A snapshot that is
 // truncated or fails its checksum is refused (DATA_LOSS); so is a damaged journal record, except
-// a torn last record of the newest journal (a crash in the middle of an append, whose
-// reservation was therefore never used).
+// a torn last record of a journal: a crash, or a failed write or fdatasync, in the middle of an
+// append, whose reservation was therefore never used. A journal is never appended to after a
+// failed append (the next record starts a new journal file), so a tear is only ever at the end
+// of a file, and a transient disk error never stops the next start.
 #ifndef RETRYBUDGET_SERVER_DURABLE_STORE_H_
 #define RETRYBUDGET_SERVER_DURABLE_STORE_H_
 
@@ -23,6 +25,22 @@
 
 namespace retrybudget {
 
+// The system calls the journal makes, virtual so that tests can make them fail or stall. The
+// defaults are the real calls.
+class JournalIo {
+ public:
+  virtual ~JournalIo() = default;
+  // As write(2).
+  virtual ssize_t Write(int fd, const char* data, size_t size);
+  // As fdatasync(2).
+  virtual int DataSync(int fd);
+};
+
+struct DurableStoreOptions {
+  // Not owned; must outlive the store. Null: the real calls.
+  JournalIo* io = nullptr;
+};
+
 // What a data directory held at start-up.
 struct RecoveredState {
   std::optional<v1::ServerState> snapshot;
@@ -34,7 +52,8 @@ struct RecoveredState {
 class DurableStore {
  public:
   // Creates `dir` if missing and checks it is writable. Does not read anything yet.
-  static absl::StatusOr<std::unique_ptr<DurableStore>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<DurableStore>> Open(const std::string& dir,
+                                                            DurableStoreOptions options = {});
   ~DurableStore();
 
   // Reads the snapshot and the journals after it. An empty directory gives an empty state.
@@ -42,7 +61,10 @@ class DurableStore {
   absl::StatusOr<RecoveredState> Load();
 
   // Appends "`tenant` may grant up to `grant_limit` tokens" to the current journal and returns
-  // once it is on disk. The caller grants beyond its old limit only after this returns OK.
+  // once it is on disk. The caller grants beyond its old limit only after this returns OK. On an
+  // error the record may or may not be on disk (either way the next start is safe: a limit is
+  // only ever counted as granted); the journal is cut back to its last good record where
+  // possible and abandoned, and the next record goes to a new journal file.
   absl::Status Reserve(absl::string_view tenant, uint64_t grant_limit);
 
   // Starts a new journal file and returns its number: reservations made from now on go to it.
@@ -56,13 +78,23 @@ class DurableStore {
   const std::string& dir() const { return dir_; }
 
  private:
-  explicit DurableStore(std::string dir);
+  DurableStore(std::string dir, DurableStoreOptions options);
   absl::Status OpenJournal(uint64_t number) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `records` at the end of the current journal (opening the next one if none is open)
+  // and fdatasyncs it. On failure, abandons the journal (AbandonJournal).
+  absl::Status AppendDurably(const std::string& records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cuts the current journal back to its last good record (best effort) and closes it: the next
+  // append starts a new file. A retried fdatasync may report success for data that was lost, so
+  // a file whose append failed is never written again.
+  void AbandonJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
+  JournalIo* const io_;
   Mutex mu_;
   int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t journal_number_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bytes of the current journal that are on disk: its last good record ends here.
+  uint64_t journal_good_size_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // CRC-32 (IEEE) of `data`, for the record frames.

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,44 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// The journal's system calls, with failures on demand: the next write writes only half of its
+// bytes and then fails, or the next fdatasync fails (after the data was written).
+class FaultyIo : public JournalIo {
+ public:
+  ssize_t Write(int fd, const char* data, size_t size) override {
+    if (fail_write_) {
+      fail_write_ = false;
+      const ssize_t half = JournalIo::Write(fd, data, size / 2);
+      (void)half;
+      errno = EIO;
+      return -1;
+    }
+    return JournalIo::Write(fd, data, size);
+  }
+  int DataSync(int fd) override {
+    if (fail_sync_) {
+      fail_sync_ = false;
+      errno = EIO;
+      return -1;
+    }
+    return JournalIo::DataSync(fd);
+  }
+  void FailNextWrite() { fail_write_ = true; }
+  void FailNextSync() { fail_sync_ = true; }
+
+ private:
+  bool fail_write_ = false;
+  bool fail_sync_ = false;
+};
+
+int CountJournals(const std::string& dir) {
+  int journals = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    journals += e.path().filename().string().rfind("journal.", 0) == 0 ? 1 : 0;
+  }
+  return journals;
+}
+
 class PersistenceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -32,7 +71,7 @@ class PersistenceTest : public ::testing::Test {
     snapshotter_.reset();
     core_.reset();
     store_.reset();
-    auto store = DurableStore::Open(dir_);
+    auto store = DurableStore::Open(dir_, {.io = &io_});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
     CoreOptions options;
@@ -75,6 +114,7 @@ class PersistenceTest : public ::testing::Test {
   double Tokens() { return core_->GetBudget("t")->tokens(); }
 
   std::string dir_;
+  FaultyIo io_;
   FakeClock clock_;
   std::unique_ptr<DurableStore> store_;
   std::unique_ptr<BudgetCore> core_;
@@ -214,15 +254,77 @@ TEST_F(PersistenceTest, DamagedJournalRecordBeforeTheEndIsRefused) {
   EXPECT_THAT(std::string(recovered.status().message()), HasSubstr("fails its checksum"));
 }
 
+TEST_F(PersistenceTest, FailedWriteLeavesNoTearBeforeTheNextRecord) {
+  FaultyIo io;
+  auto store = DurableStore::Open(dir_, {.io = &io});
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  io.FailNextWrite();  // half a record written, then EIO
+  EXPECT_FALSE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 30).ok());
+  store->reset();
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 30u);
+}
+
+TEST_F(PersistenceTest, FailedFdatasyncMovesToANewJournal) {
+  FaultyIo io;
+  auto store = DurableStore::Open(dir_, {.io = &io});
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  io.FailNextSync();
+  EXPECT_FALSE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 30).ok());
+  // The file whose fdatasync failed is never written again (a retried fdatasync may report
+  // success for data that was lost): the next record went to a new journal.
+  EXPECT_EQ(CountJournals(dir_), 2);
+  store->reset();
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 30u);
+}
+
+TEST_F(PersistenceTest, TornRecordAtTheEndOfAnOlderJournalDoesNotStopTheStart) {
+  auto store = DurableStore::Open(dir_);
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->RotateJournal().ok());
+  ASSERT_TRUE((*store)->Reserve("u", 5).ok());
+  store->reset();
+  // The older journal ends in half a record, as after a failed append whose cut never reached
+  // the disk.
+  const std::string older = dir_ + "/journal.1.log";
+  std::filesystem::resize_file(older, std::filesystem::file_size(older) - 3);
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 10u);
+  EXPECT_EQ(recovered->reservations.at("u"), 5u);
+}
+
+TEST_F(PersistenceTest, FailedReservationCutsTheGrantAndTheRestartCountsWhatWasReserved) {
+  ASSERT_TRUE(Boot().ok());
+  uint64_t granted = Grant("a", 1, 5);  // reserves up to 17
+  EXPECT_EQ(granted, 5u);
+  io_.FailNextSync();
+  // Needs a limit of 25: the reservation fails, so the grant is cut to what is durable (12).
+  const uint64_t cut = Grant("a", 2, 20, 5, 0, 5);
+  EXPECT_EQ(cut, 12u);
+  granted += cut;
+  EXPECT_EQ(core_->store_errors(), 1u);
+  granted += Grant("b", 1, 10);  // the store works again, in a new journal
+  EXPECT_EQ(granted, 27u);
+  Crash();
+  ASSERT_TRUE(Boot().ok()) << "a transient disk error must not stop the next start";
+  EXPECT_LE(Tokens(), 100.0 - static_cast<double>(granted));
+}
+
 TEST_F(PersistenceTest, SnapshotDropsJournalsItCovers) {
   ASSERT_TRUE(Boot().ok());
   for (int seq = 1; seq <= 5; ++seq) Grant("a", seq, 20, 20 * (seq - 1), 0, 20 * (seq - 1));
   ASSERT_TRUE(snapshotter_->SnapshotNow(false).ok());
-  int journals = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
-    journals += e.path().filename().string().rfind("journal.", 0) == 0 ? 1 : 0;
-  }
-  EXPECT_EQ(journals, 1);  // only the current, empty one
+  EXPECT_EQ(CountJournals(dir_), 1);  // only the current, empty one
 }
 
 }  // namespace
