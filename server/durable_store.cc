@@ -177,11 +177,79 @@ JournalIo* RealJournalIo() {
 }  // namespace
 
 DurableStore::DurableStore(std::string dir, DurableStoreOptions options)
-    : dir_(std::move(dir)), io_(options.io != nullptr ? options.io : RealJournalIo()) {}
+    : dir_(std::move(dir)), io_(options.io != nullptr ? options.io : RealJournalIo()) {
+  thread_ = std::thread([this] { StoreThread(); });
+}
 
 DurableStore::~DurableStore() {
+  {
+    MutexLock lock(&queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  thread_.join();  // after writing what was queued
   MutexLock lock(&mu_);
   if (journal_fd_ >= 0) ::close(journal_fd_);
+}
+
+void DurableStore::ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
+                                ReservedCallback done) {
+  {
+    MutexLock lock(&queue_mu_);
+    auto queued = queued_.find(tenant);
+    if (queued == queued_.end()) {
+      auto writing = writing_.find(tenant);
+      if (writing != writing_.end() && writing->second >= grant_limit) return;
+      queued_.emplace(std::string(tenant), Request{grant_limit, std::move(done)});
+    } else {
+      queued->second.grant_limit = std::max(queued->second.grant_limit, grant_limit);
+      queued->second.done = std::move(done);
+    }
+  }
+  queue_cv_.notify_all();
+}
+
+void DurableStore::WaitIdle() {
+  std::unique_lock<Mutex> lock(queue_mu_);
+  queue_cv_.wait(lock, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return queued_.empty() && writing_.empty();
+  });
+}
+
+void DurableStore::StoreThread() {
+  while (true) {
+    absl::flat_hash_map<std::string, Request> batch;
+    {
+      std::unique_lock<Mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return stopping_ || !queued_.empty();
+      });
+      if (queued_.empty()) return;  // stopping, and everything queued is written
+      batch.swap(queued_);
+      for (const auto& [tenant, request] : batch) writing_[tenant] = request.grant_limit;
+    }
+    std::string records;
+    for (const auto& [tenant, request] : batch) {
+      v1::Reservation r;
+      r.set_tenant(tenant);
+      r.set_grant_limit(request.grant_limit);
+      records += Frame(r.SerializeAsString());
+    }
+    {
+      // The callbacks run under mu_, so a RotateJournal (and the snapshot after it) waits for
+      // them: a limit in an older journal is in the state the snapshot exports.
+      MutexLock lock(&mu_);
+      const absl::Status status = AppendDurably(records);
+      for (const auto& [tenant, request] : batch) {
+        if (request.done) request.done(tenant, request.grant_limit, status);
+      }
+    }
+    {
+      MutexLock lock(&queue_mu_);
+      writing_.clear();
+    }
+    queue_cv_.notify_all();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(const std::string& dir,

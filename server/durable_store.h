@@ -10,10 +10,13 @@
 #ifndef RETRYBUDGET_SERVER_DURABLE_STORE_H_
 #define RETRYBUDGET_SERVER_DURABLE_STORE_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -48,7 +51,9 @@ struct RecoveredState {
   absl::flat_hash_map<std::string, uint64_t> reservations;
 };
 
-// Thread-safe.
+// Thread-safe. Owns one thread, the store thread, which writes the reservations asked for with
+// ReserveAhead: each batch of them is written with one fdatasync (group commit), off every lock
+// of the caller.
 class DurableStore {
  public:
   // Creates `dir` if missing and checks it is writable. Does not read anything yet.
@@ -67,8 +72,26 @@ class DurableStore {
   // possible and abandoned, and the next record goes to a new journal file.
   absl::Status Reserve(absl::string_view tenant, uint64_t grant_limit);
 
+  // Called on the store thread with the limit that was written for a tenant, once it is on disk
+  // (OK) or once writing it failed (the limit is then not durable).
+  using ReservedCallback =
+      std::function<void(const std::string& tenant, uint64_t grant_limit, const absl::Status&)>;
+
+  // Asks the store thread to journal "`tenant` may grant up to `grant_limit`", and returns at
+  // once: never blocks on I/O. A request for a tenant whose queued request is not written yet is
+  // merged into it (the highest limit, the latest `done`); one at or below the limit being
+  // written now is dropped (that write's `done` covers it). `done` runs on the store thread,
+  // after the record's own fdatasync, and before a RotateJournal that follows can return.
+  void ReserveAhead(absl::string_view tenant, uint64_t grant_limit, ReservedCallback done);
+
+  // Blocks until every ReserveAhead made before the call has been written (or has failed) and
+  // its `done` has returned.
+  void WaitIdle();
+
   // Starts a new journal file and returns its number: reservations made from now on go to it.
-  // The snapshot taken next records that number as its journal_start.
+  // The snapshot taken next records that number as its journal_start. Waits for a batch the
+  // store thread is writing, and its callbacks: every reservation in an older journal has been
+  // handed to its `done` when this returns.
   absl::StatusOr<uint64_t> RotateJournal();
 
   // Writes `state` atomically (temp file, fsync, rename, fsync of the directory), then deletes
@@ -88,9 +111,27 @@ class DurableStore {
   // a file whose append failed is never written again.
   void AbandonJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  struct Request {
+    uint64_t grant_limit = 0;
+    ReservedCallback done;
+  };
+  void StoreThread();
+
   const std::string dir_;
   JournalIo* const io_;
-  Mutex mu_;
+
+  // The queue of the store thread. A leaf lock: taken under the callers' locks, never while
+  // holding another.
+  Mutex queue_mu_;
+  std::condition_variable_any queue_cv_;
+  absl::flat_hash_map<std::string, Request> queued_ ABSL_GUARDED_BY(queue_mu_);
+  // The limits of the batch being written now, per tenant.
+  absl::flat_hash_map<std::string, uint64_t> writing_ ABSL_GUARDED_BY(queue_mu_);
+  bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::thread thread_;
+
+  // The journal file. Held by the store thread while it writes a batch and runs its callbacks.
+  Mutex mu_ ABSL_ACQUIRED_AFTER(queue_mu_);
   int journal_fd_ ABSL_GUARDED_BY(mu_) = -1;
   uint64_t journal_number_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of the current journal that are on disk: its last good record ends here.
