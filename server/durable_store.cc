@@ -210,8 +210,8 @@ void DurableStore::ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
 }
 
 void DurableStore::WaitIdle() {
-  std::unique_lock<Mutex> lock(queue_mu_);
-  queue_cv_.wait(lock, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  CondVarLock lock(&queue_mu_);
+  queue_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
     return queued_.empty() && writing_.empty();
   });
 }
@@ -220,8 +220,8 @@ void DurableStore::StoreThread() {
   while (true) {
     absl::flat_hash_map<std::string, Request> batch;
     {
-      std::unique_lock<Mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      CondVarLock lock(&queue_mu_);
+      queue_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
         return stopping_ || !queued_.empty();
       });
       if (queued_.empty()) return;  // stopping, and everything queued is written
