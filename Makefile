@@ -11,24 +11,27 @@ JOBS ?= $(shell nproc)
 LISTEN ?= 127.0.0.1:50051
 DATA_DIR ?= $(CURDIR)/data
 CMAKE_FLAGS ?=
+CTEST_FLAGS ?=
 
-.PHONY: deps build run test bench clean
+.PHONY: deps configure build run test bench clean
 
 deps:
 	@scripts/install-deps.sh
 
-$(BUILD_DIR)/CMakeCache.txt: | deps
+# Configured on every build, so CMAKE_FLAGS given now (e.g. CI's -DRETRYBUDGET_WERROR=ON) reach
+# an existing build directory too; cmake is quick when nothing changed.
+configure: deps
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS)
 
-build: deps $(BUILD_DIR)/CMakeCache.txt
+build: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-run: deps $(BUILD_DIR)/CMakeCache.txt
+run: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server
 	$(BUILD_DIR)/server/retry-budget-server --listen=$(LISTEN) --data_dir=$(DATA_DIR)
 
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j$(JOBS)
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 300 -j$(JOBS) $(CTEST_FLAGS)
 
 BENCH_DIR ?= build-bench
 

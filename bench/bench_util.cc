@@ -153,7 +153,8 @@ std::string SelfExe() {
 }
 
 absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std::string& dir,
-                                        const std::string& policy, int* port) {
+                                        const std::string& policy, int* port,
+                                        const std::vector<std::string>& extra_args) {
   const std::string port_file = dir + "/port";
   std::remove(port_file.c_str());
   std::vector<std::string> argv = {server_bin, "--listen=127.0.0.1:0",
@@ -164,6 +165,7 @@ absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std
     std::ofstream(policy_file) << policy;
     argv.push_back(absl::StrCat("--policy=", policy_file));
   }
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   absl::StatusOr<Child> child = Child::Spawn(argv);
   if (!child.ok()) return child.status();
   const absl::Time deadline = absl::Now() + absl::Seconds(10);

@@ -69,9 +69,10 @@ inline constexpr char kUnlimitedPolicy[] =
 
 // Starts the retry-budget-server binary `server_bin` on 127.0.0.1:0 with its port file (and,
 // when `policy` is not empty, a policy file with that content) in `dir`, and waits up to 10 s
-// for the port. UNAVAILABLE when it does not come up.
+// for the port. `extra_args` are passed on as they are. UNAVAILABLE when it does not come up.
 absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std::string& dir,
-                                        const std::string& policy, int* port);
+                                        const std::string& policy, int* port,
+                                        const std::vector<std::string>& extra_args = {});
 
 // Resident set size of process `pid` (0: this process) in bytes, from /proc/PID/statm; -1 on
 // error.

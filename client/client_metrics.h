@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 #include "retrybudget/client.h"
 
 namespace retrybudget::client_internal {
@@ -18,6 +20,9 @@ class ClientMetrics {
 
   // One Sync attempt ended (the final Sync's attempts included); `ok` when it got a response.
   virtual void SyncAttempted(bool ok) = 0;
+
+  // One Sync attempt failed with `code` (after SyncAttempted(false)).
+  virtual void SyncFailed(absl::StatusCode /*code*/) {}
 
   // The tenant's counters after a refresher step (cumulative; retries_allowed may dip after a
   // Refund(), which a counter must not show).

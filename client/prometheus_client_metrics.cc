@@ -63,9 +63,23 @@ class PrometheusClientMetrics final : public ClientMetrics {
                         "Sync attempts to the budget server, by result (ok: a response; "
                         "error: the RPC failed).")),
         syncs_ok_(&syncs_.Add({{"result", "ok"}})),
-        syncs_error_(&syncs_.Add({{"result", "error"}})) {}
+        syncs_error_(&syncs_.Add({{"result", "error"}})),
+        sync_errors_(Counters(registry, "retry_budget_client_sync_errors_total",
+                              "Failed Sync attempts, by gRPC status code (UNAVAILABLE, "
+                              "DEADLINE_EXCEEDED: unreachable; INVALID_ARGUMENT, "
+                              "RESOURCE_EXHAUSTED, ...: refused by a server that answers).")) {}
 
   void SyncAttempted(bool ok) override { (ok ? syncs_ok_ : syncs_error_)->Increment(); }
+
+  void SyncFailed(absl::StatusCode code) override {
+    auto it = sync_errors_by_code_.find(code);
+    if (it == sync_errors_by_code_.end()) {
+      it = sync_errors_by_code_
+               .emplace(code, &sync_errors_.Add({{"code", absl::StatusCodeToString(code)}}))
+               .first;
+    }
+    it->second->Increment();
+  }
 
   void TenantUpdated(const std::string& tenant, const TenantStats& stats) override {
     auto it = tenants_.find(tenant);
@@ -116,6 +130,8 @@ class PrometheusClientMetrics final : public ClientMetrics {
   prometheus::Family<prometheus::Counter>& syncs_;
   prometheus::Counter* const syncs_ok_;
   prometheus::Counter* const syncs_error_;
+  prometheus::Family<prometheus::Counter>& sync_errors_;
+  absl::flat_hash_map<absl::StatusCode, prometheus::Counter*> sync_errors_by_code_;
   absl::flat_hash_map<std::string, PerTenant> tenants_;
 };
 

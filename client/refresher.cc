@@ -7,7 +7,9 @@
 #include <grpc/support/log.h>
 #include <grpcpp/client_context.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace retrybudget::client_internal {
 namespace {
@@ -23,6 +25,28 @@ absl::Status ToAbsl(const grpc::Status& status) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat("Sync to the budget server failed: ", status.error_message()));
+}
+
+// Codes with which a server that did read the request refuses it (it is too large, or an entry
+// in it is invalid): an answer, not an outage. The request is split, or its tenant denied.
+bool IsRequestRefusal(grpc::StatusCode code) {
+  return code == grpc::StatusCode::INVALID_ARGUMENT ||
+         code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         code == grpc::StatusCode::FAILED_PRECONDITION ||
+         code == grpc::StatusCode::OUT_OF_RANGE;
+}
+
+// The tenant limit a refusal names ("... at most N are allowed in one request"), or 0.
+size_t TenantLimitIn(const std::string& message) {
+  static constexpr char kAtMost[] = "at most ";
+  const size_t at = message.find(kAtMost);
+  if (at == std::string::npos || message.find("request", at) == std::string::npos) return 0;
+  size_t limit = 0;
+  for (size_t i = at + sizeof(kAtMost) - 1; i < message.size() && absl::ascii_isdigit(message[i]);
+       ++i) {
+    limit = std::min<size_t>(limit * 10 + static_cast<size_t>(message[i] - '0'), 1u << 20);
+  }
+  return limit;
 }
 
 ServerState StateAfter(const grpc::Status& status) {
@@ -69,6 +93,7 @@ grpc::Status Refresher::CallSyncLocked(const v1::SyncRequest& request,
     *woken = waiting_call_woken_;
   }
   metrics_->SyncAttempted(status.ok());
+  if (!status.ok()) metrics_->SyncFailed(static_cast<absl::StatusCode>(status.error_code()));
   return status;
 }
 
@@ -186,22 +211,45 @@ absl::Time Refresher::SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenant
 
 void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
                            absl::Time cut) {
+  // Up to max_tenants_per_sync_ tenants per request; the rest go in the next requests of this
+  // step. A request the server refuses as a whole is split (see SyncOnceLocked).
+  size_t chunk = max_tenants_per_sync_;
+  size_t done = 0;
+  while (done < tenants.size()) {
+    const std::vector<TenantBudgetImpl*> rest(tenants.begin() + static_cast<ptrdiff_t>(done),
+                                              tenants.end());
+    size_t sent = 0;
+    const SyncOutcome outcome = SyncOnceLocked(rest, now, cut, &chunk, &sent);
+    if (outcome == SyncOutcome::kRetryLater) return;
+    if (outcome == SyncOutcome::kResentPending) return;  // the rest are due on their schedule
+    if (outcome == SyncOutcome::kDone) done += sent;
+    now = clock_->Now();
+    if (now >= cut) return;
+  }
+}
+
+Refresher::SyncOutcome Refresher::SyncOnceLocked(const std::vector<TenantBudgetImpl*>& tenants,
+                                                 absl::Time now, absl::Time cut, size_t* chunk,
+                                                 size_t* sent) {
   if (pending_.has_value() && now - pending_->first_sent >= options_.policy.refresh_period) {
     // Failing for a whole refresh period: a new request (see the class comment).
     pending_.reset();
   }
-  if (!pending_.has_value()) {
+  const bool resend = pending_.has_value();
+  if (!resend) {
     // A new request: new seq, counters as of now. It is kept until a response arrives, so a
     // retry resends exactly these bytes (the server then answers it the same way).
     Pending& pending = pending_.emplace();
     pending.request.set_instance_id(options_.instance_id);
     pending.request.set_seq(++seq_);
-    for (TenantBudgetImpl* tenant : tenants) {
-      tenant->FillSync(now, options_.policy, pending.request.add_tenants());
+    const size_t n = std::min(tenants.size(), std::max<size_t>(1, *chunk));
+    for (size_t i = 0; i < n; ++i) {
+      tenants[i]->FillSync(now, options_.policy, pending.request.add_tenants());
+      pending.tenants.push_back(tenants[i]);
     }
-    pending.tenants = tenants;
     pending.first_sent = now;
   }
+  *sent = pending_->tenants.size();
   last_send_ = now;
   const absl::Time deadline = std::min(now + options_.sync_timeout, cut);
   // Once an attempt failed the server is known unreachable: wait for the channel to connect
@@ -222,7 +270,41 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
     // the server and no backoff. The caller steps the tenants, then the same request goes out
     // again. If the server did apply it, the resend (same seq) gets the same answer.
     retry_at_ = received;
-    return;
+    return SyncOutcome::kRetryLater;
+  }
+  if (IsRequestRefusal(status.error_code())) {
+    // The server answered: it is reachable, and this request as a whole is refused. It applied
+    // nothing, so the counters simply go in the next request.
+    server_state_ = ServerState::kAnswering;
+    failures_ = 0;
+    Pending refused = std::move(*pending_);
+    pending_.reset();
+    const size_t size = refused.tenants.size();
+    if (size > 1) {
+      // Too large, or one entry is bad: split. A limit the server names is kept for later
+      // requests; otherwise halve this request only, down to single tenants.
+      const size_t named = TenantLimitIn(status.error_message());
+      if (named > 0 && named < size) {
+        max_tenants_per_sync_ = named;
+        *chunk = named;
+      } else {
+        *chunk = size / 2;
+      }
+      LogRefusalLocked(received, absl::StrCat("Sync seq ", refused.request.seq(), " with ", size,
+                                              " tenants refused; splitting it into requests of ",
+                                              *chunk, ": ", last_status_.ToString()));
+      return SyncOutcome::kSplit;
+    }
+    // One tenant, refused: deny it until its next refresh (not fallback: the server answers).
+    v1::TenantError error;
+    error.set_code(status.error_code());
+    error.set_message(status.error_message());
+    refused.tenants[0]->ApplyRefusal(error, received, options_.policy);
+    LogRefusalLocked(received, absl::StrCat("Sync seq ", refused.request.seq(), " for tenant \"",
+                                            refused.tenants[0]->tenant(),
+                                            "\" refused; the tenant is denied: ",
+                                            last_status_.ToString()));
+    return SyncOutcome::kDone;
   }
   server_state_ = StateAfter(status);
   if (!status.ok()) {
@@ -235,7 +317,7 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
               static_cast<unsigned long long>(pending_->request.seq()),
               last_status_.ToString().c_str());
     }
-    return;
+    return SyncOutcome::kRetryLater;
   }
   if (failures_ > 0) {
     gpr_log(GPR_INFO, "retrybudget: Sync seq %llu succeeded after %d failed attempts",
@@ -248,9 +330,22 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
     // The server has applied a newer seq of this instance: nothing here was applied or granted.
     gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu answered as stale; ignored",
             static_cast<unsigned long long>(done.request.seq()));
-    return;
+    return resend ? SyncOutcome::kResentPending : SyncOutcome::kDone;
   }
   ApplyResponseLocked(done, response, received);
+  return resend ? SyncOutcome::kResentPending : SyncOutcome::kDone;
+}
+
+void Refresher::LogRefusalLocked(absl::Time now, const std::string& line) {
+  // At most one line a minute; the lines left out are counted in the next.
+  if (now - last_refusal_log_ < kRefusalLogInterval) {
+    ++refusals_not_logged_;
+    return;
+  }
+  gpr_log(GPR_ERROR, "retrybudget: %s (%llu more refusals since the last such line)",
+          line.c_str(), static_cast<unsigned long long>(refusals_not_logged_));
+  last_refusal_log_ = now;
+  refusals_not_logged_ = 0;
 }
 
 void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
@@ -293,15 +388,45 @@ absl::Status Refresher::Shutdown() {
 
 absl::Status Refresher::FinalSyncLocked() {
   const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
-  v1::SyncRequest request;
-  request.set_instance_id(options_.instance_id);
-  // A new seq even if a request is still unanswered: if the server applied it, its grant is
-  // reclaimed from our tokens_received; if not, the cumulative counters here cover it.
-  request.set_seq(++seq_);
-  request.set_final(true);
-  for (TenantBudgetImpl* tenant : tenants) tenant->FillFinal(request.add_tenants());
   pending_.reset();
   if (tenants.empty()) return absl::OkStatus();
+  std::vector<v1::TenantSync> entries(tenants.size());
+  for (size_t i = 0; i < tenants.size(); ++i) tenants[i]->FillFinal(&entries[i]);
+  // In requests of at most max_tenants_per_sync_ tenants (split further if the server refuses
+  // one as a whole); only the last carries final=true, since the server forgets the instance on
+  // it.
+  size_t chunk = max_tenants_per_sync_;
+  size_t done = 0;
+  absl::Status result;
+  while (done < entries.size()) {
+    const size_t n = std::min(std::max<size_t>(1, chunk), entries.size() - done);
+    v1::SyncRequest request;
+    request.set_instance_id(options_.instance_id);
+    // A new seq even if a request is still unanswered: if the server applied it, its grant is
+    // reclaimed from our tokens_received; if not, the cumulative counters here cover it.
+    request.set_seq(++seq_);
+    request.set_final(done + n == entries.size());
+    for (size_t i = done; i < done + n; ++i) *request.add_tenants() = entries[i];
+    const grpc::Status status = SendFinalLocked(request);
+    if (IsRequestRefusal(status.error_code()) && n > 1) {
+      const size_t named = TenantLimitIn(status.error_message());
+      if (named > 0 && named < n) max_tenants_per_sync_ = named;
+      chunk = named > 0 && named < n ? named : n / 2;
+      continue;
+    }
+    if (!status.ok()) {
+      result = last_status_;
+      gpr_log(GPR_ERROR, "retrybudget: final Sync failed; unspent tokens are forfeited: %s",
+              last_status_.ToString().c_str());
+      if (!IsRequestRefusal(status.error_code())) break;  // unreachable: the rest would fail too
+    }
+    done += n;
+  }
+  UpdateMetricsLocked(tenants);
+  return result;
+}
+
+grpc::Status Refresher::SendFinalLocked(const v1::SyncRequest& request) {
   grpc::Status status;
   // With the server answering, each attempt may wait for a connection being re-made; with the
   // server known unreachable, fail fast rather than hold the caller 3 x sync_timeout.
@@ -310,15 +435,12 @@ absl::Status Refresher::FinalSyncLocked() {
     v1::SyncResponse response;
     status = CallSyncLocked(request, &response, options_.sync_timeout, wait_for_ready);
     last_status_ = ToAbsl(status);
-    if (status.ok() || attempt == kFinalSyncAttempts) break;
+    if (status.ok() || IsRequestRefusal(status.error_code()) || attempt == kFinalSyncAttempts) {
+      break;
+    }
     clock_->SleepUntil(clock_->Now() + RetryBackoff(attempt, options_.policy), std::stop_token());
   }
-  if (!status.ok()) {
-    gpr_log(GPR_ERROR, "retrybudget: final Sync failed; unspent tokens are forfeited: %s",
-            last_status_.ToString().c_str());
-  }
-  UpdateMetricsLocked(tenants);
-  return last_status_;
+  return status;
 }
 
 }  // namespace retrybudget::client_internal

@@ -4,6 +4,7 @@
 #define RETRYBUDGET_CLIENT_REFRESHER_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -114,15 +115,36 @@ class Refresher final : public SyncWaker {
     absl::Time first_sent;
   };
 
+  enum class SyncOutcome {
+    kDone,           // a new request was answered (granted, or refused and its tenant denied)
+    kSplit,          // refused as a whole: *chunk is smaller, the same tenants go again
+    kResentPending,  // an earlier request was resent and answered
+    kRetryLater,     // failed or cut short: retry_at_ is set
+  };
+
   void Loop();
   absl::Time SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends one attempt at `now`, ending it no later than `cut` (the next duty).
+  // Syncs `tenants` at `now`, in requests of at most max_tenants_per_sync_ tenants, ending no
+  // later than `cut` (the next duty).
   void SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now, absl::Time cut)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends one attempt: the pending request again, or a new one with the first *chunk of
+  // `tenants`; *sent is the number of tenants it carried. A server that refuses the request
+  // (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, OUT_OF_RANGE) is answering, not
+  // unreachable: a request of several tenants is split (*chunk lowered: to the limit the error
+  // names, which later requests keep, or else to half), a single tenant is denied
+  // (ApplyRefusal) until its next refresh.
+  SyncOutcome SyncOnceLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
+                             absl::Time cut, size_t* chunk, size_t* sent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LogRefusalLocked(absl::Time now, const std::string& line)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
                            absl::Time received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinalSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One request of the final Sync, at most kFinalSyncAttempts times (not again once refused).
+  grpc::Status SendFinalLocked(const v1::SyncRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One attempt with a deadline `timeout` from now. With `wait_for_ready`, Wake() may cancel
   // it; *woken is then true.
   grpc::Status CallSyncLocked(const v1::SyncRequest& request, v1::SyncResponse* response,
@@ -145,6 +167,11 @@ class Refresher final : public SyncWaker {
   absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int failures_ ABSL_GUARDED_BY(mu_) = 0;  // consecutive failed attempts
+  // Tenants per request: the server's limit once it named one in a refusal.
+  size_t max_tenants_per_sync_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<size_t>::max();
+  static constexpr absl::Duration kRefusalLogInterval = absl::Minutes(1);
+  absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t refusals_not_logged_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);
   ServerState server_state_ ABSL_GUARDED_BY(mu_) = ServerState::kAnswering;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;

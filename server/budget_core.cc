@@ -39,7 +39,10 @@ BudgetCore::BudgetCore(CoreOptions options)
       tombstones_(std::make_unique<core_internal::Tombstones>(options_.max_instances,
                                                               options_.tombstone_ttl)) {}
 
-BudgetCore::~BudgetCore() = default;
+BudgetCore::~BudgetCore() {
+  // The store thread's callbacks (ReserveDurably) use this core.
+  if (options_.store != nullptr) options_.store->WaitIdle();
+}
 
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
   ReaderMutexLock lock(&tenants_mu_);
@@ -426,19 +429,39 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
 }
 
 uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
-  const uint64_t need = t.totals.granted + granted;
-  if (need <= t.grant_limit) return granted;
-  // Reserve a block ahead, so the fdatasync is paid once per block of grants, not per grant.
-  // A crash forfeits at most one block per tenant: the safe direction.
+  // A grant never exceeds the limit already on disk: it is cut, never made early. The store
+  // thread raises the limit ahead of need (one fdatasync per block of grants, not per grant, and
+  // never on this thread or under this lock): when what is left after this grant would not cover
+  // another grant as large plus half a block, the limit for this grant, one more as large and a
+  // block is asked for. A crash forfeits at most that reservation ahead per tenant: the safe
+  // direction.
   const uint64_t block =
       std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.capacity / 8), 8, 1'000'000);
-  const uint64_t limit = need + block;
-  if (options_.store->Reserve(t.name, limit).ok()) {
-    t.grant_limit = limit;
-    return granted;
+  const uint64_t durable_left =
+      t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
+  const uint64_t allowed = std::min(granted, durable_left);
+  if (durable_left - allowed < granted + block / 2) {
+    options_.store->ReserveAhead(
+        t.name, t.totals.granted + allowed + granted + block,
+        [this](const std::string& name, uint64_t limit, const absl::Status& status) {
+          if (!status.ok()) {
+            store_errors_.fetch_add(1, std::memory_order_relaxed);
+            return;
+          }
+          // Looked up by name: the journal is keyed by name, so a limit on disk for this name
+          // covers whichever tenant of that name holds it now.
+          std::shared_ptr<Tenant> tenant;
+          {
+            ReaderMutexLock lock(&tenants_mu_);
+            auto it = tenants_.find(name);
+            if (it == tenants_.end()) return;
+            tenant = it->second;
+          }
+          MutexLock lock(&tenant->mu);
+          tenant->grant_limit = std::max(tenant->grant_limit, limit);
+        });
   }
-  store_errors_.fetch_add(1, std::memory_order_relaxed);
-  return t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
+  return allowed;
 }
 
 size_t BudgetCore::tenant_count() {

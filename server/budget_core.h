@@ -173,8 +173,9 @@ class BudgetCore {
              uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
-  // Cuts `granted` to what the tenant's durable limit allows, extending the limit first when
-  // needed. Returns the grant that may be taken. Requires tenant.mu held.
+  // Cuts `granted` to what the tenant's durable limit allows, and asks the store thread to
+  // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
+  // Requires tenant.mu held.
   uint64_t ReserveDurably(Tenant& tenant, uint64_t granted);
 
   const CoreOptions options_;

@@ -75,11 +75,17 @@ absl::Status BudgetServer::Init() {
       options_.listen,
       secure_ ? options_.credentials : grpc::InsecureServerCredentials(), &selected_port);
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  // gRPC sets SO_REUSEPORT on its listeners by default: a second server started on a port in use
+  // would then bind it too, and the kernel would deal the connections between two servers, each
+  // with its own budgets (and a test's server on port 0 could share its port with another that
+  // binds that number explicitly). A port in use must be an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&budget_service_);
   builder.RegisterService(&admin_service_);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || selected_port == 0) {
     if (server_ != nullptr) server_->Shutdown();
+    server_.reset();
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options_.listen, " (address in use or not local?)"));
   }
@@ -96,7 +102,7 @@ BudgetServer::~BudgetServer() { Shutdown(absl::ZeroDuration()); }
 
 void BudgetServer::Shutdown(absl::Duration grace) {
   MutexLock lock(&mu_);
-  if (shut_down_) return;
+  if (shut_down_ || server_ == nullptr) return;  // null: Init() could not listen
   shut_down_ = true;
   // Health checks say NOT_SERVING while in-flight RPCs drain (load balancers stop sending).
   SetHealth(*server_, false);

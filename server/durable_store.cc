@@ -60,10 +60,10 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+absl::Status WriteAll(JournalIo& io, int fd, const std::string& data, const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    const ssize_t n = io.Write(fd, data.data() + done, data.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return Errno("cannot write", path);
@@ -98,6 +98,11 @@ absl::StatusOr<std::vector<std::string>> Unframe(const std::string& data, const 
     const uint32_t len = GetU32(data.data() + pos + 4);
     const uint32_t crc = GetU32(data.data() + pos + 8);
     if (magic != kMagic || len > kMaxRecord) {
+      // A file extended by a write whose data never reached the disk reads as zeros.
+      if (torn_tail_ok && std::all_of(data.begin() + static_cast<std::ptrdiff_t>(pos), data.end(),
+                                      [](char c) { return c == 0; })) {
+        break;
+      }
       return absl::DataLossError(absl::StrFormat(
           "%s is corrupt: no valid record header at offset %d", path, pos));
     }
@@ -151,6 +156,10 @@ absl::Status SyncDir(const std::string& dir) {
 
 }  // namespace
 
+ssize_t JournalIo::Write(int fd, const char* data, size_t size) { return ::write(fd, data, size); }
+
+int JournalIo::DataSync(int fd) { return ::fdatasync(fd); }
+
 uint32_t Crc32(absl::string_view data) {
   static const std::array<uint32_t, 256> table = MakeCrcTable();
   uint32_t c = 0xFFFFFFFFu;
@@ -158,14 +167,93 @@ uint32_t Crc32(absl::string_view data) {
   return c ^ 0xFFFFFFFFu;
 }
 
-DurableStore::DurableStore(std::string dir) : dir_(std::move(dir)) {}
+namespace {
+
+JournalIo* RealJournalIo() {
+  static JournalIo* const io = new JournalIo();
+  return io;
+}
+
+}  // namespace
+
+DurableStore::DurableStore(std::string dir, DurableStoreOptions options)
+    : dir_(std::move(dir)), io_(options.io != nullptr ? options.io : RealJournalIo()) {
+  thread_ = std::thread([this] { StoreThread(); });
+}
 
 DurableStore::~DurableStore() {
+  {
+    MutexLock lock(&queue_mu_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  thread_.join();  // after writing what was queued
   MutexLock lock(&mu_);
   if (journal_fd_ >= 0) ::close(journal_fd_);
 }
 
-absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(const std::string& dir) {
+void DurableStore::ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
+                                ReservedCallback done) {
+  {
+    MutexLock lock(&queue_mu_);
+    auto queued = queued_.find(tenant);
+    if (queued == queued_.end()) {
+      auto writing = writing_.find(tenant);
+      if (writing != writing_.end() && writing->second >= grant_limit) return;
+      queued_.emplace(std::string(tenant), Request{grant_limit, std::move(done)});
+    } else {
+      queued->second.grant_limit = std::max(queued->second.grant_limit, grant_limit);
+      queued->second.done = std::move(done);
+    }
+  }
+  queue_cv_.notify_all();
+}
+
+void DurableStore::WaitIdle() {
+  CondVarLock lock(&queue_mu_);
+  queue_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+    return queued_.empty() && writing_.empty();
+  });
+}
+
+void DurableStore::StoreThread() {
+  while (true) {
+    absl::flat_hash_map<std::string, Request> batch;
+    {
+      CondVarLock lock(&queue_mu_);
+      queue_cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(queue_mu_) {
+        return stopping_ || !queued_.empty();
+      });
+      if (queued_.empty()) return;  // stopping, and everything queued is written
+      batch.swap(queued_);
+      for (const auto& [tenant, request] : batch) writing_[tenant] = request.grant_limit;
+    }
+    std::string records;
+    for (const auto& [tenant, request] : batch) {
+      v1::Reservation r;
+      r.set_tenant(tenant);
+      r.set_grant_limit(request.grant_limit);
+      records += Frame(r.SerializeAsString());
+    }
+    {
+      // The callbacks run under mu_, so a RotateJournal (and the snapshot after it) waits for
+      // them: a limit in an older journal is in the state the snapshot exports.
+      MutexLock lock(&mu_);
+      const absl::Status status = AppendDurably(records);
+      for (const auto& [tenant, request] : batch) {
+        if (request.done) request.done(tenant, request.grant_limit, status);
+      }
+    }
+    {
+      MutexLock lock(&queue_mu_);
+      writing_.clear();
+    }
+    queue_cv_.notify_all();
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(const std::string& dir,
+                                                                 DurableStoreOptions options) {
   if (dir.empty()) return absl::InvalidArgumentError("data_dir is empty");
   const std::string path = dir;
   // mkdir -p
@@ -178,7 +266,7 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(const std::stri
     }
   }
   if (::access(path.c_str(), W_OK) != 0) return Errno("data_dir is not writable:", path);
-  return std::unique_ptr<DurableStore>(new DurableStore(path));
+  return std::unique_ptr<DurableStore>(new DurableStore(path, options));
 }
 
 absl::StatusOr<RecoveredState> DurableStore::Load() {
@@ -207,7 +295,9 @@ absl::StatusOr<RecoveredState> DurableStore::Load() {
     const std::string path = absl::StrCat(dir_, "/", JournalName(journals[i]));
     auto data = ReadFile(path);
     if (!data.ok()) return data.status();
-    auto records = Unframe(*data, path, /*torn_tail_ok=*/i + 1 == journals.size());
+    // Any journal may end in a torn record: the newest after a crash mid-append, an older one
+    // after a failed append (its file was abandoned, see AbandonJournal).
+    auto records = Unframe(*data, path, /*torn_tail_ok=*/true);
     if (!records.ok()) return records.status();
     for (const std::string& payload : *records) {
       v1::Reservation r;
@@ -227,12 +317,46 @@ absl::StatusOr<RecoveredState> DurableStore::Load() {
 
 absl::Status DurableStore::OpenJournal(uint64_t number) {
   const std::string path = absl::StrCat(dir_, "/", JournalName(number));
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot open journal", path);
+  // O_EXCL: a journal number is used once; a file left by an earlier run is never appended to.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
   if (journal_fd_ >= 0) ::close(journal_fd_);
+  journal_fd_ = -1;
+  journal_number_ = number;  // used even on failure: the next attempt takes the next number
+  if (fd < 0) return Errno("cannot create journal", path);
+  // The file's directory entry must be durable before any record in it counts.
+  if (absl::Status s = SyncDir(dir_); !s.ok()) {
+    ::close(fd);
+    return s;
+  }
   journal_fd_ = fd;
-  journal_number_ = number;
-  return SyncDir(dir_);
+  journal_good_size_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::AppendDurably(const std::string& records) {
+  if (journal_fd_ < 0) {
+    if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
+  }
+  const std::string path = absl::StrCat(dir_, "/", JournalName(journal_number_));
+  absl::Status s = WriteAll(*io_, journal_fd_, records, path);
+  if (s.ok() && io_->DataSync(journal_fd_) != 0) s = Errno("cannot fdatasync", path);
+  if (!s.ok()) {
+    AbandonJournal();
+    return s;
+  }
+  journal_good_size_ += records.size();
+  return absl::OkStatus();
+}
+
+void DurableStore::AbandonJournal() {
+  if (journal_fd_ < 0) return;
+  // Best effort: whether or not the cut reaches the disk, the next start reads this file up to
+  // its last whole record and ignores a torn one after it.
+  if (::ftruncate(journal_fd_, static_cast<off_t>(journal_good_size_)) == 0) {
+    (void)io_->DataSync(journal_fd_);
+  }
+  ::close(journal_fd_);
+  journal_fd_ = -1;
 }
 
 absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limit) {
@@ -241,13 +365,7 @@ absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limi
   r.set_grant_limit(grant_limit);
   const std::string record = Frame(r.SerializeAsString());
   MutexLock lock(&mu_);
-  if (journal_fd_ < 0) {
-    if (auto s = OpenJournal(journal_number_ + 1); !s.ok()) return s;
-  }
-  const std::string path = absl::StrCat(dir_, "/", JournalName(journal_number_));
-  if (auto s = WriteAll(journal_fd_, record, path); !s.ok()) return s;
-  if (::fdatasync(journal_fd_) != 0) return Errno("cannot fdatasync", path);
-  return absl::OkStatus();
+  return AppendDurably(record);
 }
 
 absl::StatusOr<uint64_t> DurableStore::RotateJournal() {
@@ -261,7 +379,7 @@ absl::Status DurableStore::WriteSnapshot(const v1::ServerState& state) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
-  absl::Status s = WriteAll(fd, Frame(state.SerializeAsString()), tmp);
+  absl::Status s = WriteAll(*RealJournalIo(), fd, Frame(state.SerializeAsString()), tmp);
   if (s.ok() && ::fsync(fd) != 0) s = Errno("cannot fsync", tmp);
   ::close(fd);
   if (!s.ok()) return s;

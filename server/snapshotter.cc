@@ -48,9 +48,10 @@ absl::Status Snapshotter::SnapshotNow(bool clean) {
 }
 
 void Snapshotter::Loop() {
-  std::unique_lock<Mutex> lock(mu_);
+  CondVarLock lock(&mu_);
   while (!stopping_) {
-    if (wake_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [this] { return stopping_; })) {
+    if (wake_.wait_for(lock, absl::ToChronoMilliseconds(interval_),
+                       [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; })) {
       break;
     }
     lock.unlock();

@@ -15,6 +15,7 @@
 
 #include <grpcpp/test/client_context_test_peer.h>
 
+#include "retrybudget/mutex.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -125,7 +126,7 @@ class ClientHarness {
                                v1::SyncResponse* response) {
           SyncHandler handler;
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             requests_.push_back(request);
             metadata_.push_back(
                 grpc::testing::ClientContextTestPeer(context).GetSendInitialMetadata());
@@ -154,36 +155,36 @@ class ClientHarness {
   }
 
   void set_handler(SyncHandler handler) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     handler_ = std::move(handler);
   }
 
   std::vector<v1::SyncRequest> requests() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return requests_;
   }
   size_t sync_count() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return requests_.size();
   }
   v1::SyncRequest last_request() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return requests_.empty() ? v1::SyncRequest() : requests_.back();
   }
 
   // The metadata the client sent with the last Sync.
   std::multimap<std::string, std::string> last_metadata() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return metadata_.empty() ? std::multimap<std::string, std::string>() : metadata_.back();
   }
   // How long the last Sync had left before its deadline when the stub received it.
   absl::Duration last_timeout() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return timeouts_.empty() ? absl::ZeroDuration() : timeouts_.back();
   }
   // Requests the real server would have refused (see ServerRules).
   std::vector<std::string> violations() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return violations_;
   }
 
@@ -200,8 +201,8 @@ class ClientHarness {
 
  private:
   FakeClock clock_;
-  // std::mutex rather than absl::Mutex: visible to TSan (see retrybudget/mutex.h).
-  std::mutex mu_;
+  // retrybudget::Mutex rather than absl::Mutex: visible to TSan (see retrybudget/mutex.h).
+  Mutex mu_;
   std::vector<v1::SyncRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::multimap<std::string, std::string>> metadata_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Duration> timeouts_ ABSL_GUARDED_BY(mu_);

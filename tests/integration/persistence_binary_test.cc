@@ -62,6 +62,26 @@ class PersistenceBinaryTest : public ::testing::Test {
     return {"--policy=" + policy_, "--data_dir=" + data_dir_, "--snapshot_interval=200ms"};
   }
 
+  // Sends `instance`'s request for `want` tokens of "t" (with these counters) at *seq, then
+  // *seq + 1, ... until it is granted something, for up to 20 s, and returns the grant. A grant
+  // never exceeds the limit already on disk, and the server's store thread raises the limit off
+  // the Sync's path: the first Sync of a budget (or the first after a restart) gets nothing
+  // while its reservation is written.
+  static uint64_t SyncUntilGranted(ServerConnection& c, const std::string& instance, uint64_t* seq,
+                                   uint64_t want, uint64_t received = 0, uint64_t returned = 0,
+                                   uint64_t spent = 0) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    for (;; ++*seq) {
+      v1::SyncResponse r;
+      const grpc::Status s =
+          c.Sync(SyncOf(instance, *seq, "t", want, received, returned, spent), &r);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      if (!s.ok()) return 0;
+      if (r.tenants(0).granted() > 0 || absl::Now() > deadline) return r.tenants(0).granted();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
   ScopedTempDir dir_;
   const std::string data_dir_ = dir_.path() + "/data";
   const std::string policy_ = WritePolicy(dir_.path());
@@ -72,12 +92,12 @@ TEST_F(PersistenceBinaryTest, CleanRestartRestoresExactLevelsAndTotals) {
   ASSERT_NE(server, nullptr);
   ServerConnection c = server->Connect();
   v1::SyncResponse r;
-  ASSERT_TRUE(c.Sync(SyncOf("a", 1, "t", 300), &r).ok());
-  ASSERT_EQ(r.tenants(0).granted(), 300u);
+  uint64_t a_seq = 1;
+  ASSERT_EQ(SyncUntilGranted(c, "a", &a_seq, 300), 300u);
   ASSERT_TRUE(c.Sync(SyncOf("b", 1, "t", 200), &r).ok());
   ASSERT_EQ(r.tenants(0).granted(), 200u);
   // a spent 70 of its 300 and gives 30 back.
-  ASSERT_TRUE(c.Sync(SyncOf("a", 2, "t", 0, 300, 30, 70), &r).ok());
+  ASSERT_TRUE(c.Sync(SyncOf("a", a_seq + 1, "t", 0, 300, 30, 70), &r).ok());
   const Level before = ReadLevel(c);
   ASSERT_EQ(before.budget.granted_total(), 500u);
   EXPECT_NEAR(before.budget.tokens(), kCapacity - 470, 1);  // plus refill for the test's time
@@ -100,8 +120,8 @@ TEST_F(PersistenceBinaryTest, CleanRestartRestoresExactLevelsAndTotals) {
 
   // The instances came back too: b's next request is applied as a continuation (its 200 tokens
   // received count), not refused or taken as new history.
-  ASSERT_TRUE(c.Sync(SyncOf("b", 2, "t", 10, 200, 200, 0), &r).ok());
-  EXPECT_EQ(r.tenants(0).granted(), 10u);
+  uint64_t b_seq = 2;
+  EXPECT_EQ(SyncUntilGranted(c, "b", &b_seq, 10, 200, 200, 0), 10u);
   const Level last = ReadLevel(c);
   EXPECT_EQ(last.budget.returned_total(), before.budget.returned_total() + 200);
   EXPECT_EQ(server->Stop(SIGTERM), 0);

@@ -221,6 +221,22 @@ TEST(ServerBinaryFlagsTest, BadListenAddressExitsTwo) {
   EXPECT_THAT(process->Output(), HasSubstr("nonsense"));
 }
 
+TEST(ServerBinaryTest, PortInUseByAnotherServerIsRefusedNotShared) {
+  auto first = RunningServer::Start();
+  ASSERT_NE(first, nullptr);
+  ScopedTempDir dir;
+  auto second = ChildProcess::Start(
+      RETRY_BUDGET_SERVER_BINARY,
+      {absl::StrCat("--listen=127.0.0.1:", first->port), "--metrics_listen="},
+      dir.path() + "/output");
+  ASSERT_TRUE(second.has_value());
+  const std::optional<int> code = second->Wait(kExitTimeout);
+  if (!code.has_value()) second->Signal(SIGKILL);
+  EXPECT_NE(code, std::nullopt) << "a second server serves on a port the first one holds";
+  EXPECT_NE(code, 0);
+  EXPECT_THAT(second->Output(), HasSubstr("cannot listen"));
+}
+
 TEST(ServerBinaryFlagsTest, NonPositiveMaxMessageBytesExitsTwo) {
   ScopedTempDir dir;
   auto process = ChildProcess::Start(RETRY_BUDGET_SERVER_BINARY, {"--max_message_bytes=0"},

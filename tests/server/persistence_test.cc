@@ -3,9 +3,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <mutex>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,6 +22,78 @@ namespace retrybudget {
 namespace {
 
 using ::testing::HasSubstr;
+
+// The journal's system calls, with failures on demand: the next write writes only half of its
+// bytes and then fails, or the next fdatasync fails (after the data was written).
+class FaultyIo : public JournalIo {
+ public:
+  ssize_t Write(int fd, const char* data, size_t size) override {
+    if (fail_write_) {
+      fail_write_ = false;
+      const ssize_t half = JournalIo::Write(fd, data, size / 2);
+      (void)half;
+      errno = EIO;
+      return -1;
+    }
+    return JournalIo::Write(fd, data, size);
+  }
+  int DataSync(int fd) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stall_) {
+        ++stalled_syncs_;
+        changed_.notify_all();
+        changed_.wait(lock, [this] { return !stall_; });
+      }
+    }
+    if (fail_sync_) {
+      fail_sync_ = false;
+      errno = EIO;
+      return -1;
+    }
+    return JournalIo::DataSync(fd);
+  }
+  // Failures are armed from the thread that then makes the store write (the store thread runs
+  // only after it was asked to).
+  void FailNextWrite() { fail_write_ = true; }
+  void FailNextSync() { fail_sync_ = true; }
+
+  // A slow disk: from now on every fdatasync waits until Resume().
+  void Stall() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall_ = true;
+  }
+  void Resume() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall_ = false;
+    changed_.notify_all();
+  }
+  // Waits until an fdatasync is stalled.
+  void WaitForStalledSync() {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait(lock, [this] { return stalled_syncs_ > 0; });
+  }
+  bool StalledSyncStillWaiting() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stall_ && stalled_syncs_ > 0;
+  }
+
+ private:
+  std::atomic<bool> fail_write_{false};
+  std::atomic<bool> fail_sync_{false};
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool stall_ = false;
+  int stalled_syncs_ = 0;
+};
+
+int CountJournals(const std::string& dir) {
+  int journals = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    journals += e.path().filename().string().rfind("journal.", 0) == 0 ? 1 : 0;
+  }
+  return journals;
+}
 
 class PersistenceTest : public ::testing::Test {
  protected:
@@ -32,7 +109,7 @@ class PersistenceTest : public ::testing::Test {
     snapshotter_.reset();
     core_.reset();
     store_.reset();
-    auto store = DurableStore::Open(dir_);
+    auto store = DurableStore::Open(dir_, {.io = &io_});
     if (!store.ok()) return store.status();
     store_ = std::move(*store);
     CoreOptions options;
@@ -56,13 +133,16 @@ class PersistenceTest : public ::testing::Test {
     store_.reset();
   }
 
-  uint64_t Grant(const std::string& instance, uint64_t seq, uint64_t want, uint64_t received = 0,
-                 uint64_t returned = 0, uint64_t spent = 0) {
+  // One Sync of tenant `tenant`; returns the grant. Does not wait for the store.
+  uint64_t SyncTenant(const std::string& tenant, const std::string& instance, uint64_t seq,
+                      uint64_t want, uint64_t received = 0, uint64_t returned = 0,
+                      uint64_t spent = 0, bool final = false) {
     v1::SyncRequest r;
     r.set_instance_id(instance);
     r.set_seq(seq);
+    r.set_final(final);
     auto* t = r.add_tenants();
-    t->set_tenant("t");
+    t->set_tenant(tenant);
     t->set_want(want);
     t->set_tokens_received(received);
     t->set_tokens_returned(returned);
@@ -70,6 +150,24 @@ class PersistenceTest : public ::testing::Test {
     auto resp = core_->Sync(r);
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? resp->tenants(0).granted() : 0;
+  }
+
+  // A Sync of tenant "t", then a wait until the reservation it may have asked for is on disk
+  // (so the next grant does not depend on how fast the store thread is).
+  uint64_t Grant(const std::string& instance, uint64_t seq, uint64_t want, uint64_t received = 0,
+                 uint64_t returned = 0, uint64_t spent = 0) {
+    const uint64_t granted = SyncTenant("t", instance, seq, want, received, returned, spent);
+    store_->WaitIdle();
+    return granted;
+  }
+
+  // A grant never exceeds the limit already on disk, so a tenant's first Sync gets nothing and
+  // has its first reservation made (its want plus a block of capacity/8 = 12). This makes that
+  // reservation for a want of `want` from an instance that then leaves, holding nothing.
+  void Prime(uint64_t want, const std::string& tenant = "t") {
+    EXPECT_EQ(SyncTenant(tenant, "primer-" + tenant, 1, want), 0u);
+    store_->WaitIdle();
+    SyncTenant(tenant, "primer-" + tenant, 2, 0, 0, 0, 0, /*final=*/true);
   }
 
   double Tokens() { return core_->GetBudget("t")->tokens(); }
@@ -85,6 +183,7 @@ class PersistenceTest : public ::testing::Test {
   }
 
   std::string dir_;
+  FaultyIo io_;
   FakeClock clock_;
   std::unique_ptr<DurableStore> store_;
   std::unique_ptr<BudgetCore> core_;
@@ -93,6 +192,7 @@ class PersistenceTest : public ::testing::Test {
 
 TEST_F(PersistenceTest, CleanRestartRestoresExactLevelsRefilledForTheDowntime) {
   ASSERT_TRUE(Boot().ok());
+  Prime(30);
   EXPECT_EQ(Grant("a", 1, 30), 30u);
   ASSERT_TRUE(snapshotter_->Stop().ok());
   clock_.Advance(absl::Seconds(7));  // down for 7 s at 1 token/s
@@ -106,6 +206,7 @@ TEST_F(PersistenceTest, CleanRestartRestoresExactLevelsRefilledForTheDowntime) {
 
 TEST_F(PersistenceTest, CleanRestartReplaysTheLastResponseToARetriedSync) {
   ASSERT_TRUE(Boot().ok());
+  Prime(10);
   EXPECT_EQ(Grant("a", 1, 10), 10u);
   ASSERT_TRUE(snapshotter_->Stop().ok());
   ASSERT_TRUE(Boot().ok());
@@ -140,6 +241,7 @@ TEST_F(PersistenceTest, CleanRestartKeepsTombstonesAndTheirOwners) {
 
 TEST_F(PersistenceTest, CrashNeverCreatesTokens) {
   ASSERT_TRUE(Boot().ok());
+  Prime(11);
   uint64_t granted = 0;
   uint64_t received = 0;
   for (int seq = 1; seq <= 9; ++seq) {
@@ -159,7 +261,8 @@ TEST_F(PersistenceTest, CrashNeverCreatesTokens) {
 
 TEST_F(PersistenceTest, CrashForfeitsAtMostTheUnusedReservation) {
   ASSERT_TRUE(Boot().ok());
-  EXPECT_EQ(Grant("a", 1, 5), 5u);  // reserves a block of 12.5 -> 12 ahead: limit 17
+  Prime(5);
+  EXPECT_EQ(Grant("a", 1, 5), 5u);  // primed: 5 and a block of 12.5 -> 12 ahead, limit 17
   Crash();
   ASSERT_TRUE(Boot().ok());
   // Taken as granted: the whole limit (5 + 12). Never more, never less.
@@ -168,6 +271,7 @@ TEST_F(PersistenceTest, CrashForfeitsAtMostTheUnusedReservation) {
 
 TEST_F(PersistenceTest, CrashedInstancesComeBackAsABaseline) {
   ASSERT_TRUE(Boot().ok());
+  Prime(20);
   EXPECT_EQ(Grant("a", 1, 20), 20u);
   Crash();
   ASSERT_TRUE(Boot().ok());
@@ -180,6 +284,7 @@ TEST_F(PersistenceTest, CrashedInstancesComeBackAsABaseline) {
 
 TEST_F(PersistenceTest, CrashAfterTenantCreatedSinceTheSnapshotKeepsItsDebt) {
   ASSERT_TRUE(Boot().ok());  // first snapshot: no tenant yet
+  Prime(60);
   EXPECT_EQ(Grant("a", 1, 60), 60u);
   Crash();
   ASSERT_TRUE(Boot().ok());
@@ -249,15 +354,110 @@ TEST_F(PersistenceTest, DamagedJournalRecordBeforeTheEndIsRefused) {
   EXPECT_THAT(std::string(recovered.status().message()), HasSubstr("fails its checksum"));
 }
 
+TEST_F(PersistenceTest, FailedWriteLeavesNoTearBeforeTheNextRecord) {
+  FaultyIo io;
+  auto store = DurableStore::Open(dir_, {.io = &io});
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  io.FailNextWrite();  // half a record written, then EIO
+  EXPECT_FALSE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 30).ok());
+  store->reset();
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 30u);
+}
+
+TEST_F(PersistenceTest, FailedFdatasyncMovesToANewJournal) {
+  FaultyIo io;
+  auto store = DurableStore::Open(dir_, {.io = &io});
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  io.FailNextSync();
+  EXPECT_FALSE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 30).ok());
+  // The file whose fdatasync failed is never written again (a retried fdatasync may report
+  // success for data that was lost): the next record went to a new journal.
+  EXPECT_EQ(CountJournals(dir_), 2);
+  store->reset();
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 30u);
+}
+
+TEST_F(PersistenceTest, TornRecordAtTheEndOfAnOlderJournalDoesNotStopTheStart) {
+  auto store = DurableStore::Open(dir_);
+  ASSERT_TRUE((*store)->Load().ok());
+  ASSERT_TRUE((*store)->Reserve("t", 10).ok());
+  ASSERT_TRUE((*store)->Reserve("t", 20).ok());
+  ASSERT_TRUE((*store)->RotateJournal().ok());
+  ASSERT_TRUE((*store)->Reserve("u", 5).ok());
+  store->reset();
+  // The older journal ends in half a record, as after a failed append whose cut never reached
+  // the disk.
+  const std::string older = dir_ + "/journal.1.log";
+  std::filesystem::resize_file(older, std::filesystem::file_size(older) - 3);
+  auto recovered = (*DurableStore::Open(dir_))->Load();
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  EXPECT_EQ(recovered->reservations.at("t"), 10u);
+  EXPECT_EQ(recovered->reservations.at("u"), 5u);
+}
+
+TEST_F(PersistenceTest, FailedReservationCutsTheGrantAndTheRestartCountsWhatWasReserved) {
+  ASSERT_TRUE(Boot().ok());
+  Prime(5);
+  uint64_t granted = Grant("a", 1, 5);  // primed: limit 17
+  EXPECT_EQ(granted, 5u);
+  io_.FailNextSync();
+  // Needs a limit of 25: the reservation fails, so the grant is cut to what is durable (12).
+  const uint64_t cut = Grant("a", 2, 20, 5, 0, 5);
+  EXPECT_EQ(cut, 12u);
+  granted += cut;
+  EXPECT_EQ(core_->store_errors(), 1u);
+  // The store works again, in a new journal: the next reservation (17 + 10 + 12) lands, and the
+  // Sync after it is granted in full.
+  EXPECT_EQ(Grant("b", 1, 10), 0u);
+  granted += Grant("b", 2, 10);
+  EXPECT_EQ(granted, 27u);
+  Crash();
+  ASSERT_TRUE(Boot().ok()) << "a transient disk error must not stop the next start";
+  EXPECT_LE(Tokens(), 100.0 - static_cast<double>(granted));
+}
+
+TEST_F(PersistenceTest, SlowDiskStallsNoOtherTenantNorItsOwnSyncs) {
+  ASSERT_TRUE(Boot().ok());
+  Prime(10, "fast");  // "fast" has a durable limit of 10 + 12 ahead
+  io_.Stall();
+  // "slow" is new: its Sync is answered at once, its grant cut to the durable limit (none yet),
+  // and its first reservation waits in an fdatasync that does not return.
+  EXPECT_EQ(SyncTenant("slow", "s", 1, 10), 0u);
+  io_.WaitForStalledSync();
+  // Meanwhile "fast" is granted within its durable limit, on another thread (were a Sync to wait
+  // for the disk, the future would not become ready until Resume()).
+  auto fast = std::async(std::launch::async, [&] {
+    uint64_t granted = 0;
+    for (uint64_t seq = 1; seq <= 2; ++seq) {
+      granted += SyncTenant("fast", "f", seq, 10, granted, 0, granted);
+    }
+    return granted;
+  });
+  ASSERT_EQ(fast.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "a Sync of another tenant waited for the stalled fdatasync";
+  EXPECT_EQ(fast.get(), 20u);
+  EXPECT_TRUE(io_.StalledSyncStillWaiting());  // the order: both Syncs done during the stall
+  // "slow" is not granted beyond what is on disk while its reservation is stalled.
+  EXPECT_EQ(SyncTenant("slow", "s", 2, 10), 0u);
+  io_.Resume();
+  store_->WaitIdle();
+  EXPECT_EQ(SyncTenant("slow", "s", 3, 10), 10u);
+}
+
 TEST_F(PersistenceTest, SnapshotDropsJournalsItCovers) {
   ASSERT_TRUE(Boot().ok());
+  Prime(20);
   for (int seq = 1; seq <= 5; ++seq) Grant("a", seq, 20, 20 * (seq - 1), 0, 20 * (seq - 1));
   ASSERT_TRUE(snapshotter_->SnapshotNow(false).ok());
-  int journals = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
-    journals += e.path().filename().string().rfind("journal.", 0) == 0 ? 1 : 0;
-  }
-  EXPECT_EQ(journals, 1);  // only the current, empty one
+  EXPECT_EQ(CountJournals(dir_), 1);  // only the current, empty one
 }
 
 }  // namespace

@@ -47,6 +47,34 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 };
 
 // Holds `mu` shared for its lifetime.
+// A scoped lock that std::condition_variable_any can release while it waits (it has lock() and
+// unlock()), and that a caller may release and take again itself. Held while it exists unless
+// unlocked.
+//   CondVarLock lock(&mu_);
+//   cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ready_; });
+class ABSL_SCOPED_LOCKABLE CondVarLock {
+ public:
+  explicit CondVarLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~CondVarLock() ABSL_UNLOCK_FUNCTION() {
+    if (held_) mu_->Unlock();
+  }
+  CondVarLock(const CondVarLock&) = delete;
+  CondVarLock& operator=(const CondVarLock&) = delete;
+
+  void lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_->Lock();
+    held_ = true;
+  }
+  void unlock() ABSL_UNLOCK_FUNCTION() {
+    held_ = false;
+    mu_->Unlock();
+  }
+
+ private:
+  Mutex* const mu_;
+  bool held_ = true;
+};
+
 class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
  public:
   explicit ReaderMutexLock(Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu) : mu_(mu) {
