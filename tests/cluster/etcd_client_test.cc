@@ -2,6 +2,7 @@
 // their keep-alive, prefix watches, and fail-over when the member in use dies.
 #include "etcd/etcd_client.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -10,27 +11,16 @@
 #include "gtest/gtest.h"
 #include "retrybudget/mutex.h"
 #include "tests/cluster/test_cluster.h"
+#include "tests/cluster/wait_for.h"
 
 namespace retrybudget::etcd {
 namespace {
 
 using ::retrybudget::testing::TestCluster;
+using ::retrybudget::testing::WaitFor;
 using ::testing::ElementsAre;
 using ::testing::Field;
 using ::testing::IsEmpty;
-
-// Real processes: waits poll in real time, each bounded.
-constexpr absl::Duration kPoll = absl::Milliseconds(20);
-
-template <typename Predicate>
-bool WaitFor(Predicate predicate, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!predicate()) {
-    if (absl::Now() >= deadline) return false;
-    std::this_thread::sleep_for(absl::ToChronoNanoseconds(kPoll));
-  }
-  return true;
-}
 
 // Collects what a watch delivers.
 class Recorder {

@@ -1,0 +1,313 @@
+// Shard ownership against a real 3-node etcd cluster: servers split the shards, a joining server
+// takes its share, a leaving one hands its shards over, a paused one stops being sure of its
+// lease before etcd can give its shards away and its late writes are refused, and ownership
+// survives the death of etcd's leader and, once etcd is back, the loss of all of etcd.
+//
+// Leases of 2-3 s keep the tests short; every wait is bounded. The bounds asserted are the
+// protocol's (takeover within TTL + 2 s, not sure past the last renewal + TTL), not speeds.
+#include "cluster/ownership_manager.h"
+
+#include <atomic>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "cluster/cluster_keys.h"
+#include "cluster/shard_map.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/cluster/test_cluster.h"
+#include "tests/cluster/wait_for.h"
+
+namespace retrybudget::cluster {
+namespace {
+
+using ::retrybudget::testing::TestCluster;
+using ::retrybudget::testing::WaitFor;
+
+constexpr char kPrefix[] = "/rb";
+constexpr int kShards = 8;
+constexpr absl::Duration kTtl = absl::Seconds(2);
+// Long enough for any convergence here (a few reconcile rounds, an etcd election).
+constexpr absl::Duration kSettle = absl::Seconds(15);
+
+std::set<int> Keys(const std::map<int, int64_t>& owned) {
+  std::set<int> keys;
+  for (const auto& [shard, token] : owned) keys.insert(shard);
+  return keys;
+}
+
+class OwnershipManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
+        TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
+        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints(),
+                                  .call_timeout = absl::Milliseconds(500)});
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+  }
+
+  // A server "id" advertising "id:50051", with its own etcd client (as a separate process has).
+  std::unique_ptr<OwnershipManager> StartServer(const std::string& id,
+                                                absl::Duration ttl = kTtl,
+                                                std::function<void(int, int64_t)> released = {}) {
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
+        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints(),
+                                  .call_timeout = absl::Milliseconds(500)});
+    EXPECT_TRUE(etcd.ok()) << etcd.status();
+    if (!etcd.ok()) return nullptr;
+    absl::StatusOr<ShardMap> map = ShardMap::Join(**etcd, kPrefix, kShards);
+    EXPECT_TRUE(map.ok()) << map.status();
+    if (!map.ok()) return nullptr;
+    absl::StatusOr<std::unique_ptr<OwnershipManager>> manager = OwnershipManager::Start(
+        etcd->get(), *map,
+        {.prefix = kPrefix, .server_id = id, .advertise = absl::StrCat(id, ":50051"),
+         .lease_ttl = ttl, .before_release = std::move(released)});
+    EXPECT_TRUE(manager.ok()) << manager.status();
+    if (!manager.ok()) return nullptr;
+    clients_.push_back(*std::move(etcd));
+    return *std::move(manager);
+  }
+
+  // Every shard owned by exactly one of `servers`, each owning `share`.
+  static bool Split(const std::vector<OwnershipManager*>& servers, size_t share) {
+    std::set<int> all;
+    for (OwnershipManager* server : servers) {
+      const std::set<int> owned = Keys(server->OwnedShards());
+      if (owned.size() != share) return false;
+      all.insert(owned.begin(), owned.end());
+    }
+    return all.size() == kShards;
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<etcd::EtcdClient> etcd_;
+  std::vector<std::unique_ptr<etcd::EtcdClient>> clients_;  // outlive the managers (declared
+                                                           // before them in each test)
+};
+
+TEST(ShardMapTest, Fnv1a64MatchesTheReferenceVectors) {
+  EXPECT_EQ(Fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(Fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(Fnv1a64("foobar"), 0x85944171f73967e8ull);
+}
+
+TEST(ShardMapTest, ShardOfIsFnv1a64ModTheNumberOfShards) {
+  const ShardMap map(16);
+  EXPECT_EQ(map.ShardOf("foobar"), static_cast<int>(0x85944171f73967e8ull % 16));
+  for (const char* tenant : {"payments-db", "search", "a", ""}) {
+    EXPECT_GE(map.ShardOf(tenant), 0);
+    EXPECT_LT(map.ShardOf(tenant), 16);
+    EXPECT_EQ(map.ShardOf(tenant), ShardMap(16).ShardOf(tenant));
+  }
+}
+
+TEST(ShardKeysTest, OwnerKeysRoundTripAndOtherKeysAreNotOwnerKeys) {
+  EXPECT_EQ(ShardOwnerKey("/rb", 7), "/rb/shards/0007/owner");
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/shards/0007/owner"), 7);
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/shards/0007/levels"), std::nullopt);
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/servers/a"), std::nullopt);
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/other/shards/0007/owner"), std::nullopt);
+}
+
+TEST_F(OwnershipManagerTest, FirstServerStoresTheShardCountAndOthersMustAgree) {
+  absl::StatusOr<ShardMap> first = ShardMap::Join(*etcd_, kPrefix, 16);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->shards(), 16);
+  EXPECT_EQ(ShardMap::Join(*etcd_, kPrefix, 16)->shards(), 16);
+  EXPECT_EQ(ShardMap::Join(*etcd_, kPrefix, 0)->shards(), 16);
+  absl::StatusOr<ShardMap> other = ShardMap::Join(*etcd_, kPrefix, 32);
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(), ::testing::HasSubstr("16 shards"));
+  EXPECT_EQ(ShardMap::Join(*etcd_, "/empty", 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(OwnershipManagerTest, AloneAServerOwnsEveryShardWithDistinctTokens) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return a->OwnedShards().size() == kShards; }, kSettle));
+  EXPECT_TRUE(a->SurelyAlive(absl::Now()));
+  std::set<int64_t> tokens;
+  for (const auto& [shard, token] : a->OwnedShards()) {
+    tokens.insert(token);
+    EXPECT_EQ(a->FencingToken(shard), token);
+    ASSERT_TRUE(a->OwnerOf(shard).has_value());
+    EXPECT_EQ(a->OwnerOf(shard)->address, "a:50051");
+  }
+  EXPECT_EQ(tokens.size(), kShards);
+  EXPECT_EQ(a->LiveServers(), std::vector<std::string>{"a"});
+}
+
+TEST_F(OwnershipManagerTest, AJoiningServerTakesItsShareAndEachSeesTheOther) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return a->OwnedShards().size() == kShards; }, kSettle));
+  std::unique_ptr<OwnershipManager> b = StartServer("b");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle))
+      << a->OwnedShards().size() << " + " << b->OwnedShards().size();
+  for (int shard : Keys(b->OwnedShards())) {
+    EXPECT_TRUE(WaitFor(
+        [&] { return a->OwnerOf(shard).has_value() && a->OwnerOf(shard)->address == "b:50051"; },
+        kSettle))
+        << shard;
+  }
+}
+
+TEST_F(OwnershipManagerTest, FencedWritesSucceedForTheOwnerAndFailWithAStaleToken) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return a->FencingToken(3).has_value(); }, kSettle));
+  const int64_t token = *a->FencingToken(3);
+  const std::string state = absl::StrCat(ShardPrefix(kPrefix, 3), "levels");
+  EXPECT_TRUE(a->FencedTxn(3, token, {etcd::Op::Put(state, "v1")}).ok());
+  EXPECT_EQ(etcd_->Get(state)->kvs.at(0).value, "v1");
+  EXPECT_EQ(a->FencedTxn(3, token + 1, {etcd::Op::Put(state, "v2")}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(etcd_->Get(state)->kvs.at(0).value, "v1");
+}
+
+TEST_F(OwnershipManagerTest, ShutdownHandsEveryShardOverWithinTheTtl) {
+  std::vector<int> released;
+  Mutex released_mu;
+  std::unique_ptr<OwnershipManager> a = StartServer("a", kTtl, [&](int shard, int64_t) {
+    MutexLock lock(&released_mu);
+    released.push_back(shard);
+  });
+  std::unique_ptr<OwnershipManager> b = StartServer("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle));
+  const std::set<int> a_shards = Keys(a->OwnedShards());
+  {
+    MutexLock lock(&released_mu);
+    released.clear();
+  }
+
+  const absl::Time stop = absl::Now();
+  ASSERT_TRUE(a->Shutdown().ok());
+  EXPECT_TRUE(a->OwnedShards().empty());
+  EXPECT_FALSE(a->SurelyAlive(absl::Now()));
+  {
+    MutexLock lock(&released_mu);
+    EXPECT_EQ(std::set<int>(released.begin(), released.end()), a_shards);
+  }
+  ASSERT_TRUE(WaitFor([&] { return b->OwnedShards().size() == kShards; }, kSettle));
+  EXPECT_LE(absl::Now() - stop, kTtl + absl::Seconds(2));
+  EXPECT_TRUE(WaitFor([&] { return b->LiveServers() == std::vector<std::string>{"b"}; }, kSettle));
+}
+
+// SIGSTOP, in process: the paused server's renewals stop. It must stop counting itself alive
+// before etcd can let the other server take its shards, and its writes must be refused after.
+TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLateWritesFail) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  std::unique_ptr<OwnershipManager> b = StartServer("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle));
+  const std::map<int, int64_t> a_before = a->OwnedShards();
+  const int a_shard = a_before.begin()->first;
+  const int64_t a_token = a_before.begin()->second;
+
+  const absl::Time paused = absl::Now();
+  a->SetPausedForTesting(true);
+  const absl::Time sure_until = a->SurelyAliveUntil();
+  EXPECT_LE(sure_until, paused + kTtl - a->options().margin);
+
+  // The first moment b owns one of a's shards.
+  absl::Time taken = absl::InfiniteFuture();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::map<int, int64_t> owned = b->OwnedShards();
+        for (const auto& [shard, token] : a_before) {
+          if (owned.count(shard) > 0) {
+            taken = absl::Now();
+            return true;
+          }
+        }
+        return false;
+      },
+      kSettle));
+  EXPECT_LT(sure_until, taken);
+  EXPECT_LE(taken - paused, kTtl + absl::Seconds(2));
+  EXPECT_FALSE(a->SurelyAlive(absl::Now()));
+  ASSERT_TRUE(WaitFor([&] { return b->OwnedShards().size() == kShards; }, kSettle));
+
+  // a wakes up and writes as the owner it was: refused.
+  absl::StatusOr<etcd::TxnResult> late = a->FencedTxn(
+      a_shard, a_token, {etcd::Op::Put(absl::StrCat(ShardPrefix(kPrefix, a_shard), "x"), "late")});
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Then it finds its lease gone, takes a new one and gets its share back with new tokens.
+  a->SetPausedForTesting(false);
+  ASSERT_TRUE(WaitFor(
+      [&] { return Split({a.get(), b.get()}, kShards / 2) && a->SurelyAlive(absl::Now()); },
+      kSettle));
+  for (const auto& [shard, token] : a->OwnedShards()) {
+    const auto before = a_before.find(shard);
+    if (before != a_before.end()) {
+      EXPECT_NE(token, before->second) << shard;
+    }
+  }
+}
+
+TEST_F(OwnershipManagerTest, OwnershipSurvivesTheDeathOfEtcdsLeader) {
+  // A longer lease: an election may keep renewals from being answered for about a second.
+  std::unique_ptr<OwnershipManager> a = StartServer("a", absl::Seconds(3));
+  std::unique_ptr<OwnershipManager> b = StartServer("b", absl::Seconds(3));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle));
+  const std::map<int, int64_t> a_before = a->OwnedShards();
+  const std::map<int, int64_t> b_before = b->OwnedShards();
+
+  absl::StatusOr<int> killed = cluster_->KillEtcdLeader();
+  ASSERT_TRUE(killed.ok()) << killed.status();
+  ASSERT_TRUE(cluster_->WaitForEtcdLeader(kSettle).ok());
+  // Renewals go on through the two live members: both stay sure, with the same shards.
+  const absl::Time after = absl::Now() + absl::Seconds(3);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return a->SurelyAliveUntil() > after && b->SurelyAliveUntil() > after;
+      },
+      kSettle));
+  EXPECT_EQ(a->OwnedShards(), a_before);
+  EXPECT_EQ(b->OwnedShards(), b_before);
+  const int shard = a_before.begin()->first;
+  EXPECT_TRUE(a->FencedTxn(shard, a_before.begin()->second,
+                           {etcd::Op::Put(absl::StrCat(ShardPrefix(kPrefix, shard), "x"), "1")})
+                  .ok());
+}
+
+TEST_F(OwnershipManagerTest, WithEtcdGoneAServerIsNotSureWithinTheTtlAndRecoversWhenItReturns) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  std::unique_ptr<OwnershipManager> b = StartServer("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle));
+
+  ASSERT_TRUE(cluster_->StopAllEtcd().ok());
+  const absl::Time stopped = absl::Now();
+  ASSERT_TRUE(WaitFor(
+      [&] { return !a->SurelyAlive(absl::Now()) && !b->SurelyAlive(absl::Now()); },
+      kTtl + absl::Seconds(1)));
+  // No renewal sent once etcd was gone was answered: sure at most until the stop + TTL - margin.
+  EXPECT_LE(a->SurelyAliveUntil(), stopped + kTtl - a->options().margin);
+  EXPECT_LE(b->SurelyAliveUntil(), stopped + kTtl - b->options().margin);
+
+  ASSERT_TRUE(cluster_->StartAllEtcd().ok());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return Split({a.get(), b.get()}, kShards / 2) && a->SurelyAlive(absl::Now()) &&
+               b->SurelyAlive(absl::Now());
+      },
+      kSettle))
+      << a->OwnedShards().size() << " + " << b->OwnedShards().size() << "; "
+      << a->last_error() << "; " << b->last_error();
+}
+
+}  // namespace
+}  // namespace retrybudget::cluster
