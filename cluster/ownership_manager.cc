@@ -245,18 +245,22 @@ absl::Status OwnershipManager::Reconcile() {
   const size_t ceiling = static_cast<size_t>((n + k - 1) / k);
 
   // Shed shards above the ceiling, highest numbers first, so a joining server finds them free.
+  // Each one leaves the owned set (its grants stop) before its state is written and its owner
+  // key deleted, so nothing is granted from it after the state another owner will start from.
   while (owned.size() > ceiling) {
     const auto last = std::prev(owned.end());
     const int shard = last->first;
     const int64_t token = last->second;
+    owned.erase(last);
+    SetOwned(owned);
     if (options_.before_release) options_.before_release(shard, token);
     absl::StatusOr<etcd::TxnResult> released =
         FencedTxn(shard, token, {etcd::Op::Delete(ShardOwnerKey(options_.prefix, shard))});
     if (!released.ok() && !absl::IsFailedPrecondition(released.status())) {
-      publish();
+      // Still held on etcd but no longer served: the next pass sees it as owned and sheds it
+      // again.
       return released.status();
     }
-    owned.erase(last);
     view.owners.erase(shard);
   }
 
@@ -363,8 +367,11 @@ absl::Status OwnershipManager::Shutdown() {
   if (reconciler_.joinable()) reconciler_.join();
   watch_.reset();
 
+  // As when balancing: stop serving the shards first, then write their state, then free them.
+  const std::map<int, int64_t> owned = OwnedShards();
+  SetOwned({});
   absl::Status result;
-  for (const auto& [shard, token] : OwnedShards()) {
+  for (const auto& [shard, token] : owned) {
     if (options_.before_release) options_.before_release(shard, token);
     absl::StatusOr<etcd::TxnResult> released =
         FencedTxn(shard, token, {etcd::Op::Delete(ShardOwnerKey(options_.prefix, shard))});
@@ -372,7 +379,6 @@ absl::Status OwnershipManager::Shutdown() {
       result = released.status();
     }
   }
-  SetOwned({});
   MutexLock lock(&lease_mu_);
   keepalive_.reset();
   current_lease_.store(0, std::memory_order_release);

@@ -81,9 +81,11 @@ struct OwnershipOptions {
   absl::Duration margin = absl::ZeroDuration();
   // The EtcdClient's clock (keep-alive send times come from it). Never null.
   Clock* clock = Clock::Real();
-  // Called, from the reconciler thread, before one of this server's shards is released
-  // (balancing, Shutdown), while its token still holds: the place to write the shard's state
-  // with FencedTxn(). Not called for shards lost to an expired lease.
+  // Called when one of this server's shards is being released (balancing: from the reconciler
+  // thread; Shutdown: from its caller), after the shard has left OwnedShards() (grants from it
+  // must have stopped) and before its owner key is deleted, so its token still holds: the place
+  // to write the shard's final state with FencedTxn(). Not called for shards lost to an expired
+  // lease.
   std::function<void(int shard, int64_t token)> before_release = {};
   // Called, from the reconciler thread, after the set of owned shards changed.
   std::function<void()> on_change = {};

@@ -274,6 +274,11 @@ class WatchImpl : public Watch {
           break;  // the stream's watch is cancelled; start again from the compaction revision
         }
         if (response.canceled()) break;
+        // A watch "from now" resumes after the revision it was created at, so that a reconnect
+        // before any event loses nothing.
+        if (response.created() && next_revision_ == 0) {
+          next_revision_ = response.header().revision() + 1;
+        }
         if (response.events_size() == 0) continue;
         WatchBatch batch{.events = {}, .revision = response.header().revision(),
                          .compacted = false};

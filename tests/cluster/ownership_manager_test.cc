@@ -142,13 +142,23 @@ TEST_F(OwnershipManagerTest, AloneAServerOwnsEveryShardWithDistinctTokens) {
 }
 
 TEST_F(OwnershipManagerTest, AJoiningServerTakesItsShareAndEachSeesTheOther) {
-  std::unique_ptr<OwnershipManager> a = StartServer("a");
+  // Each shard a sheds is out of its owned set (no more grants) before its state is written.
+  OwnershipManager* a_ptr = nullptr;
+  std::atomic<int> shed = 0;
+  std::atomic<int> shed_while_owned = 0;
+  std::unique_ptr<OwnershipManager> a = StartServer("a", kTtl, [&](int shard, int64_t) {
+    ++shed;
+    if (a_ptr->FencingToken(shard).has_value()) ++shed_while_owned;
+  });
   ASSERT_NE(a, nullptr);
+  a_ptr = a.get();
   ASSERT_TRUE(WaitFor([&] { return a->OwnedShards().size() == kShards; }, kSettle));
   std::unique_ptr<OwnershipManager> b = StartServer("b");
   ASSERT_NE(b, nullptr);
   ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle))
       << a->OwnedShards().size() << " + " << b->OwnedShards().size();
+  EXPECT_EQ(shed.load(), kShards / 2);
+  EXPECT_EQ(shed_while_owned.load(), 0);
   for (int shard : Keys(b->OwnedShards())) {
     EXPECT_TRUE(WaitFor(
         [&] { return a->OwnerOf(shard).has_value() && a->OwnerOf(shard)->address == "b:50051"; },
