@@ -135,7 +135,8 @@ class KeepAliveImpl : public KeepAlive {
                 std::function<void(const KeepAliveAnswer&)> on_answer)
       : ring_(std::move(ring)),
         clock_(options.clock),
-        call_timeout_(options.call_timeout),
+        // A renewal slower than the interval is overtaken by the next one: give up on it then.
+        call_timeout_(std::min(options.call_timeout, interval)),
         lease_(grant.id),
         interval_(interval),
         on_answer_(std::move(on_answer)),
@@ -521,8 +522,9 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     grpc::ChannelArguments args;
     const int backoff_ms =
         static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
+    // Reconnect soon after etcd comes back. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also
+    // the connection attempt's timeout, and a slow handshake must not fail for it.)
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 100));
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 100));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, backoff_ms);
     // Each client has its own connections: two clients in one process (two servers in a test)
     // must not share a subchannel, so that one can lose its connection without the other.

@@ -46,7 +46,8 @@ namespace retrybudget::etcd {
 struct EtcdClientOptions {
   // "HOST:PORT,HOST:PORT,...": the members' client URLs without scheme (plaintext).
   std::string endpoints;
-  // Deadline of every unary call (per attempt) and of every keep-alive round.
+  // Deadline of every unary call (per attempt), and of a keep-alive round unless the
+  // keep-alive interval is shorter.
   absl::Duration call_timeout = absl::Seconds(2);
   // Longest pause between two attempts to reconnect to an endpoint.
   absl::Duration max_reconnect_backoff = absl::Milliseconds(500);
@@ -123,7 +124,8 @@ struct KeepAliveAnswer {
 };
 
 // Renews one lease in the background: every `interval` it sends a keep-alive (one short stream
-// per renewal, with the call deadline) and records the answer; a failed round is tried again on
+// per renewal, whose deadline is the shorter of the call timeout and the interval) and records
+// the answer; a failed round is tried again on
 // the next endpoint after a short pause. Stops renewing once etcd says the lease is gone.
 // Thread-safe. Destruction stops the thread (it does not revoke the lease).
 class KeepAlive {

@@ -44,8 +44,7 @@ class OwnershipManagerTest : public ::testing::Test {
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
-        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints(),
-                                  .call_timeout = absl::Milliseconds(500)});
+        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()});
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
   }
@@ -55,8 +54,7 @@ class OwnershipManagerTest : public ::testing::Test {
                                                 absl::Duration ttl = kTtl,
                                                 std::function<void(int, int64_t)> released = {}) {
     absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
-        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints(),
-                                  .call_timeout = absl::Milliseconds(500)});
+        etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()});
     EXPECT_TRUE(etcd.ok()) << etcd.status();
     if (!etcd.ok()) return nullptr;
     absl::StatusOr<ShardMap> map = ShardMap::Join(**etcd, kPrefix, kShards);
