@@ -52,7 +52,7 @@ OwnershipOptions WithDefaults(OwnershipOptions o) {
   return o;
 }
 
-// Everything under the prefix that balancing needs, as of one read.
+// The servers and owners that balancing needs, as of one read.
 struct ClusterView {
   std::map<std::string, std::string> servers;  // id -> advertise address
   std::map<std::string, int64_t> server_leases;
@@ -65,18 +65,19 @@ struct ClusterView {
 };
 
 ClusterView Parse(const std::string& prefix, const ShardMap& map,
-                  const std::vector<etcd::KeyValue>& kvs) {
+                  const std::vector<etcd::KeyValue>& servers,
+                  const std::vector<etcd::KeyValue>& owners) {
   ClusterView view;
-  const std::string servers = ServersPrefix(prefix);
-  for (const etcd::KeyValue& kv : kvs) {
-    absl::string_view key = kv.key;
-    if (absl::ConsumePrefix(&key, servers)) {
-      if (!key.empty() && !absl::StrContains(key, '/')) {
-        view.servers[std::string(key)] = kv.value;
-        view.server_leases[std::string(key)] = kv.lease;
-      }
+  const std::string servers_prefix = ServersPrefix(prefix);
+  for (const etcd::KeyValue& kv : servers) {
+    absl::string_view id = kv.key;
+    if (!absl::ConsumePrefix(&id, servers_prefix) || id.empty() || absl::StrContains(id, '/')) {
       continue;
     }
+    view.servers[std::string(id)] = kv.value;
+    view.server_leases[std::string(id)] = kv.lease;
+  }
+  for (const etcd::KeyValue& kv : owners) {
     std::optional<int> shard = ShardOfOwnerKey(prefix, kv.key);
     if (shard.has_value() && *shard < map.shards()) {
       view.owners[*shard] = {.server_id = kv.value, .token = kv.create_revision,
@@ -105,10 +106,13 @@ absl::StatusOr<std::unique_ptr<OwnershipManager>> OwnershipManager::Start(
     if (absl::Status status = manager->TakeLease(); !status.ok()) return status;
   }
   OwnershipManager* self = manager.get();
-  absl::StatusOr<std::unique_ptr<etcd::Watch>> watch = etcd->WatchPrefix(
-      absl::StrCat(self->options_.prefix, "/"), 0, [self](const etcd::WatchBatch&) { self->Wake(); });
-  if (!watch.ok()) return watch.status();
-  manager->watch_ = *std::move(watch);
+  for (const std::string& watched :
+       {ServersPrefix(self->options_.prefix), OwnersPrefix(self->options_.prefix)}) {
+    absl::StatusOr<std::unique_ptr<etcd::Watch>> watch =
+        etcd->WatchPrefix(watched, 0, [self](const etcd::WatchBatch&) { self->Wake(); });
+    if (!watch.ok()) return watch.status();
+    manager->watches_.push_back(*std::move(watch));
+  }
   manager->reconciler_ =
       std::jthread([self](std::stop_token stop) { self->RunReconciler(std::move(stop)); });
   return manager;
@@ -118,7 +122,7 @@ OwnershipManager::~OwnershipManager() {
   reconciler_.request_stop();
   Wake();
   if (reconciler_.joinable()) reconciler_.join();
-  watch_.reset();
+  watches_.clear();
   MutexLock lock(&lease_mu_);
   keepalive_.reset();
 }
@@ -191,9 +195,16 @@ absl::Status OwnershipManager::Reconcile() {
     lease = grant_->id;
   }
 
-  absl::StatusOr<etcd::RangeResult> range = etcd_->GetPrefix(absl::StrCat(options_.prefix, "/"));
-  if (!range.ok()) return range.status();
-  ClusterView view = Parse(options_.prefix, map_, range->kvs);
+  // Servers and owners as of one revision.
+  absl::StatusOr<etcd::TxnResult> read =
+      etcd_->Txn({}, {etcd::Op::GetPrefix(ServersPrefix(options_.prefix)),
+                      etcd::Op::GetPrefix(OwnersPrefix(options_.prefix))});
+  if (!read.ok()) return read.status();
+  if (read->gets.size() != 2) {
+    return absl::InternalError(absl::StrCat("etcd answered ", read->gets.size(),
+                                            " ranges to a transaction of 2"));
+  }
+  ClusterView view = Parse(options_.prefix, map_, read->gets[0], read->gets[1]);
 
   std::map<int, int64_t> owned;
   for (const auto& [shard, owner] : view.owners) {
@@ -365,7 +376,7 @@ absl::Status OwnershipManager::Shutdown() {
   reconciler_.request_stop();
   Wake();
   if (reconciler_.joinable()) reconciler_.join();
-  watch_.reset();
+  watches_.clear();
 
   // As when balancing: stop serving the shards first, then write their state, then free them.
   const std::map<int, int64_t> owned = OwnedShards();

@@ -16,7 +16,7 @@
 //   registration P/servers/<id> and the owner keys of its shards are attached to that lease, so
 //   when the server stops renewing (crash, pause, cut off from etcd) all of them vanish together
 //   once etcd's leader counts the lease out.
-// - A shard is acquired with a transaction "if P/shards/<NNNN>/owner does not exist, create it
+// - A shard is acquired with a transaction "if P/owners/<NNNN> does not exist, create it
 //   with my id on my lease". The owner key's create revision is the fencing token: it changes
 //   whenever the shard changes hands, so FencedTxn() ("if the owner key's create revision is my
 //   token, write") fails for a deposed owner.
@@ -24,7 +24,7 @@
 //   floor(N/k) + (r < N mod k ? 1 : 0) shards. It acquires unowned shards while it owns fewer,
 //   and releases (deletes its owner key, after `before_release`) those above ceil(N/k), so a
 //   joining server gets its share as the others shed theirs. Every server runs this on every
-//   change under the prefix (a watch) and every `reconcile_interval`.
+//   change of servers or owners (two watches) and every `reconcile_interval`.
 // - Surely alive. The lease is alive on etcd at least until (send time of the last answered
 //   keep-alive) + TTL, because etcd restarts the countdown after the request arrives. The server
 //   counts itself alive until that instant minus `margin`: SurelyAlive(now) turns false by
@@ -35,8 +35,8 @@
 //   registers again and acquires afresh (new tokens). When etcd comes back with the lease still
 //   alive (it outlived the outage), the server resumes with the shards and tokens it had.
 //
-// Thread-safe. Two background threads: the keep-alive and the reconciler (the watch's thread
-// only wakes the reconciler).
+// Thread-safe. Background threads: the keep-alive, the reconciler, and two watches (servers,
+// owners) that only wake the reconciler.
 #ifndef RETRYBUDGET_CLUSTER_OWNERSHIP_MANAGER_H_
 #define RETRYBUDGET_CLUSTER_OWNERSHIP_MANAGER_H_
 
@@ -194,7 +194,7 @@ class OwnershipManager {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   std::condition_variable_any wake_cv_;
 
-  std::unique_ptr<etcd::Watch> watch_;
+  std::vector<std::unique_ptr<etcd::Watch>> watches_;  // servers and owners
   std::jthread reconciler_;  // last: stopped before the members it uses
 };
 

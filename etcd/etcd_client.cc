@@ -1,5 +1,6 @@
 #include "etcd/etcd_client.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -98,23 +99,94 @@ void ToProto(const Op& op, etcdserverpb::RequestOp* out) {
   }
 }
 
-// One member's channel and stubs.
-struct Endpoint {
+// The gRPC target of HOST:PORT: an IP address literal names itself (ipv4: / ipv6: schemes, no
+// resolver in the way of a reconnect), anything else goes through DNS.
+std::string ChannelTarget(absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  const absl::string_view host = address.substr(0, colon);
+  in6_addr ip6;
+  in_addr ip4;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']' &&
+      inet_pton(AF_INET6, std::string(host.substr(1, host.size() - 2)).c_str(), &ip6) == 1) {
+    return absl::StrCat("ipv6:", address);
+  }
+  if (inet_pton(AF_INET, std::string(host).c_str(), &ip4) == 1) {
+    return absl::StrCat("ipv4:", address);
+  }
+  return std::string(address);
+}
+
+// One channel to one member, and its stubs. Immutable.
+struct Connection {
   std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<etcdserverpb::KV::Stub> kv;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch;
+  absl::Time created;
+};
+
+// One member: its current connection, replaced by a fresh one when it has failed for longer
+// than `renew_after` without a success. (gRPC 1.51's channel can stay in TRANSIENT_FAILURE,
+// answering "connection refused" from memory, for many seconds after the member is back; a new
+// channel connects at once.) Thread-safe.
+class Endpoint {
+ public:
+  Endpoint(std::string address, grpc::ChannelArguments args, absl::Duration renew_after)
+      : address_(std::move(address)), args_(std::move(args)), renew_after_(renew_after) {
+    connection_ = Connect();
+  }
+
+  std::shared_ptr<const Connection> connection() {
+    MutexLock lock(&mu_);
+    return connection_;
+  }
+
+  void Succeeded(const Connection& used) {
+    MutexLock lock(&mu_);
+    if (&used == connection_.get()) last_success_ = absl::Now();
+  }
+
+  // After a failure of `used` with UNAVAILABLE.
+  void Failed(const Connection& used) {
+    MutexLock lock(&mu_);
+    if (&used != connection_.get()) return;  // already replaced
+    const absl::Time now = absl::Now();
+    if (now - std::max(last_success_, connection_->created) > renew_after_) {
+      connection_ = Connect();
+    }
+  }
+
+ private:
+  std::shared_ptr<const Connection> Connect() {
+    auto connection = std::make_shared<Connection>();
+    connection->address = address_;
+    connection->channel =
+        grpc::CreateCustomChannel(ChannelTarget(address_), grpc::InsecureChannelCredentials(), args_);
+    connection->kv = etcdserverpb::KV::NewStub(connection->channel);
+    connection->lease = etcdserverpb::Lease::NewStub(connection->channel);
+    connection->watch = etcdserverpb::Watch::NewStub(connection->channel);
+    connection->created = absl::Now();
+    return connection;
+  }
+
+  const std::string address_;
+  const grpc::ChannelArguments args_;
+  const absl::Duration renew_after_;
+  Mutex mu_;
+  std::shared_ptr<const Connection> connection_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_success_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // Which endpoint calls go to. Shared by the client and its background threads.
 class EndpointRing {
  public:
-  explicit EndpointRing(std::vector<Endpoint> endpoints) : endpoints_(std::move(endpoints)) {}
+  explicit EndpointRing(std::vector<std::unique_ptr<Endpoint>> endpoints)
+      : endpoints_(std::move(endpoints)) {}
 
   size_t size() const { return endpoints_.size(); }
   size_t current() const { return current_.load(std::memory_order_relaxed); }
-  const Endpoint& at(size_t index) const { return endpoints_[index % endpoints_.size()]; }
+  Endpoint& at(size_t index) const { return *endpoints_[index % endpoints_.size()]; }
 
   // Moves to the endpoint after `failed`, unless another caller already moved on.
   void Advance(size_t failed) {
@@ -124,7 +196,7 @@ class EndpointRing {
   }
 
  private:
-  const std::vector<Endpoint> endpoints_;
+  const std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
 };
 
@@ -164,13 +236,17 @@ class KeepAliveImpl : public KeepAlive {
     absl::Time next = clock_->Now() + interval_;
     while (clock_->SleepUntil(next, stop)) {
       const size_t index = ring_->current();
+      Endpoint& endpoint = ring_->at(index);
+      const std::shared_ptr<const Connection> connection = endpoint.connection();
       const absl::Time sent = clock_->Now();
-      absl::StatusOr<absl::Duration> ttl = Renew(ring_->at(index));
+      absl::StatusOr<absl::Duration> ttl = Renew(*connection);
       if (!ttl.ok()) {
+        if (absl::IsUnavailable(ttl.status())) endpoint.Failed(*connection);
         ring_->Advance(index);
         next = clock_->Now() + std::min(kRetryPause, interval_);
         continue;
       }
+      endpoint.Succeeded(*connection);
       const KeepAliveAnswer answer{.sent = sent, .ttl = *ttl};
       {
         MutexLock lock(&mu_);
@@ -187,7 +263,7 @@ class KeepAliveImpl : public KeepAlive {
   }
 
   // One renewal on one short stream: the TTL etcd restarted (<= 0: no such lease).
-  absl::StatusOr<absl::Duration> Renew(const Endpoint& endpoint) {
+  absl::StatusOr<absl::Duration> Renew(const Connection& endpoint) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + call_timeout_));
     auto stream = endpoint.lease->LeaseKeepAlive(&context);
@@ -243,21 +319,28 @@ class WatchImpl : public Watch {
   void Run(std::stop_token stop) {
     while (!stop.stop_requested()) {
       const size_t index = ring_->current();
-      RunOneStream(ring_->at(index), stop);
+      Endpoint& endpoint = ring_->at(index);
+      const std::shared_ptr<const Connection> connection = endpoint.connection();
+      if (RunOneStream(*connection, stop)) {
+        endpoint.Succeeded(*connection);
+      } else {
+        endpoint.Failed(*connection);
+      }
       if (stop.stop_requested()) return;
       ring_->Advance(index);
       clock_->SleepUntil(clock_->Now() + kRetryPause, stop);
     }
   }
 
-  // Watches on one stream until it breaks or the watch is stopped.
-  void RunOneStream(const Endpoint& endpoint, std::stop_token stop) {
+  // Watches on one stream until it breaks or the watch is stopped. Returns whether etcd
+  // answered on it at all.
+  bool RunOneStream(const Connection& endpoint, std::stop_token stop) {
     grpc::ClientContext context;
     // etcd ends the stream when its member has no leader, rather than leaving it silent.
     context.AddMetadata("hasleader", "true");
     {
       MutexLock lock(&mu_);
-      if (stop.stop_requested()) return;
+      if (stop.stop_requested()) return true;
       context_ = &context;
     }
     auto stream = endpoint.watch->Watch(&context);
@@ -267,8 +350,10 @@ class WatchImpl : public Watch {
     create->set_range_end(PrefixRangeEnd(prefix_));
     create->set_start_revision(next_revision_);
     etcdserverpb::WatchResponse response;
+    bool answered = false;
     if (stream->Write(request)) {
       while (stream->Read(&response)) {
+        answered = true;
         if (response.compact_revision() > 0) {
           next_revision_ = response.compact_revision();
           on_batch_({.events = {}, .revision = response.header().revision(), .compacted = true});
@@ -297,6 +382,7 @@ class WatchImpl : public Watch {
     stream->Finish().IgnoreError();
     MutexLock lock(&mu_);
     context_ = nullptr;
+    return answered;
   }
 
   const std::shared_ptr<EndpointRing> ring_;
@@ -337,7 +423,7 @@ class EtcdClientImpl : public EtcdClient {
     request.set_value(std::string(value));
     request.set_lease(lease);
     etcdserverpb::PutResponse response;
-    absl::Status status = Call("Put", [&](const Endpoint& e, grpc::ClientContext* c) {
+    absl::Status status = Call("Put", [&](const Connection& e, grpc::ClientContext* c) {
       return e.kv->Put(c, request, &response);
     });
     if (!status.ok()) return status;
@@ -348,7 +434,7 @@ class EtcdClientImpl : public EtcdClient {
     etcdserverpb::DeleteRangeRequest request;
     request.set_key(std::string(key));
     etcdserverpb::DeleteRangeResponse response;
-    absl::Status status = Call("DeleteRange", [&](const Endpoint& e, grpc::ClientContext* c) {
+    absl::Status status = Call("DeleteRange", [&](const Connection& e, grpc::ClientContext* c) {
       return e.kv->DeleteRange(c, request, &response);
     });
     if (!status.ok()) return status;
@@ -362,7 +448,7 @@ class EtcdClientImpl : public EtcdClient {
     for (const Op& op : then) ToProto(op, request.add_success());
     for (const Op& op : otherwise) ToProto(op, request.add_failure());
     etcdserverpb::TxnResponse response;
-    absl::Status status = Call("Txn", [&](const Endpoint& e, grpc::ClientContext* c) {
+    absl::Status status = Call("Txn", [&](const Connection& e, grpc::ClientContext* c) {
       return e.kv->Txn(c, request, &response);
     });
     if (!status.ok()) return status;
@@ -380,7 +466,7 @@ class EtcdClientImpl : public EtcdClient {
     request.set_ttl(std::max<int64_t>(1, absl::ToInt64Seconds(ttl)));
     etcdserverpb::LeaseGrantResponse response;
     absl::Time sent;
-    absl::Status status = Call("LeaseGrant", [&](const Endpoint& e, grpc::ClientContext* c) {
+    absl::Status status = Call("LeaseGrant", [&](const Connection& e, grpc::ClientContext* c) {
       sent = options_.clock->Now();
       return e.lease->LeaseGrant(c, request, &response);
     });
@@ -395,7 +481,7 @@ class EtcdClientImpl : public EtcdClient {
     etcdserverpb::LeaseRevokeRequest request;
     request.set_id(lease);
     etcdserverpb::LeaseRevokeResponse response;
-    return Call("LeaseRevoke", [&](const Endpoint& e, grpc::ClientContext* c) {
+    return Call("LeaseRevoke", [&](const Connection& e, grpc::ClientContext* c) {
       return e.lease->LeaseRevoke(c, request, &response);
     });
   }
@@ -422,7 +508,7 @@ class EtcdClientImpl : public EtcdClient {
  private:
   absl::StatusOr<RangeResult> Range(const etcdserverpb::RangeRequest& request) {
     etcdserverpb::RangeResponse response;
-    absl::Status status = Call("Range", [&](const Endpoint& e, grpc::ClientContext* c) {
+    absl::Status status = Call("Range", [&](const Connection& e, grpc::ClientContext* c) {
       return e.kv->Range(c, request, &response);
     });
     if (!status.ok()) return status;
@@ -436,14 +522,19 @@ class EtcdClientImpl : public EtcdClient {
     absl::Status last;
     for (size_t tries = 0; tries < ring_->size(); ++tries) {
       const size_t index = ring_->current();
-      const Endpoint& endpoint = ring_->at(index);
+      Endpoint& endpoint = ring_->at(index);
+      const std::shared_ptr<const Connection> connection = endpoint.connection();
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-      const grpc::Status status = attempt(endpoint, &context);
-      if (status.ok()) return absl::OkStatus();
-      last = FromGrpc(status, what, endpoint.address);
+      const grpc::Status status = attempt(*connection, &context);
+      if (status.ok()) {
+        endpoint.Succeeded(*connection);
+        return absl::OkStatus();
+      }
+      last = FromGrpc(status, what, connection->address);
       ring_->Advance(index);
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      endpoint.Failed(*connection);
     }
     return last;
   }
@@ -517,11 +608,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     return absl::InvalidArgumentError(
         absl::StrCat("no etcd endpoint in '", options.endpoints, "'"));
   }
-  std::vector<Endpoint> endpoints;
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  const int backoff_ms = static_cast<int>(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
   for (const std::string& address : addresses) {
     grpc::ChannelArguments args;
-    const int backoff_ms =
-        static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(options.max_reconnect_backoff)));
     // Reconnect soon after etcd comes back. (Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also
     // the connection attempt's timeout, and a slow handshake must not fail for it.)
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(backoff_ms, 100));
@@ -529,14 +620,11 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     // Each client has its own connections: two clients in one process (two servers in a test)
     // must not share a subchannel, so that one can lose its connection without the other.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    Endpoint endpoint;
-    endpoint.address = address;
-    endpoint.channel =
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    endpoint.kv = etcdserverpb::KV::NewStub(endpoint.channel);
-    endpoint.lease = etcdserverpb::Lease::NewStub(endpoint.channel);
-    endpoint.watch = etcdserverpb::Watch::NewStub(endpoint.channel);
-    endpoints.push_back(std::move(endpoint));
+    // A name may be re-resolved when its connection fails: at most this often, not gRPC's
+    // default of every 30 s, so a restarted member is found again within a second.
+    args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, backoff_ms);
+    endpoints.push_back(
+        std::make_unique<Endpoint>(address, std::move(args), 2 * options.max_reconnect_backoff));
   }
   auto ring = std::make_shared<EndpointRing>(std::move(endpoints));
   return std::make_unique<EtcdClientImpl>(std::move(options), std::move(addresses),

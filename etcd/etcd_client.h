@@ -20,6 +20,10 @@
 // second attempt sees what the first one did (its compares decide). A caller that must know
 // reads the key back.
 //
+// An endpoint whose connection has failed with UNAVAILABLE for longer than twice
+// `max_reconnect_backoff`, with no success since, gets a fresh gRPC channel, so that a member that
+// comes back is reached within about a second whatever state the old channel is stuck in.
+//
 // Every unary call has a deadline (EtcdClientOptions::call_timeout). Errors are the gRPC status
 // of the last attempt, its message prefixed with the call and the endpoint.
 //

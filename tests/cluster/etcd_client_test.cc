@@ -279,3 +279,39 @@ TEST(EtcdClientFailoverTest, CallsAndWatchesMoveToALiveMemberWhenTheirsIsKilled)
 
 }  // namespace
 }  // namespace retrybudget::etcd
+
+namespace retrybudget::etcd {
+namespace {
+
+// Every member gone, then back on the same ports: the client reconnects by itself, without
+// waiting out a long reconnect back-off or a re-resolution cool-down.
+TEST(EtcdClientFailoverTest, CallsSucceedAgainSoonAfterAllMembersComeBack) {
+  absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
+      TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd =
+      EtcdClient::Create({.endpoints = (*cluster)->etcd_endpoints()});
+  ASSERT_TRUE(etcd.ok());
+  ASSERT_TRUE((*etcd)->Put("/back", "1").ok());
+  ASSERT_TRUE((*cluster)->StopAllEtcd().ok());
+  // Fail for a while, so that the channels back off as far as they go.
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_FALSE((*etcd)->Put("/back", "2").ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  ASSERT_TRUE((*cluster)->StartAllEtcd().ok());
+  const absl::Time back = absl::Now();
+  absl::Status last;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        last = (*etcd)->Put("/back", "3").status();
+        return last.ok();
+      },
+      absl::Seconds(10)))
+      << last;
+  EXPECT_LE(absl::Now() - back, absl::Seconds(5)) << "reconnected only after "
+                                                 << absl::Now() - back;
+}
+
+}  // namespace
+}  // namespace retrybudget::etcd

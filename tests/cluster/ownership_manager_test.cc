@@ -104,11 +104,13 @@ TEST(ShardMapTest, ShardOfIsFnv1a64ModTheNumberOfShards) {
 }
 
 TEST(ShardKeysTest, OwnerKeysRoundTripAndOtherKeysAreNotOwnerKeys) {
-  EXPECT_EQ(ShardOwnerKey("/rb", 7), "/rb/shards/0007/owner");
-  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/shards/0007/owner"), 7);
+  EXPECT_EQ(ShardOwnerKey("/rb", 7), "/rb/owners/0007");
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/owners/0007"), 7);
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/owners/x"), std::nullopt);
   EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/shards/0007/levels"), std::nullopt);
   EXPECT_EQ(ShardOfOwnerKey("/rb", "/rb/servers/a"), std::nullopt);
-  EXPECT_EQ(ShardOfOwnerKey("/rb", "/other/shards/0007/owner"), std::nullopt);
+  EXPECT_EQ(ShardOfOwnerKey("/rb", "/other/owners/0007"), std::nullopt);
+  EXPECT_EQ(ShardStatePrefix("/rb", 7), "/rb/shards/0007/");
 }
 
 TEST_F(OwnershipManagerTest, FirstServerStoresTheShardCountAndOthersMustAgree) {
@@ -170,7 +172,7 @@ TEST_F(OwnershipManagerTest, FencedWritesSucceedForTheOwnerAndFailWithAStaleToke
   ASSERT_NE(a, nullptr);
   ASSERT_TRUE(WaitFor([&] { return a->FencingToken(3).has_value(); }, kSettle));
   const int64_t token = *a->FencingToken(3);
-  const std::string state = absl::StrCat(ShardPrefix(kPrefix, 3), "levels");
+  const std::string state = absl::StrCat(ShardStatePrefix(kPrefix, 3), "levels");
   EXPECT_TRUE(a->FencedTxn(3, token, {etcd::Op::Put(state, "v1")}).ok());
   EXPECT_EQ(etcd_->Get(state)->kvs.at(0).value, "v1");
   EXPECT_EQ(a->FencedTxn(3, token + 1, {etcd::Op::Put(state, "v2")}).status().code(),
@@ -246,7 +248,7 @@ TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLate
 
   // a wakes up and writes as the owner it was: refused.
   absl::StatusOr<etcd::TxnResult> late = a->FencedTxn(
-      a_shard, a_token, {etcd::Op::Put(absl::StrCat(ShardPrefix(kPrefix, a_shard), "x"), "late")});
+      a_shard, a_token, {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, a_shard), "x"), "late")});
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
 
   // Then it finds its lease gone, takes a new one and gets its share back with new tokens.
@@ -286,7 +288,7 @@ TEST_F(OwnershipManagerTest, OwnershipSurvivesTheDeathOfEtcdsLeader) {
   EXPECT_EQ(b->OwnedShards(), b_before);
   const int shard = a_before.begin()->first;
   EXPECT_TRUE(a->FencedTxn(shard, a_before.begin()->second,
-                           {etcd::Op::Put(absl::StrCat(ShardPrefix(kPrefix, shard), "x"), "1")})
+                           {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
                   .ok());
 }
 
@@ -314,7 +316,11 @@ TEST_F(OwnershipManagerTest, WithEtcdGoneAServerIsNotSureWithinTheTtlAndRecovers
       },
       kSettle))
       << a->OwnedShards().size() << " + " << b->OwnedShards().size() << "; "
-      << a->last_error() << "; " << b->last_error();
+      << a->last_error() << "; " << b->last_error() << "; sure until "
+      << a->SurelyAliveUntil() << ", " << b->SurelyAliveUntil() << "; running "
+      << cluster_->etcd_running(0) << cluster_->etcd_running(1) << cluster_->etcd_running(2)
+      << "\n" << cluster_->EtcdLogTail(0) << "\n" << cluster_->EtcdLogTail(1) << "\n"
+      << cluster_->EtcdLogTail(2);
 }
 
 }  // namespace
