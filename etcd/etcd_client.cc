@@ -22,6 +22,10 @@ namespace {
 // endpoint): short against any lease TTL, long enough not to spin on a dead cluster.
 constexpr absl::Duration kRetryPause = absl::Milliseconds(100);
 
+// gRPC keep-alive pings on each channel (see Create).
+constexpr int kKeepaliveTimeMs = 10'000;
+constexpr int kKeepaliveTimeoutMs = 5'000;
+
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
                       absl::string_view endpoint) {
   if (status.ok()) return absl::OkStatus();
@@ -620,6 +624,12 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     // Each client has its own connections: two clients in one process (two servers in a test)
     // must not share a subchannel, so that one can lose its connection without the other.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A member that hangs (stopped, cut off) with a watch stream open is noticed by pings:
+    // within about kKeepaliveTime + kKeepaliveTimeout. (etcd refuses pings more often than every
+    // 5 s by default: --grpc-keepalive-min-time.)
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
     // A name may be re-resolved when its connection fails: at most this often, not gRPC's
     // default of every 30 s, so a restarted member is found again within a second.
     args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, backoff_ms);

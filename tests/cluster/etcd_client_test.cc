@@ -321,3 +321,38 @@ TEST(EtcdClientFailoverTest, CallsSucceedAgainSoonAfterAllMembersComeBack) {
 
 }  // namespace
 }  // namespace retrybudget::etcd
+
+namespace retrybudget::etcd {
+namespace {
+
+// The member in use hangs (SIGSTOP): a call there ends at its deadline, and the calls after it
+// go to another member.
+TEST(EtcdClientFailoverTest, ACallToAHungMemberEndsAtItsDeadlineAndTheNextGoElsewhere) {
+  absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
+      TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd = EtcdClient::Create(
+      {.endpoints = (*cluster)->etcd_endpoints(), .call_timeout = absl::Milliseconds(500)});
+  ASSERT_TRUE(etcd.ok());
+  ASSERT_TRUE((*etcd)->Put("/hung", "1").ok());  // connected to the first member
+
+  ASSERT_TRUE((*cluster)->PauseEtcdNode(0).ok());
+  const absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> stuck = (*etcd)->Put("/hung", "2");
+  EXPECT_EQ(stuck.status().code(), absl::StatusCode::kDeadlineExceeded) << stuck.status();
+  // The deadline, not how long the member stays hung, ends the call (generous slack for a
+  // loaded machine; the member stays stopped for the whole test).
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::Status last;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        last = (*etcd)->Put("/hung", "3").status();
+        return last.ok();
+      },
+      absl::Seconds(10)))
+      << last;
+  ASSERT_TRUE((*cluster)->ResumeEtcdNode(0).ok());
+}
+
+}  // namespace
+}  // namespace retrybudget::etcd

@@ -292,6 +292,30 @@ TEST_F(OwnershipManagerTest, OwnershipSurvivesTheDeathOfEtcdsLeader) {
                   .ok());
 }
 
+// The member every client starts on hangs (SIGSTOP): calls time out there and move on, and
+// ownership goes on through the other two.
+TEST_F(OwnershipManagerTest, OwnershipSurvivesAHungEtcdMember) {
+  std::unique_ptr<OwnershipManager> a = StartServer("a", absl::Seconds(3));
+  std::unique_ptr<OwnershipManager> b = StartServer("b", absl::Seconds(3));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle));
+  const std::map<int, int64_t> a_before = a->OwnedShards();
+  const std::map<int, int64_t> b_before = b->OwnedShards();
+
+  ASSERT_TRUE(cluster_->PauseEtcdNode(0).ok());
+  const absl::Time after = absl::Now() + absl::Seconds(4);
+  EXPECT_TRUE(WaitFor(
+      [&] { return a->SurelyAliveUntil() > after && b->SurelyAliveUntil() > after; }, kSettle));
+  EXPECT_EQ(a->OwnedShards(), a_before);
+  EXPECT_EQ(b->OwnedShards(), b_before);
+  const int shard = b_before.begin()->first;
+  EXPECT_TRUE(b->FencedTxn(shard, b_before.begin()->second,
+                           {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
+                  .ok());
+  ASSERT_TRUE(cluster_->ResumeEtcdNode(0).ok());
+}
+
 TEST_F(OwnershipManagerTest, WithEtcdGoneAServerIsNotSureWithinTheTtlAndRecoversWhenItReturns) {
   std::unique_ptr<OwnershipManager> a = StartServer("a");
   std::unique_ptr<OwnershipManager> b = StartServer("b");

@@ -237,6 +237,22 @@ absl::Status TestCluster::RestartEtcdNode(int node) {
   return StartNode(node);
 }
 
+absl::Status TestCluster::PauseEtcdNode(int node) {
+  if (node < 0 || node >= etcd_node_count() || !etcd_running(node)) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd node ", node, " is not running"));
+  }
+  nodes_[node].process->Signal(SIGSTOP);
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::ResumeEtcdNode(int node) {
+  if (node < 0 || node >= etcd_node_count() || !etcd_running(node)) {
+    return absl::FailedPreconditionError(absl::StrCat("etcd node ", node, " is not running"));
+  }
+  nodes_[node].process->Signal(SIGCONT);
+  return absl::OkStatus();
+}
+
 absl::Status TestCluster::StopAllEtcd() {
   for (int i = 0; i < etcd_node_count(); ++i) {
     if (absl::Status status = KillEtcdNode(i); !status.ok()) return status;

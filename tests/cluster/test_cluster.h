@@ -8,6 +8,7 @@
 //   if (!cluster.ok()) return cluster.status();
 //   auto etcd = etcd::EtcdClient::Create({.endpoints = (*cluster)->etcd_endpoints()});
 //   absl::StatusOr<int> killed = (*cluster)->KillEtcdLeader();  // kill -9; the rest elect anew
+//   (*cluster)->PauseEtcdNode(0);  // SIGSTOP: a hung member
 //   (*cluster)->StopAllEtcd();
 //   (*cluster)->StartAllEtcd();  // same data, same ports
 //
@@ -75,6 +76,10 @@ class TestCluster {
   absl::StatusOr<int> KillEtcdLeader();
   // Starts a node that is not running again, with its data and ports. Does not wait for a leader.
   absl::Status RestartEtcdNode(int node);
+  // SIGSTOP of one running node: it keeps its connections open but answers nothing (a hung
+  // member). ResumeEtcdNode (SIGCONT) undoes it; the destructor kills it either way.
+  absl::Status PauseEtcdNode(int node);
+  absl::Status ResumeEtcdNode(int node);
   // kill -9 of every node.
   absl::Status StopAllEtcd();
   // Starts every node that is not running and waits for a leader.
