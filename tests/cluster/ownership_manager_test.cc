@@ -7,14 +7,20 @@
 // protocol's (takeover within TTL + 2 s, not sure past the last renewal + TTL), not speeds.
 #include "cluster/ownership_manager.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <set>
+#include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cluster/cluster_keys.h"
 #include "cluster/shard_map.h"
 #include "gmock/gmock.h"
+#include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "retrybudget/mutex.h"
 #include "tests/cluster/test_cluster.h"
 #include "tests/cluster/wait_for.h"
 
@@ -262,6 +268,115 @@ TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLate
       EXPECT_NE(token, before->second) << shard;
     }
   }
+}
+
+// A real SIGSTOP of a real process that owns shards and grants from them, for twice its TTL.
+// Two probe processes (ownership_probe.cc) own and grant; the test reads etcd. The other one
+// takes the stopped one's shards within TTL + 2 s, and no grant of the stopped owner lands
+// between the takeover and the moment it owns the shard again (if it does).
+TEST_F(OwnershipManagerTest, ASigstoppedOwnerGrantsNothingAfterItsShardsMove) {
+  auto spawn = [&](const std::string& id) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> probe = Subprocess::Spawn(
+        {RETRYBUDGET_OWNERSHIP_PROBE, cluster_->etcd_endpoints(), kPrefix, id,
+         absl::StrCat(absl::ToInt64Seconds(kTtl)), absl::StrCat(kShards)},
+        {.pipe_stdout = true});
+    EXPECT_TRUE(probe.ok()) << probe.status();
+    return probe.ok() ? *std::move(probe) : nullptr;
+  };
+  // shard -> (owner id, token), from etcd.
+  auto owners = [&] {
+    std::map<int, std::pair<std::string, int64_t>> result;
+    absl::StatusOr<etcd::RangeResult> range = etcd_->GetPrefix(OwnersPrefix(kPrefix));
+    if (!range.ok()) return result;
+    for (const etcd::KeyValue& kv : range->kvs) {
+      std::optional<int> shard = ShardOfOwnerKey(kPrefix, kv.key);
+      if (shard.has_value()) result[*shard] = {kv.value, kv.create_revision};
+    }
+    return result;
+  };
+  auto count = [&](const std::string& id) {
+    int n = 0;
+    for (const auto& [shard, owner] : owners()) n += owner.first == id ? 1 : 0;
+    return n;
+  };
+  std::unique_ptr<Subprocess> a = spawn("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(a->ReadLine(absl::Now() + kSettle).value_or("?"), "ready");
+  std::unique_ptr<Subprocess> b = spawn("b");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; },
+                      kSettle));
+  std::set<int> a_shards;
+  for (const auto& [shard, owner] : owners()) {
+    if (owner.first == "a") a_shards.insert(shard);
+  }
+
+  const absl::Time stopped = absl::Now();
+  a->Signal(SIGSTOP);
+  ASSERT_TRUE(WaitFor([&] { return count("b") == kShards; }, kSettle));
+  EXPECT_LE(absl::Now() - stopped, kTtl + absl::Seconds(2));
+  std::map<int, int64_t> takeover;  // b's tokens for a's former shards
+  for (const auto& [shard, owner] : owners()) {
+    if (a_shards.count(shard) > 0) takeover[shard] = owner.second;
+  }
+  std::this_thread::sleep_for(absl::ToChronoNanoseconds(stopped + 2 * kTtl - absl::Now()));
+  a->Signal(SIGCONT);
+
+  // a finds its lease gone, registers anew and gets its share back.
+  ASSERT_TRUE(WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; },
+                      kSettle));
+  const std::map<int, std::pair<std::string, int64_t>> final_owners = owners();
+
+  // Every grant recorded since the first takeover.
+  struct Grant {
+    int shard;
+    std::string value;
+    int64_t revision;
+  };
+  std::vector<Grant> grants;
+  Mutex grants_mu;
+  int64_t seen = 0;
+  int64_t first = std::numeric_limits<int64_t>::max();
+  for (const auto& [shard, token] : takeover) first = std::min(first, token);
+  absl::StatusOr<std::unique_ptr<etcd::Watch>> watch = etcd_->WatchPrefix(
+      absl::StrCat(kPrefix, "/shards/"), first, [&](const etcd::WatchBatch& batch) {
+        MutexLock lock(&grants_mu);
+        for (const etcd::WatchEvent& event : batch.events) {
+          for (int shard = 0; shard < kShards; ++shard) {
+            if (event.kv.key == absl::StrCat(ShardStatePrefix(kPrefix, shard), "grant")) {
+              grants.push_back({shard, event.kv.value, event.kv.mod_revision});
+            }
+          }
+          seen = std::max(seen, event.kv.mod_revision);
+        }
+      });
+  ASSERT_TRUE(watch.ok());
+  const int64_t upto = etcd_->Get("/nothing")->revision;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        MutexLock lock(&grants_mu);
+        return seen >= upto;
+      },
+      kSettle));
+  watch->reset();
+  a->Stop(SIGKILL, absl::Seconds(5)).IgnoreError();
+  b->Stop(SIGKILL, absl::Seconds(5)).IgnoreError();
+
+  int in_window = 0;
+  for (const auto& [shard, taken] : takeover) {
+    const auto owner = final_owners.find(shard);
+    const int64_t regained = owner != final_owners.end() && owner->second.first == "a"
+                                 ? owner->second.second
+                                 : std::numeric_limits<int64_t>::max();
+    for (const Grant& grant : grants) {
+      if (grant.shard != shard || grant.revision <= taken || grant.revision >= regained) continue;
+      ++in_window;
+      EXPECT_EQ(grant.value.rfind("a ", 0), std::string::npos)
+          << "shard " << shard << ": a granted at revision " << grant.revision
+          << " after b took it over at " << taken;
+    }
+  }
+  EXPECT_GT(in_window, 0);  // b's grants: the window was watched
 }
 
 TEST_F(OwnershipManagerTest, OwnershipSurvivesTheDeathOfEtcdsLeader) {
