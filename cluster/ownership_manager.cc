@@ -27,17 +27,18 @@ absl::Status ValidateOptions(const OwnershipOptions& o) {
   }
   if (o.advertise.empty()) return absl::InvalidArgumentError("advertise address is empty");
   if (o.lease_ttl < absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("lease TTL must be at least 1s, not ",
-                                                   absl::FormatDuration(o.lease_ttl)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease TTL must be at least 1s, not ", absl::FormatDuration(o.lease_ttl)));
   }
-  if (o.keepalive_interval <= absl::ZeroDuration() || o.reconcile_interval <= absl::ZeroDuration()) {
+  if (o.keepalive_interval <= absl::ZeroDuration() ||
+      o.reconcile_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("keep-alive and reconcile intervals must be positive");
   }
   if (o.margin <= absl::ZeroDuration() || o.margin >= o.lease_ttl - o.keepalive_interval) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "margin must be positive and less than lease TTL - keep-alive interval (",
-        absl::FormatDuration(o.lease_ttl - o.keepalive_interval), "), not ",
-        absl::FormatDuration(o.margin)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("margin must be positive and less than lease TTL - keep-alive interval (",
+                     absl::FormatDuration(o.lease_ttl - o.keepalive_interval), "), not ",
+                     absl::FormatDuration(o.margin)));
   }
   if (o.clock == nullptr) return absl::InvalidArgumentError("no clock");
   return absl::OkStatus();
@@ -80,8 +81,7 @@ ClusterView Parse(const std::string& prefix, const ShardMap& map,
   for (const etcd::KeyValue& kv : owners) {
     std::optional<int> shard = ShardOfOwnerKey(prefix, kv.key);
     if (shard.has_value() && *shard < map.shards()) {
-      view.owners[*shard] = {.server_id = kv.value, .token = kv.create_revision,
-                             .lease = kv.lease};
+      view.owners[*shard] = {.server_id = kv.value, .token = kv.create_revision, .lease = kv.lease};
     }
   }
   return view;
@@ -170,9 +170,9 @@ void OwnershipManager::RunReconciler(std::stop_token stop) {
       MutexLock lock(&mu_);
       last_error_ = status;
     }
-    const absl::Duration pause =
-        status.ok() ? options_.reconcile_interval
-                    : std::min(options_.reconcile_interval, kRetryAfterError);
+    const absl::Duration pause = status.ok()
+                                     ? options_.reconcile_interval
+                                     : std::min(options_.reconcile_interval, kRetryAfterError);
     std::unique_lock<Mutex> lock(mu_);
     wake_cv_.wait_for(lock, stop, absl::ToChronoNanoseconds(pause), [this] { return wake_; });
     wake_ = false;
@@ -201,8 +201,8 @@ absl::Status OwnershipManager::Reconcile() {
                       etcd::Op::GetPrefix(OwnersPrefix(options_.prefix))});
   if (!read.ok()) return read.status();
   if (read->gets.size() != 2) {
-    return absl::InternalError(absl::StrCat("etcd answered ", read->gets.size(),
-                                            " ranges to a transaction of 2"));
+    return absl::InternalError(
+        absl::StrCat("etcd answered ", read->gets.size(), " ranges to a transaction of 2"));
   }
   ClusterView view = Parse(options_.prefix, map_, read->gets[0], read->gets[1]);
 
@@ -250,8 +250,8 @@ absl::Status OwnershipManager::Reconcile() {
 
   const int n = map_.shards();
   const int k = static_cast<int>(view.servers.size());
-  const int rank = static_cast<int>(
-      std::distance(view.servers.begin(), view.servers.find(options_.server_id)));
+  const int rank =
+      static_cast<int>(std::distance(view.servers.begin(), view.servers.find(options_.server_id)));
   const size_t desired = static_cast<size_t>(n / k + (rank < n % k ? 1 : 0));
   const size_t ceiling = static_cast<size_t>((n + k - 1) / k);
 
@@ -292,15 +292,14 @@ absl::Status OwnershipManager::Reconcile() {
     if (txn->succeeded) {
       // A transaction's puts all carry its revision: the key's create revision.
       owned[shard] = txn->revision;
-      view.owners[shard] = {.server_id = options_.server_id, .token = txn->revision,
-                            .lease = lease};
+      view.owners[shard] = {
+          .server_id = options_.server_id, .token = txn->revision, .lease = lease};
       continue;
     }
     if (!txn->gets.empty() && !txn->gets[0].empty()) {
       const etcd::KeyValue& kv = txn->gets[0][0];
       // Ours after all when an earlier attempt of this transaction was applied.
-      view.owners[shard] = {.server_id = kv.value, .token = kv.create_revision,
-                            .lease = kv.lease};
+      view.owners[shard] = {.server_id = kv.value, .token = kv.create_revision, .lease = kv.lease};
       if (kv.value == options_.server_id && kv.lease == lease) owned[shard] = kv.create_revision;
     }
   }

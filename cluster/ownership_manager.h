@@ -195,7 +195,7 @@ class OwnershipManager {
   std::condition_variable_any wake_cv_;
 
   std::vector<std::unique_ptr<etcd::Watch>> watches_;  // servers and owners
-  std::jthread reconciler_;  // last: stopped before the members it uses
+  std::jthread reconciler_;                            // last: stopped before the members it uses
 };
 
 }  // namespace retrybudget::cluster

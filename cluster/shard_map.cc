@@ -18,9 +18,8 @@ uint64_t Fnv1a64(absl::string_view bytes) {
 absl::StatusOr<ShardMap> ShardMap::Join(etcd::EtcdClient& etcd, absl::string_view prefix,
                                         int shards) {
   if (shards < 0 || shards > kMaxShards) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("number of shards must be in [1, ", kMaxShards, "] (or 0: take etcd's), not ",
-                     shards));
+    return absl::InvalidArgumentError(absl::StrCat("number of shards must be in [1, ", kMaxShards,
+                                                   "] (or 0: take etcd's), not ", shards));
   }
   const std::string key = ShardCountKey(prefix);
   std::vector<etcd::Op> create;
@@ -35,15 +34,14 @@ absl::StatusOr<ShardMap> ShardMap::Join(etcd::EtcdClient& etcd, absl::string_vie
     }
     return ShardMap(shards);
   }
-  const std::string stored = txn->gets.empty() || txn->gets[0].empty()
-                                 ? std::string()
-                                 : txn->gets[0][0].value;
+  const std::string stored =
+      txn->gets.empty() || txn->gets[0].empty() ? std::string() : txn->gets[0][0].value;
   int stored_shards = 0;
   if (!absl::SimpleAtoi(stored, &stored_shards) || stored_shards < 1 ||
       stored_shards > kMaxShards) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("etcd key ", key, " holds '", stored, "', not a number of shards in [1, ",
-                     kMaxShards, "]"));
+    return absl::FailedPreconditionError(absl::StrCat("etcd key ", key, " holds '", stored,
+                                                      "', not a number of shards in [1, ",
+                                                      kMaxShards, "]"));
   }
   if (shards != 0 && shards != stored_shards) {
     return absl::FailedPreconditionError(

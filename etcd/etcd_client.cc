@@ -30,8 +30,7 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what,
                       absl::string_view endpoint) {
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("etcd ", what, " at ", endpoint, ": ",
-                                   status.error_message()));
+                      absl::StrCat("etcd ", what, " at ", endpoint, ": ", status.error_message()));
 }
 
 KeyValue FromProto(const mvccpb::KeyValue& kv) {
@@ -165,8 +164,8 @@ class Endpoint {
   std::shared_ptr<const Connection> Connect() {
     auto connection = std::make_shared<Connection>();
     connection->address = address_;
-    connection->channel =
-        grpc::CreateCustomChannel(ChannelTarget(address_), grpc::InsecureChannelCredentials(), args_);
+    connection->channel = grpc::CreateCustomChannel(ChannelTarget(address_),
+                                                    grpc::InsecureChannelCredentials(), args_);
     connection->kv = etcdserverpb::KV::NewStub(connection->channel);
     connection->lease = etcdserverpb::Lease::NewStub(connection->channel);
     connection->watch = etcdserverpb::Watch::NewStub(connection->channel);
@@ -278,9 +277,9 @@ class KeepAliveImpl : public KeepAlive {
     context.TryCancel();
     const grpc::Status status = stream->Finish();
     if (!answered) {
-      return FromGrpc(status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "no answer")
-                                  : status,
-                      "LeaseKeepAlive", endpoint.address);
+      return FromGrpc(
+          status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "no answer") : status,
+          "LeaseKeepAlive", endpoint.address);
     }
     return absl::Seconds(response.ttl());
   }
@@ -370,13 +369,13 @@ class WatchImpl : public Watch {
           next_revision_ = response.header().revision() + 1;
         }
         if (response.events_size() == 0) continue;
-        WatchBatch batch{.events = {}, .revision = response.header().revision(),
-                         .compacted = false};
+        WatchBatch batch{
+            .events = {}, .revision = response.header().revision(), .compacted = false};
         for (const mvccpb::Event& event : response.events()) {
-          batch.events.push_back(
-              {.type = event.type() == mvccpb::Event::DELETE ? WatchEvent::Type::kDelete
-                                                               : WatchEvent::Type::kPut,
-               .kv = FromProto(event.kv())});
+          batch.events.push_back({.type = event.type() == mvccpb::Event::DELETE
+                                              ? WatchEvent::Type::kDelete
+                                              : WatchEvent::Type::kPut,
+                                  .kv = FromProto(event.kv())});
           next_revision_ = std::max(next_revision_, event.kv().mod_revision() + 1);
         }
         on_batch_(batch);
@@ -456,9 +455,8 @@ class EtcdClientImpl : public EtcdClient {
       return e.kv->Txn(c, request, &response);
     });
     if (!status.ok()) return status;
-    TxnResult result{.succeeded = response.succeeded(),
-                     .revision = response.header().revision(),
-                     .gets = {}};
+    TxnResult result{
+        .succeeded = response.succeeded(), .revision = response.header().revision(), .gets = {}};
     for (const etcdserverpb::ResponseOp& op : response.responses()) {
       if (op.has_response_range()) result.gets.push_back(FromProto(op.response_range().kvs()));
     }
@@ -494,11 +492,10 @@ class EtcdClientImpl : public EtcdClient {
       const LeaseGrant& grant, absl::Duration interval,
       std::function<void(const KeepAliveAnswer&)> on_answer) override {
     if (interval <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("keep-alive interval must be positive, not ", absl::FormatDuration(interval)));
+      return absl::InvalidArgumentError(absl::StrCat("keep-alive interval must be positive, not ",
+                                                     absl::FormatDuration(interval)));
     }
-    return std::make_unique<KeepAliveImpl>(ring_, options_, grant, interval,
-                                           std::move(on_answer));
+    return std::make_unique<KeepAliveImpl>(ring_, options_, grant, interval, std::move(on_answer));
   }
 
   absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(
@@ -551,7 +548,8 @@ class EtcdClientImpl : public EtcdClient {
 }  // namespace
 
 Compare Compare::CreateRevisionIs(std::string key, int64_t revision) {
-  return {.target = Target::kCreateRevision, .key = std::move(key), .number = revision, .value = {}};
+  return {
+      .target = Target::kCreateRevision, .key = std::move(key), .number = revision, .value = {}};
 }
 Compare Compare::ModRevisionIs(std::string key, int64_t revision) {
   return {.target = Target::kModRevision, .key = std::move(key), .number = revision, .value = {}};
@@ -602,9 +600,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     int port = 0;
     if (colon == absl::string_view::npos || colon == 0 ||
         !absl::SimpleAtoi(part.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("etcd endpoint '", part, "' is not HOST:PORT (in '", options.endpoints,
-                       "')"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint '", part, "' is not HOST:PORT (in '", options.endpoints, "')"));
     }
     addresses.emplace_back(part);
   }

@@ -65,8 +65,8 @@ class EtcdClientTest : public ::testing::Test {
     ASSERT_TRUE(client.ok()) << client.status();
     etcd_ = *std::move(client);
     // Each test under its own prefix in the shared cluster.
-    prefix_ = absl::StrCat("/", ::testing::UnitTest::GetInstance()->current_test_info()->name(),
-                           "/");
+    prefix_ =
+        absl::StrCat("/", ::testing::UnitTest::GetInstance()->current_test_info()->name(), "/");
   }
 
   std::string Key(absl::string_view name) { return absl::StrCat(prefix_, name); }
@@ -102,8 +102,8 @@ TEST_F(EtcdClientTest, GetPrefixReturnsOnlyKeysUnderThePrefixSorted) {
   ASSERT_TRUE(etcd_->Put(Key("q"), "3").ok());
   absl::StatusOr<RangeResult> got = etcd_->GetPrefix(Key("p/"));
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_THAT(got->kvs, ElementsAre(Field(&KeyValue::key, Key("p/a")),
-                                    Field(&KeyValue::key, Key("p/b"))));
+  EXPECT_THAT(got->kvs,
+              ElementsAre(Field(&KeyValue::key, Key("p/a")), Field(&KeyValue::key, Key("p/b"))));
 }
 
 TEST_F(EtcdClientTest, DeleteRemovesTheKeyAndCountsIt) {
@@ -114,13 +114,13 @@ TEST_F(EtcdClientTest, DeleteRemovesTheKeyAndCountsIt) {
 
 TEST_F(EtcdClientTest, TxnOnCreateRevisionZeroCreatesOnlyOnce) {
   const std::string key = Key("owner");
-  absl::StatusOr<TxnResult> first = etcd_->Txn({Compare::CreateRevisionIs(key, 0)},
-                                               {Op::Put(key, "a")}, {Op::Get(key)});
+  absl::StatusOr<TxnResult> first =
+      etcd_->Txn({Compare::CreateRevisionIs(key, 0)}, {Op::Put(key, "a")}, {Op::Get(key)});
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_TRUE(first->succeeded);
 
-  absl::StatusOr<TxnResult> second = etcd_->Txn({Compare::CreateRevisionIs(key, 0)},
-                                                {Op::Put(key, "b")}, {Op::Get(key)});
+  absl::StatusOr<TxnResult> second =
+      etcd_->Txn({Compare::CreateRevisionIs(key, 0)}, {Op::Put(key, "b")}, {Op::Get(key)});
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_FALSE(second->succeeded);
   ASSERT_EQ(second->gets.size(), 1u);
@@ -133,8 +133,8 @@ TEST_F(EtcdClientTest, TxnComparesModRevisionAndValue) {
   const std::string key = Key("k");
   absl::StatusOr<int64_t> revision = etcd_->Put(key, "v1");
   ASSERT_TRUE(revision.ok());
-  absl::StatusOr<TxnResult> stale = etcd_->Txn({Compare::ModRevisionIs(key, *revision - 1)},
-                                               {Op::Put(key, "stale")});
+  absl::StatusOr<TxnResult> stale =
+      etcd_->Txn({Compare::ModRevisionIs(key, *revision - 1)}, {Op::Put(key, "stale")});
   ASSERT_TRUE(stale.ok());
   EXPECT_FALSE(stale->succeeded);
   absl::StatusOr<TxnResult> fresh =
@@ -315,8 +315,8 @@ TEST(EtcdClientFailoverTest, CallsSucceedAgainSoonAfterAllMembersComeBack) {
       },
       absl::Seconds(10)))
       << last;
-  EXPECT_LE(absl::Now() - back, absl::Seconds(5)) << "reconnected only after "
-                                                 << absl::Now() - back;
+  EXPECT_LE(absl::Now() - back, absl::Seconds(5))
+      << "reconnected only after " << absl::Now() - back;
 }
 
 }  // namespace

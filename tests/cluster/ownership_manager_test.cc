@@ -10,15 +10,15 @@
 #include <signal.h>
 
 #include <atomic>
-#include <set>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "cluster/cluster_keys.h"
 #include "cluster/shard_map.h"
-#include "gmock/gmock.h"
 #include "common/subprocess.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "retrybudget/mutex.h"
 #include "tests/cluster/test_cluster.h"
@@ -56,8 +56,7 @@ class OwnershipManagerTest : public ::testing::Test {
   }
 
   // A server "id" advertising "id:50051", with its own etcd client (as a separate process has).
-  std::unique_ptr<OwnershipManager> StartServer(const std::string& id,
-                                                absl::Duration ttl = kTtl,
+  std::unique_ptr<OwnershipManager> StartServer(const std::string& id, absl::Duration ttl = kTtl,
                                                 std::function<void(int, int64_t)> released = {}) {
     absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
         etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()});
@@ -66,10 +65,13 @@ class OwnershipManagerTest : public ::testing::Test {
     absl::StatusOr<ShardMap> map = ShardMap::Join(**etcd, kPrefix, kShards);
     EXPECT_TRUE(map.ok()) << map.status();
     if (!map.ok()) return nullptr;
-    absl::StatusOr<std::unique_ptr<OwnershipManager>> manager = OwnershipManager::Start(
-        etcd->get(), *map,
-        {.prefix = kPrefix, .server_id = id, .advertise = absl::StrCat(id, ":50051"),
-         .lease_ttl = ttl, .before_release = std::move(released)});
+    absl::StatusOr<std::unique_ptr<OwnershipManager>> manager =
+        OwnershipManager::Start(etcd->get(), *map,
+                                {.prefix = kPrefix,
+                                 .server_id = id,
+                                 .advertise = absl::StrCat(id, ":50051"),
+                                 .lease_ttl = ttl,
+                                 .before_release = std::move(released)});
     EXPECT_TRUE(manager.ok()) << manager.status();
     if (!manager.ok()) return nullptr;
     clients_.push_back(*std::move(etcd));
@@ -90,7 +92,7 @@ class OwnershipManagerTest : public ::testing::Test {
   std::unique_ptr<TestCluster> cluster_;
   std::unique_ptr<etcd::EtcdClient> etcd_;
   std::vector<std::unique_ptr<etcd::EtcdClient>> clients_;  // outlive the managers (declared
-                                                           // before them in each test)
+                                                            // before them in each test)
 };
 
 TEST(ShardMapTest, Fnv1a64MatchesTheReferenceVectors) {
@@ -161,7 +163,11 @@ TEST_F(OwnershipManagerTest, AJoiningServerTakesItsShareAndEachSeesTheOther) {
   ASSERT_TRUE(WaitFor([&] { return a->OwnedShards().size() == kShards; }, kSettle));
   std::unique_ptr<OwnershipManager> b = StartServer("b");
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return Split({a.get(), b.get()}, kShards / 2); }, kSettle))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Split({a.get(), b.get()}, kShards / 2);
+      },
+      kSettle))
       << a->OwnedShards().size() << " + " << b->OwnedShards().size();
   EXPECT_EQ(shed.load(), kShards / 2);
   EXPECT_EQ(shed_while_owned.load(), 0);
@@ -253,14 +259,17 @@ TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLate
   ASSERT_TRUE(WaitFor([&] { return b->OwnedShards().size() == kShards; }, kSettle));
 
   // a wakes up and writes as the owner it was: refused.
-  absl::StatusOr<etcd::TxnResult> late = a->FencedTxn(
-      a_shard, a_token, {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, a_shard), "x"), "late")});
+  absl::StatusOr<etcd::TxnResult> late =
+      a->FencedTxn(a_shard, a_token,
+                   {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, a_shard), "x"), "late")});
   EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
 
   // Then it finds its lease gone, takes a new one and gets its share back with new tokens.
   a->SetPausedForTesting(false);
   ASSERT_TRUE(WaitFor(
-      [&] { return Split({a.get(), b.get()}, kShards / 2) && a->SurelyAlive(absl::Now()); },
+      [&] {
+        return Split({a.get(), b.get()}, kShards / 2) && a->SurelyAlive(absl::Now());
+      },
       kSettle));
   for (const auto& [shard, token] : a->OwnedShards()) {
     const auto before = a_before.find(shard);
@@ -276,10 +285,10 @@ TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLate
 // between the takeover and the moment it owns the shard again (if it does).
 TEST_F(OwnershipManagerTest, ASigstoppedOwnerGrantsNothingAfterItsShardsMove) {
   auto spawn = [&](const std::string& id) {
-    absl::StatusOr<std::unique_ptr<Subprocess>> probe = Subprocess::Spawn(
-        {RETRYBUDGET_OWNERSHIP_PROBE, cluster_->etcd_endpoints(), kPrefix, id,
-         absl::StrCat(absl::ToInt64Seconds(kTtl)), absl::StrCat(kShards)},
-        {.pipe_stdout = true});
+    absl::StatusOr<std::unique_ptr<Subprocess>> probe =
+        Subprocess::Spawn({RETRYBUDGET_OWNERSHIP_PROBE, cluster_->etcd_endpoints(), kPrefix, id,
+                           absl::StrCat(absl::ToInt64Seconds(kTtl)), absl::StrCat(kShards)},
+                          {.pipe_stdout = true});
     EXPECT_TRUE(probe.ok()) << probe.status();
     return probe.ok() ? *std::move(probe) : nullptr;
   };
@@ -304,8 +313,8 @@ TEST_F(OwnershipManagerTest, ASigstoppedOwnerGrantsNothingAfterItsShardsMove) {
   ASSERT_EQ(a->ReadLine(absl::Now() + kSettle).value_or("?"), "ready");
   std::unique_ptr<Subprocess> b = spawn("b");
   ASSERT_NE(b, nullptr);
-  ASSERT_TRUE(WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; },
-                      kSettle));
+  ASSERT_TRUE(
+      WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; }, kSettle));
   std::set<int> a_shards;
   for (const auto& [shard, owner] : owners()) {
     if (owner.first == "a") a_shards.insert(shard);
@@ -323,8 +332,8 @@ TEST_F(OwnershipManagerTest, ASigstoppedOwnerGrantsNothingAfterItsShardsMove) {
   a->Signal(SIGCONT);
 
   // a finds its lease gone, registers anew and gets its share back.
-  ASSERT_TRUE(WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; },
-                      kSettle));
+  ASSERT_TRUE(
+      WaitFor([&] { return count("a") == kShards / 2 && count("b") == kShards / 2; }, kSettle));
   const std::map<int, std::pair<std::string, int64_t>> final_owners = owners();
 
   // Every grant recorded since the first takeover.
@@ -395,16 +404,14 @@ TEST_F(OwnershipManagerTest, OwnershipSurvivesTheDeathOfEtcdsLeader) {
   // Renewals go on through the two live members: both stay sure, with the same shards.
   const absl::Time after = absl::Now() + absl::Seconds(3);
   ASSERT_TRUE(WaitFor(
-      [&] {
-        return a->SurelyAliveUntil() > after && b->SurelyAliveUntil() > after;
-      },
-      kSettle));
+      [&] { return a->SurelyAliveUntil() > after && b->SurelyAliveUntil() > after; }, kSettle));
   EXPECT_EQ(a->OwnedShards(), a_before);
   EXPECT_EQ(b->OwnedShards(), b_before);
   const int shard = a_before.begin()->first;
-  EXPECT_TRUE(a->FencedTxn(shard, a_before.begin()->second,
-                           {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
-                  .ok());
+  EXPECT_TRUE(
+      a->FencedTxn(shard, a_before.begin()->second,
+                   {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
+          .ok());
 }
 
 // The member every client starts on hangs (SIGSTOP): calls time out there and move on, and
@@ -425,9 +432,10 @@ TEST_F(OwnershipManagerTest, OwnershipSurvivesAHungEtcdMember) {
   EXPECT_EQ(a->OwnedShards(), a_before);
   EXPECT_EQ(b->OwnedShards(), b_before);
   const int shard = b_before.begin()->first;
-  EXPECT_TRUE(b->FencedTxn(shard, b_before.begin()->second,
-                           {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
-                  .ok());
+  EXPECT_TRUE(
+      b->FencedTxn(shard, b_before.begin()->second,
+                   {etcd::Op::Put(absl::StrCat(ShardStatePrefix(kPrefix, shard), "x"), "1")})
+          .ok());
   ASSERT_TRUE(cluster_->ResumeEtcdNode(0).ok());
 }
 
@@ -440,9 +448,8 @@ TEST_F(OwnershipManagerTest, WithEtcdGoneAServerIsNotSureWithinTheTtlAndRecovers
 
   ASSERT_TRUE(cluster_->StopAllEtcd().ok());
   const absl::Time stopped = absl::Now();
-  ASSERT_TRUE(WaitFor(
-      [&] { return !a->SurelyAlive(absl::Now()) && !b->SurelyAlive(absl::Now()); },
-      kTtl + absl::Seconds(1)));
+  ASSERT_TRUE(WaitFor([&] { return !a->SurelyAlive(absl::Now()) && !b->SurelyAlive(absl::Now()); },
+                      kTtl + absl::Seconds(1)));
   // No renewal sent once etcd was gone was answered: sure at most until the stop + TTL - margin.
   EXPECT_LE(a->SurelyAliveUntil(), stopped + kTtl - a->options().margin);
   EXPECT_LE(b->SurelyAliveUntil(), stopped + kTtl - b->options().margin);
@@ -454,11 +461,12 @@ TEST_F(OwnershipManagerTest, WithEtcdGoneAServerIsNotSureWithinTheTtlAndRecovers
                b->SurelyAlive(absl::Now());
       },
       kSettle))
-      << a->OwnedShards().size() << " + " << b->OwnedShards().size() << "; "
-      << a->last_error() << "; " << b->last_error() << "; sure until "
-      << a->SurelyAliveUntil() << ", " << b->SurelyAliveUntil() << "; running "
-      << cluster_->etcd_running(0) << cluster_->etcd_running(1) << cluster_->etcd_running(2)
-      << "\n" << cluster_->EtcdLogTail(0) << "\n" << cluster_->EtcdLogTail(1) << "\n"
+      << a->OwnedShards().size() << " + " << b->OwnedShards().size() << "; " << a->last_error()
+      << "; " << b->last_error() << "; sure until " << a->SurelyAliveUntil() << ", "
+      << b->SurelyAliveUntil() << "; running " << cluster_->etcd_running(0)
+      << cluster_->etcd_running(1) << cluster_->etcd_running(2) << "\n"
+      << cluster_->EtcdLogTail(0) << "\n"
+      << cluster_->EtcdLogTail(1) << "\n"
       << cluster_->EtcdLogTail(2);
 }
 

@@ -37,10 +37,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", map.status().ToString().c_str());
     return 1;
   }
-  auto manager = cluster::OwnershipManager::Start(
-      etcd->get(), *map,
-      {.prefix = prefix, .server_id = id, .advertise = absl::StrCat(id, ":50051"),
-       .lease_ttl = absl::Seconds(ttl_seconds)});
+  auto manager = cluster::OwnershipManager::Start(etcd->get(), *map,
+                                                  {.prefix = prefix,
+                                                   .server_id = id,
+                                                   .advertise = absl::StrCat(id, ":50051"),
+                                                   .lease_ttl = absl::Seconds(ttl_seconds)});
   if (!manager.ok()) {
     std::fprintf(stderr, "%s\n", manager.status().ToString().c_str());
     return 1;
@@ -50,9 +51,10 @@ int main(int argc, char** argv) {
     for (const auto& [shard, token] : (*manager)->OwnedShards()) {
       if (!(*manager)->SurelyAlive(absl::Now())) break;
       (*manager)
-          ->FencedTxn(shard, token,
-                      {etcd::Op::Put(absl::StrCat(cluster::ShardStatePrefix(prefix, shard), "grant"),
-                                     absl::StrCat(id, " ", n))})
+          ->FencedTxn(
+              shard, token,
+              {etcd::Op::Put(absl::StrCat(cluster::ShardStatePrefix(prefix, shard), "grant"),
+                             absl::StrCat(id, " ", n))})
           .IgnoreError();
       if (!ready) {
         std::printf("ready\n");

@@ -1,6 +1,7 @@
 #include "tests/cluster/test_cluster.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -14,8 +15,6 @@
 #include <sstream>
 #include <thread>
 #include <utility>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -76,8 +75,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(TestClusterOptio
         absl::StrCat("a cluster needs at least one etcd node, not ", options.etcd_nodes));
   }
   if (access(options.etcd_binary.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("no etcd binary at ", options.etcd_binary,
-                                            " (Debian package etcd-server)"));
+    return absl::NotFoundError(
+        absl::StrCat("no etcd binary at ", options.etcd_binary, " (Debian package etcd-server)"));
   }
   std::string dir = absl::StrCat(BaseDir(options.base_dir), "/retry-budget-cluster-XXXXXX");
   if (mkdtemp(dir.data()) == nullptr) {
@@ -171,8 +170,8 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> TestCluster::NodeStatus(int node) 
   etcdserverpb::StatusResponse response;
   const grpc::Status status = stub->Status(&context, etcdserverpb::StatusRequest(), &response);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat("etcd Status at ", etcd_endpoint(node), ": ",
-                                               status.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat("etcd Status at ", etcd_endpoint(node), ": ", status.error_message()));
   }
   return std::make_pair(response.leader(), response.header().member_id());
 }
@@ -202,9 +201,9 @@ absl::StatusOr<int> TestCluster::WaitForEtcdLeader(absl::Duration timeout) {
   }
   std::vector<std::string> logs;
   for (int i = 0; i < etcd_node_count(); ++i) logs.push_back(EtcdLogTail(i));
-  return absl::DeadlineExceededError(
-      absl::StrCat("etcd cluster has no leader after ", absl::FormatDuration(timeout), " (",
-                   last_error, ")\n", absl::StrJoin(logs, "\n")));
+  return absl::DeadlineExceededError(absl::StrCat("etcd cluster has no leader after ",
+                                                  absl::FormatDuration(timeout), " (", last_error,
+                                                  ")\n", absl::StrJoin(logs, "\n")));
 }
 
 absl::Status TestCluster::KillEtcdNode(int node) {
