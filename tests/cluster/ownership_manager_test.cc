@@ -254,6 +254,9 @@ TEST_F(OwnershipManagerTest, APausedServerIsNotSureBeforeItsShardsMoveAndItsLate
       },
       kSettle));
   EXPECT_LT(sure_until, taken);
+  ::testing::Test::RecordProperty("unsure_before_takeover_ms",
+                                  absl::ToInt64Milliseconds(taken - sure_until));
+  ::testing::Test::RecordProperty("takeover_ms", absl::ToInt64Milliseconds(taken - paused));
   EXPECT_LE(taken - paused, kTtl + absl::Seconds(2));
   EXPECT_FALSE(a->SurelyAlive(absl::Now()));
   ASSERT_TRUE(WaitFor([&] { return b->OwnedShards().size() == kShards; }, kSettle));
@@ -323,6 +326,7 @@ TEST_F(OwnershipManagerTest, ASigstoppedOwnerGrantsNothingAfterItsShardsMove) {
   const absl::Time stopped = absl::Now();
   a->Signal(SIGSTOP);
   ASSERT_TRUE(WaitFor([&] { return count("b") == kShards; }, kSettle));
+  ::testing::Test::RecordProperty("takeover_ms", absl::ToInt64Milliseconds(absl::Now() - stopped));
   EXPECT_LE(absl::Now() - stopped, kTtl + absl::Seconds(2));
   std::map<int, int64_t> takeover;  // b's tokens for a's former shards
   for (const auto& [shard, owner] : owners()) {
