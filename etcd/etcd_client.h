@@ -7,9 +7,9 @@
 //   if (!etcd.ok()) return etcd.status();  // INVALID_ARGUMENT for a malformed endpoint list
 //   absl::StatusOr<etcd::LeaseGrant> lease = (*etcd)->GrantLease(absl::Seconds(10));
 //   absl::StatusOr<etcd::TxnResult> txn = (*etcd)->Txn(
-//       {etcd::Compare::CreateRevisionIs("/rb/shards/0007", 0)},
-//       {etcd::Op::Put("/rb/shards/0007", "server-a", lease->id)},
-//       {etcd::Op::Get("/rb/shards/0007")});
+//       {etcd::Compare::CreateRevisionIs("/rb/owners/0007", 0)},
+//       {etcd::Op::Put("/rb/owners/0007", "server-a", lease->id)},
+//       {etcd::Op::Get("/rb/owners/0007")});
 //
 // Endpoints. Every call goes to the endpoint in use; a call that fails with UNAVAILABLE (refused,
 // broken connection, "no leader") moves the client to the next endpoint and is tried there, each
