@@ -13,6 +13,8 @@ RUN apt-get update \
       cmake g++ make pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev \
       prometheus-cpp-dev libspdlog-dev libssl-dev libhiredis-dev \
+      golang-etcd-server-dev golang-github-gogo-protobuf-dev \
+      golang-github-grpc-ecosystem-grpc-gateway-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
