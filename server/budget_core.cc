@@ -388,8 +388,11 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   const absl::Duration ttl = tb.policy.lease_ttl;
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
   if (entry != nullptr) {  // null for a final request: nothing is granted
-    granted = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
-    if (options_.store != nullptr) granted = ReserveDurably(tb, granted);
+    const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
+    granted = options_.store != nullptr ? ReserveDurably(tb, sized) : sized;
+    // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
+    // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
+    const bool waiting_for_disk = granted < sized;
     granted = tb.bucket.Take(granted);
     // Only the holdings of an instance that keeps tokens count against the capacity: it got
     // what it wanted, and it spent less than it now holds since its last report. One that got
@@ -406,8 +409,10 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
       // share, not before (an empty lease must not turn into a hot loop of Syncs).
       // The inflow is refill plus success credit: counting refill alone makes instances come
       // back too rarely, and tokens pile up in the bucket while retries are denied.
-      next_sync = DryNextSync(tb.policy.refill_per_second + tb.CreditRate(), want, tb.WantSum(),
-                              next_sync, options_.min_next_sync);
+      next_sync = waiting_for_disk
+                      ? options_.min_next_sync
+                      : DryNextSync(tb.policy.refill_per_second + tb.CreditRate(), want,
+                                    tb.WantSum(), next_sync, options_.min_next_sync);
     }
   }
   // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the

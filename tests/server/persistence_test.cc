@@ -452,6 +452,27 @@ TEST_F(PersistenceTest, SlowDiskStallsNoOtherTenantNorItsOwnSyncs) {
   EXPECT_EQ(SyncTenant("slow", "s", 3, 10), 10u);
 }
 
+TEST_F(PersistenceTest, GrantCutForADiskWriteAsksTheClientBackAtOnce) {
+  ASSERT_TRUE(Boot().ok());
+  io_.Stall();
+  // A new tenant with a full bucket: its first grant waits for its first reservation. The
+  // answer must bring the client back at the shortest hint, not at the dry-bucket pace (which
+  // at 1 token/s would keep it denied for 250 ms with 100 tokens in the bucket).
+  v1::SyncRequest r;
+  r.set_instance_id("i");
+  r.set_seq(1);
+  auto* t = r.add_tenants();
+  t->set_tenant("new");
+  t->set_want(10);
+  auto resp = core_->Sync(r);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  EXPECT_EQ(resp->tenants(0).granted(), 0u);
+  EXPECT_EQ(resp->tenants(0).next_sync_ms(), 10);
+  io_.Resume();
+  store_->WaitIdle();
+  EXPECT_EQ(SyncTenant("new", "i", 2, 10), 10u);
+}
+
 TEST_F(PersistenceTest, SnapshotDropsJournalsItCovers) {
   ASSERT_TRUE(Boot().ok());
   Prime(20);
