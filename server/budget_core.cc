@@ -42,6 +42,7 @@ BudgetCore::BudgetCore(CoreOptions options)
 BudgetCore::~BudgetCore() {
   // The store thread's callbacks (ReserveDurably) use this core.
   if (options_.store != nullptr) options_.store->WaitIdle();
+  if (options_.router != nullptr) options_.router->WaitIdle();
 }
 
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
@@ -305,6 +306,12 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   out.tenant = sent.tenant();
   out.error_code = 0;
   out.error_message.clear();
+  out.error_owner.clear();
+  // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
+  if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
+    Refuse(sent.tenant(), now, out);
+    return;
+  }
   std::shared_ptr<Tenant> found;
   Tenant* tenant = BudgetOf(instance, sent, &found, out);
   if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
@@ -326,6 +333,14 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     // new record (an empty one would later pass for a known history).
     out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
     out.error_message = kDeletedMeanwhile;
+    keep_alive = std::move(rec.tenant);
+    if (new_record) instance.tenants.erase(rec_it);
+    return;
+  }
+  // Again under the lock: a shard lost (its budgets dropped) or not loaded yet since the check
+  // above leaves no budget here to grant from.
+  if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
+    Refuse(sent.tenant(), now, out);
     keep_alive = std::move(rec.tenant);
     if (new_record) instance.tenants.erase(rec_it);
     return;
@@ -389,7 +404,8 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
-    granted = options_.store != nullptr ? ReserveDurably(tb, sized) : sized;
+    granted = options_.store != nullptr || options_.router != nullptr ? ReserveDurably(tb, sized)
+                                                                       : sized;
     // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
     // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
     const bool waiting_for_disk = granted < sized;
@@ -446,8 +462,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
   if (durable_left - allowed < granted + block / 2) {
-    options_.store->ReserveAhead(
-        t.name, t.totals.granted + allowed + granted + block,
+    DurableStore::ReservedCallback done =
         [this](const std::string& name, uint64_t limit, const absl::Status& status) {
           if (!status.ok()) {
             store_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -464,9 +479,22 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
           }
           MutexLock lock(&tenant->mu);
           tenant->grant_limit = std::max(tenant->grant_limit, limit);
-        });
+        };
+    const uint64_t limit = t.totals.granted + allowed + granted + block;
+    if (options_.store != nullptr) {
+      options_.store->ReserveAhead(t.name, limit, std::move(done));
+    } else {
+      options_.router->ReserveAhead(t.name, limit, std::move(done));
+    }
   }
   return allowed;
+}
+
+void BudgetCore::Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out) {
+  TenantRefusal refusal = options_.router->Refusal(tenant, now);
+  out.error_code = refusal.code;
+  out.error_message = std::move(refusal.message);
+  out.error_owner = std::move(refusal.owner);
 }
 
 size_t BudgetCore::tenant_count() {
