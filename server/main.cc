@@ -31,6 +31,7 @@
 #include "server/budget_core.h"
 #include "server/bearer_authorizer.h"
 #include "server/budget_server.h"
+#include "server/cluster_metrics.h"
 #include "server/cluster_mode.h"
 #include "server/metrics.h"
 #include "server/durable_store.h"
@@ -404,10 +405,17 @@ int Run(ServerConfig config) {
       BudgetMetricsOptions{.core = core->get(),
                            .snapshotter = snapshotter.get(),
                            .max_tenants = config.metrics_max_tenants});
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {rpc_metrics,
+                                                                         budget_metrics};
+  if (cluster != nullptr) {
+    auto cluster_metrics = std::make_shared<ClusterMetrics>(cluster.get());
+    cluster->set_latency_observer([m = cluster_metrics.get()](double s) { m->Observe(s); });
+    collectables.push_back(std::move(cluster_metrics));
+  }
   std::unique_ptr<prometheus::Exposer> metrics_endpoint;
   if (!config.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<prometheus::Exposer>> endpoint =
-        StartMetricsEndpoint(config.metrics_listen, {rpc_metrics, budget_metrics});
+        StartMetricsEndpoint(config.metrics_listen, collectables);
     if (!endpoint.ok()) {
       spdlog::error("--metrics_listen: {}", std::string(endpoint.status().message()));
       return absl::IsInvalidArgument(endpoint.status()) ? kExitBadConfig : kExitCannotServe;
