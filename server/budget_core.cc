@@ -456,8 +456,13 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
   // another grant as large plus half a block, the limit for this grant, one more as large and a
   // block is asked for. A crash forfeits at most that reservation ahead per tenant: the safe
   // direction.
+  // In cluster mode a block is also at least a second of refill: each write is an etcd
+  // transaction (a Raft round), so a busy tenant costs about one a second.
+  const double block_tokens =
+      options_.router != nullptr ? std::max(t.policy.capacity / 8, t.policy.refill_per_second)
+                                 : t.policy.capacity / 8;
   const uint64_t block =
-      std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.capacity / 8), 8, 1'000'000);
+      std::clamp<uint64_t>(static_cast<uint64_t>(block_tokens), 8, 1'000'000);
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);

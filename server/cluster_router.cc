@@ -169,6 +169,7 @@ absl::Status ClusterRouter::WriteStates(int shard, int64_t token,
   cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
   std::vector<etcd::Op> ops;
   std::vector<std::pair<std::string, std::string>> written;
+  const absl::Time now = options_.clock->Now();
   auto send = [&]() -> absl::Status {
     if (ops.empty()) return absl::OkStatus();
     const absl::Time start = absl::Now();
@@ -181,7 +182,7 @@ absl::Status ClusterRouter::WriteStates(int shard, int64_t token,
       written.clear();
       return r.status();
     }
-    for (auto& [k, v] : written) written_[k] = std::move(v);
+    for (auto& [k, v] : written) written_[k] = Written{std::move(v), now};
     written.clear();
     return absl::OkStatus();
   };
@@ -224,7 +225,7 @@ void ClusterRouter::Load(int shard, int64_t token) {
       Log(absl::StrCat("shard ", shard, ": ignoring unreadable state at ", kv.key));
       continue;
     }
-    written_[kv.key] = Comparable(ts);
+    written_[kv.key] = Written{Comparable(ts), options_.clock->Now()};
     states.push_back(std::move(ts));
   }
   // The ownership may have moved on while reading: serve only under the token still held.
@@ -301,12 +302,17 @@ void ClusterRouter::FlushReservations() {
 void ClusterRouter::WriteChangedStates() {
   BudgetCore* core = core_.load(std::memory_order_acquire);
   MutexLock lock(&write_mu_);
+  const absl::Time now = options_.clock->Now();
   std::map<int, std::vector<v1::TenantState>> by_shard;
   for (v1::TenantState& ts : core->ExportTenants([](absl::string_view) { return true; })) {
     const int shard = map_.ShardOf(ts.tenant());
     if (ready_[shard].load(std::memory_order_acquire) == 0) continue;
+    // Unchanged, or written (by a reservation) within the interval: not now.
     auto it = written_.find(TenantKey(shard, ts.tenant()));
-    if (it != written_.end() && it->second == Comparable(ts)) continue;
+    if (it != written_.end() && (it->second.value == Comparable(ts) ||
+                                 now - it->second.at < options_.state_interval)) {
+      continue;
+    }
     by_shard[shard].push_back(std::move(ts));
   }
   for (auto& [shard, states] : by_shard) {

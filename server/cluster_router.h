@@ -137,7 +137,11 @@ class ClusterRouter : public TenantRouter {
   // one) and the loads and drops.
   Mutex write_mu_;
   // The last value written per key (its level time cleared), to skip unchanged tenants.
-  absl::flat_hash_map<std::string, std::string> written_ ABSL_GUARDED_BY(write_mu_);
+  struct Written {
+    std::string value;
+    absl::Time at;
+  };
+  absl::flat_hash_map<std::string, Written> written_ ABSL_GUARDED_BY(write_mu_);
 
   std::jthread writer_;
 };
