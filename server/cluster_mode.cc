@@ -146,6 +146,23 @@ absl::Status ClusterMode::Join(BudgetCore* core, BudgetServer* server,
   return absl::OkStatus();
 }
 
+v1::ListShardsResponse ClusterMode::ListShards() const {
+  v1::ListShardsResponse response;
+  response.set_cluster_mode(true);
+  const cluster::OwnershipManager* ownership = ownership_.get();
+  for (int s = 0; s < map_.shards(); ++s) {
+    v1::ShardInfo* info = response.add_shards();
+    info->set_shard(s);
+    if (ownership == nullptr) continue;
+    if (std::optional<cluster::ShardOwner> owner = ownership->OwnerOf(s)) {
+      info->set_owner_id(owner->server_id);
+      info->set_owner_address(owner->address);
+    }
+    info->set_owned_here(ownership->FencingToken(s).has_value());
+  }
+  return response;
+}
+
 void ClusterMode::Leave() {
   health_ = std::jthread();
   if (ownership_ != nullptr) {

@@ -58,6 +58,8 @@ class ClusterMode {
   // `server`'s health SERVING exactly while the server is surely alive. `core` and `server`
   // must outlive Leave().
   absl::Status Join(BudgetCore* core, BudgetServer* server, const std::string& advertise);
+  // Every shard and its owner as this server sees them (ListShards).
+  v1::ListShardsResponse ListShards() const;
   // Writes the owned shards' state and hands them over, then stops. Idempotent.
   void Leave();
 

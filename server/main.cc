@@ -370,6 +370,9 @@ int Run(ServerConfig config) {
     return kExitBadConfig;
   }
   config.server.service.core = core->get();
+  if (cluster != nullptr) {
+    config.server.service.list_shards = [c = cluster.get()] { return c->ListShards(); };
+  }
   config.server.service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 
   // Recovery happens before the port is opened: no RPC sees the state half restored.

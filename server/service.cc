@@ -197,6 +197,8 @@ absl::string_view RpcName(Rpc rpc) {
       return "PutPolicy";
     case Rpc::kDeleteBudget:
       return "DeleteBudget";
+    case Rpc::kListShards:
+      return "ListShards";
   }
   return "unknown";
 }
@@ -295,6 +297,15 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListBudgets(
   absl::StatusOr<v1::ListBudgetsResponse> result = options_.core->ListBudgets(*request);
   if (result.ok()) *response = *std::move(result);
   return call.Finish(result.status());
+}
+
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListShards(
+    grpc::CallbackServerContext* context, const v1::ListShardsRequest*,
+    v1::ListShardsResponse* response) {
+  Call call(options_, context, Rpc::kListShards);
+  if (absl::Status s = call.Admit({}); !s.ok()) return call.Finish(s);
+  if (options_.list_shards) *response = options_.list_shards();
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServerContext* context,

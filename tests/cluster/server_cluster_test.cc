@@ -273,6 +273,32 @@ TEST_F(ServerClusterTest, NonOwnerAnswersFailedPreconditionWithTheOwnerAndChange
       absl::Seconds(2)));
 }
 
+TEST_F(ServerClusterTest, ListShardsNamesEveryShardsOwner) {
+  const std::map<int, std::string> owners = Owners();
+  for (int i = 0; i < 3; ++i) {
+    v1::ListShardsResponse response;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          grpc::ClientContext context;
+          response.Clear();
+          if (!servers_[i].admin->ListShards(&context, v1::ListShardsRequest(), &response).ok()) {
+            return false;
+          }
+          for (const v1::ShardInfo& s : response.shards()) {
+            if (s.owner_id() != owners.at(s.shard())) return false;
+          }
+          return response.shards_size() == kShards;
+        },
+        absl::Seconds(2)))
+        << response.DebugString();
+    EXPECT_TRUE(response.cluster_mode());
+    for (const v1::ShardInfo& s : response.shards()) {
+      EXPECT_EQ(s.owner_address(), s.owner_id());
+      EXPECT_EQ(s.owned_here(), s.owner_id() == servers_[i].address) << s.shard();
+    }
+  }
+}
+
 TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   const std::string tenant = "checkout";
   const absl::Time start = absl::Now();
