@@ -119,6 +119,12 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
   auto resolved = ResolvePolicy(policy, "policy");
   if (!resolved.ok()) return resolved.status();
   if (auto s = CheckOwned(tenant); !s.ok()) return s;
+  return ApplyAdminPolicy(tenant, *resolved);
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view tenant,
+                                                              const ResolvedPolicy& policy) {
+  const ResolvedPolicy* resolved = &policy;
   const absl::Time now = clock_->Now();
   std::shared_ptr<Tenant> t;
   {

@@ -59,7 +59,18 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   ResolvedPolicy policy = default_policy_;
   v1::PolicySource source = v1::POLICY_SOURCE_DEFAULT;
   bool listed = false;
+  // Cluster mode: an admin policy in etcd wins over the file.
+  if (options_.router != nullptr) {
+    if (std::optional<v1::BudgetPolicy> admin = options_.router->AdminPolicy(name)) {
+      if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(*admin); p.ok()) {
+        policy = *p;
+        source = v1::POLICY_SOURCE_ADMIN;
+        listed = true;
+      }
+    }
+  }
   for (const auto& t : policy_.tenants()) {
+    if (listed) break;
     if (t.tenant() == name) {
       // Validated by ReplacePolicy.
       policy = *ResolvePolicy(t.policy());

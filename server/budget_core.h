@@ -111,6 +111,9 @@ class BudgetCore {
                                              const v1::BudgetPolicy& policy);
   // NOT_FOUND if the tenant has no budget.
   absl::Status DeleteBudget(absl::string_view tenant);
+  // PutPolicy without the owner check (cluster mode: a policy from etcd, on the owner).
+  absl::StatusOr<v1::BudgetStatus> ApplyAdminPolicy(absl::string_view tenant,
+                                                    const ResolvedPolicy& policy);
 
   // Replaces the default policy, strict flag and explicit tenants (a policy reload). Existing
   // buckets keep their level; a tenant no longer listed falls back to the default policy.

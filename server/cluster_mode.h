@@ -58,6 +58,11 @@ class ClusterMode {
   // `server`'s health SERVING exactly while the server is surely alive. `core` and `server`
   // must outlive Leave().
   absl::Status Join(BudgetCore* core, BudgetServer* server, const std::string& advertise);
+  // PutPolicy in cluster mode (ClusterRouter::PutPolicy).
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
+                                             const v1::BudgetPolicy& policy) {
+    return router_->PutPolicy(tenant, policy);
+  }
   // Every shard and its owner as this server sees them (ListShards).
   v1::ListShardsResponse ListShards() const;
   // Writes the owned shards' state and hands them over, then stops. Idempotent.

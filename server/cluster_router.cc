@@ -40,14 +40,93 @@ std::function<void(int, int64_t)> ClusterRouter::BeforeReleaseCallback() {
   return [this](int shard, int64_t token) { BeforeRelease(shard, token); };
 }
 
+std::optional<v1::BudgetPolicy> ClusterRouter::AdminPolicy(absl::string_view tenant) const {
+  MutexLock lock(&policies_mu_);
+  auto it = policies_.find(tenant);
+  if (it == policies_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<v1::BudgetStatus> ClusterRouter::PutPolicy(absl::string_view tenant,
+                                                          const v1::BudgetPolicy& policy) {
+  absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
+  if (!resolved.ok()) return resolved.status();
+  if (tenant.empty() || tenant.size() > 256) {
+    return absl::InvalidArgumentError("tenant must be 1 to 256 bytes");
+  }
+  absl::StatusOr<int64_t> put = etcd_->Put(PolicyKey(tenant), policy.SerializeAsString());
+  if (!put.ok()) {
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    return put.status();
+  }
+  {
+    MutexLock lock(&policies_mu_);
+    policies_[tenant] = policy;
+  }
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+    return core->ApplyAdminPolicy(tenant, *resolved);
+  }
+  v1::BudgetStatus status;
+  status.set_tenant(std::string(tenant));
+  *status.mutable_policy() = resolved->ToProto();
+  return status;
+}
+
+void ClusterRouter::OnPolicies(const etcd::WatchBatch& batch) {
+  const std::string prefix = PolicyKey("");
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  for (const etcd::WatchEvent& e : batch.events) {
+    if (e.kv.key.size() <= prefix.size()) continue;
+    const std::string tenant = e.kv.key.substr(prefix.size());
+    if (e.type == etcd::WatchEvent::Type::kDelete) {
+      MutexLock lock(&policies_mu_);
+      policies_.erase(tenant);
+      continue;
+    }
+    v1::BudgetPolicy policy;
+    if (!policy.ParseFromString(e.kv.value)) continue;
+    absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
+    if (!resolved.ok()) continue;
+    {
+      MutexLock lock(&policies_mu_);
+      policies_[tenant] = policy;
+    }
+    if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+      (void)core->ApplyAdminPolicy(tenant, *resolved);
+    }
+  }
+}
+
 void ClusterRouter::Start(BudgetCore* core, cluster::OwnershipManager* ownership) {
   core_.store(core, std::memory_order_release);
+  // The admin policies: read them all, then watch from the next revision.
+  absl::StatusOr<etcd::RangeResult> policies = etcd_->GetPrefix(PolicyKey(""));
+  int64_t from = 0;
+  if (policies.ok()) {
+    etcd::WatchBatch initial;
+    for (const etcd::KeyValue& kv : policies->kvs) {
+      initial.events.push_back({.type = etcd::WatchEvent::Type::kPut, .kv = kv});
+    }
+    OnPolicies(initial);
+    from = policies->revision + 1;
+  } else {
+    Log(absl::StrCat("cannot read the admin policies yet: ", policies.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<etcd::Watch>> watch = etcd_->WatchPrefix(
+      PolicyKey(""), from, [this](const etcd::WatchBatch& b) { OnPolicies(b); });
+  if (watch.ok()) {
+    policy_watch_ = *std::move(watch);
+  } else {
+    Log(absl::StrCat("cannot watch the admin policies: ", watch.status().message()));
+  }
   ownership_.store(ownership, std::memory_order_release);
   writer_ = std::jthread([this](std::stop_token stop) { Run(stop); });
   OnChange();
 }
 
 void ClusterRouter::Stop() {
+  policy_watch_.reset();
   if (!writer_.joinable()) return;
   writer_.request_stop();
   {
@@ -160,6 +239,10 @@ void ClusterRouter::BeforeRelease(int shard, int64_t token) {
   core->DropTenants(pick);
 }
 
+std::string ClusterRouter::PolicyKey(absl::string_view tenant) const {
+  return absl::StrCat(options_.prefix, "/policies/", tenant);
+}
+
 std::string ClusterRouter::TenantKey(int shard, absl::string_view tenant) const {
   return absl::StrCat(cluster::ShardStatePrefix(options_.prefix, shard), "t/", tenant);
 }
@@ -232,6 +315,19 @@ void ClusterRouter::Load(int shard, int64_t token) {
   cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
   if (ownership->FencingToken(shard) != token) return;
   core->AdoptTenants(states, options_.clock->Now());
+  // An admin policy in etcd wins over the one stored with the state.
+  std::vector<std::pair<std::string, v1::BudgetPolicy>> policies;
+  {
+    MutexLock lock(&policies_mu_);
+    for (const auto& [tenant, policy] : policies_) {
+      if (map_.ShardOf(tenant) == shard) policies.emplace_back(tenant, policy);
+    }
+  }
+  for (const auto& [tenant, policy] : policies) {
+    if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(policy, "policy"); p.ok()) {
+      (void)core->ApplyAdminPolicy(tenant, *p);
+    }
+  }
   ready_[shard].store(token, std::memory_order_release);
   if (ownership->FencingToken(shard) != token) {  // lost meanwhile: OnChange may have missed it
     Lose(shard, "lost while loading");

@@ -81,6 +81,13 @@ class ClusterRouter : public TenantRouter {
   void ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
                     DurableStore::ReservedCallback done) override;
   void WaitIdle() override;
+  std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view tenant) const override;
+
+  // Stores `policy` as `tenant`'s admin policy in etcd (P/policies/<tenant>), where every server
+  // sees it; applies it at once when this server owns the tenant. INVALID_ARGUMENT for a bad
+  // policy, etcd's error when it cannot be stored.
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
+                                             const v1::BudgetPolicy& policy);
 
   ClusterRouterStats stats() const;
   // Observes one etcd call's duration (seconds), for the latency histogram; may be null.
@@ -108,6 +115,7 @@ class ClusterRouter : public TenantRouter {
   void FlushReservations();
   void WriteChangedStates();
   std::string TenantKey(int shard, absl::string_view tenant) const;
+  std::string PolicyKey(absl::string_view tenant) const;
   void Log(absl::string_view line) const {
     if (options_.log) options_.log(line);
   }
@@ -142,6 +150,12 @@ class ClusterRouter : public TenantRouter {
     absl::Time at;
   };
   absl::flat_hash_map<std::string, Written> written_ ABSL_GUARDED_BY(write_mu_);
+
+  // The admin policies in etcd (P/policies/), kept by a watch.
+  mutable Mutex policies_mu_;
+  absl::flat_hash_map<std::string, v1::BudgetPolicy> policies_ ABSL_GUARDED_BY(policies_mu_);
+  std::unique_ptr<etcd::Watch> policy_watch_;
+  void OnPolicies(const etcd::WatchBatch& batch);
 
   std::jthread writer_;
 };

@@ -372,6 +372,10 @@ int Run(ServerConfig config) {
   config.server.service.core = core->get();
   if (cluster != nullptr) {
     config.server.service.list_shards = [c = cluster.get()] { return c->ListShards(); };
+    config.server.service.put_policy = [c = cluster.get()](absl::string_view tenant,
+                                                           const v1::BudgetPolicy& policy) {
+      return c->PutPolicy(tenant, policy);
+    };
   }
   config.server.service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 

@@ -314,7 +314,9 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServer
   Call call(options_, context, Rpc::kPutPolicy);
   const absl::string_view tenant = request->tenant();
   if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  absl::StatusOr<v1::BudgetStatus> result = options_.core->PutPolicy(tenant, request->policy());
+  absl::StatusOr<v1::BudgetStatus> result =
+      options_.put_policy ? options_.put_policy(tenant, request->policy())
+                          : options_.core->PutPolicy(tenant, request->policy());
   if (result.ok() && options_.log) {
     const v1::BudgetPolicy& p = result->policy();
     options_.log(absl::StrFormat(

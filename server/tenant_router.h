@@ -7,10 +7,12 @@
 #define RETRYBUDGET_SERVER_TENANT_ROUTER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "retrybudget/v1/budget.pb.h"
 #include "server/durable_store.h"
 
 namespace retrybudget {
@@ -40,6 +42,10 @@ class TenantRouter {
                             DurableStore::ReservedCallback done) = 0;
   // Blocks until every ReserveAhead made before the call is done.
   virtual void WaitIdle() = 0;
+
+  // The admin policy of `tenant` kept for the whole cluster (it wins over the policy file),
+  // nullopt for none.
+  virtual std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view tenant) const = 0;
 };
 
 }  // namespace retrybudget

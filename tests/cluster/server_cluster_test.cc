@@ -299,6 +299,54 @@ TEST_F(ServerClusterTest, ListShardsNamesEveryShardsOwner) {
   }
 }
 
+TEST_F(ServerClusterTest, PolicyPutThroughAnyServerReachesTheOwnerWithinASecond) {
+  const std::string tenant = "reports";
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const int other = (owner + 1) % 3;
+  {
+    grpc::ClientContext context;
+    v1::PutPolicyRequest put;
+    put.set_tenant(tenant);
+    put.mutable_policy()->set_capacity(7);
+    put.mutable_policy()->set_refill_per_second(1);
+    v1::PutPolicyResponse response;
+    grpc::Status s = servers_[other].admin->PutPolicy(&context, put, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const absl::Time put_at = absl::Now();
+  v1::GetBudgetResponse got;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        grpc::ClientContext context;
+        v1::GetBudgetRequest get;
+        get.set_tenant(tenant);
+        return servers_[owner].admin->GetBudget(&context, get, &got).ok() &&
+               got.budget().policy().capacity() == 7;
+      },
+      absl::Seconds(1)))
+      << got.DebugString();
+  std::printf("policy put through a non-owner applied on the owner after %s\n",
+              absl::FormatDuration(absl::Now() - put_at).c_str());
+  // A Sync on the owner grants from the new budget.
+  v1::SyncRequest request;
+  request.set_instance_id("p-1");
+  request.add_tenants()->set_tenant(tenant);
+  request.mutable_tenants(0)->set_want(100);
+  uint64_t seq = 0;
+  v1::SyncResponse response;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        request.set_seq(++seq);
+        response.Clear();
+        return Sync(owner, request, &response).ok() && response.tenants_size() == 1 &&
+               response.tenants(0).granted() > 0;
+      },
+      absl::Seconds(2)));
+  EXPECT_LE(response.tenants(0).granted(), 7u);
+  EXPECT_EQ(response.tenants(0).capacity(), 7);
+}
+
 TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   const std::string tenant = "checkout";
   const absl::Time start = absl::Now();
