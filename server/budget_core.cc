@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "retrybudget/names.h"
@@ -53,6 +54,22 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view nam
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
                                                                    v1::TenantError* error) {
   if (auto t = FindTenant(name)) return t;
+  bool created = false;
+  std::shared_ptr<Tenant> tenant = CreateTenant(name, error, &created);
+  if (created && options_.store != nullptr) {
+    uint64_t block = 0;
+    {
+      MutexLock lock(&tenant->mu);
+      block = ReservationBlock(tenant->policy.capacity);
+    }
+    PrimeReservation(tenant->name, block);
+  }
+  return tenant;
+}
+
+std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view name,
+                                                             v1::TenantError* error,
+                                                             bool* created) {
   const absl::Time now = clock_->Now();
   MutexLock policy_lock(&policy_mu_);
   ResolvedPolicy policy = default_policy_;
@@ -85,7 +102,14 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   }
   auto tenant = std::make_shared<Tenant>(std::string(name), policy, source, now);
   tenants_.emplace(tenant->name, tenant);
+  *created = true;
   return tenant;
+}
+
+void BudgetCore::PrimeReservation(const std::string& tenant, uint64_t limit) {
+  auto landed = std::make_shared<absl::Notification>();
+  ReserveAhead(tenant, limit, [landed] { landed->Notify(); });
+  landed->WaitForNotificationWithTimeout(options_.first_reservation_wait);
 }
 
 absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq,
@@ -440,33 +464,35 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
   // another grant as large plus half a block, the limit for this grant, one more as large and a
   // block is asked for. A crash forfeits at most that reservation ahead per tenant: the safe
   // direction.
-  const uint64_t block =
-      std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.capacity / 8), 8, 1'000'000);
+  const uint64_t block = ReservationBlock(t.policy.capacity);
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
   if (durable_left - allowed < granted + block / 2) {
-    options_.store->ReserveAhead(
-        t.name, t.totals.granted + allowed + granted + block,
-        [this](const std::string& name, uint64_t limit, const absl::Status& status) {
-          if (!status.ok()) {
-            store_errors_.fetch_add(1, std::memory_order_relaxed);
-            return;
-          }
-          // Looked up by name: the journal is keyed by name, so a limit on disk for this name
-          // covers whichever tenant of that name holds it now.
-          std::shared_ptr<Tenant> tenant;
-          {
-            ReaderMutexLock lock(&tenants_mu_);
-            auto it = tenants_.find(name);
-            if (it == tenants_.end()) return;
-            tenant = it->second;
-          }
-          MutexLock lock(&tenant->mu);
-          tenant->grant_limit = std::max(tenant->grant_limit, limit);
-        });
+    ReserveAhead(t.name, t.totals.granted + allowed + granted + block);
   }
   return allowed;
+}
+
+void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
+                              std::function<void()> done) {
+  options_.store->ReserveAhead(
+      tenant, limit,
+      [this, done = std::move(done)](const std::string& name, uint64_t limit,
+                                     const absl::Status& status) {
+        if (!status.ok()) {
+          store_errors_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Looked up by name: the journal is keyed by name, so a limit on disk for this name
+          // covers whichever tenant of that name holds it now.
+          std::shared_ptr<Tenant> t = FindTenant(name);
+          if (t != nullptr) {
+            MutexLock lock(&t->mu);
+            t->grant_limit = std::max(t->grant_limit, limit);
+          }
+        }
+        if (done) done();
+      });
 }
 
 size_t BudgetCore::tenant_count() {
