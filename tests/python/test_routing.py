@@ -120,3 +120,14 @@ async def test_asyncio_client_follows_redirects_and_final_reaches_every_owner(cl
     for address, tenant in ((s1, "a"), (s2, "b"), (s3, "c")):
         last = cluster.requests_to(address)[-1]
         assert last.final and tenants_of(last) == [tenant], address
+
+
+def test_redirects_are_counted(cluster):
+    from prometheus_client import CollectorRegistry
+    s1, s2, s3 = cluster.addresses
+    cluster.owner.update({"a": s2, "b": s3})
+    registry = CollectorRegistry()
+    with BudgetClient(options(s1, metrics_registry=registry)) as client:
+        budgets = [client.tenant(name) for name in "ab"]
+        wait_until(lambda: all(b.stats().mode == "lease" for b in budgets), what="leased")
+        assert registry.get_sample_value("retry_budget_client_redirects_total") == 2

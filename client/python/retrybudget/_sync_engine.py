@@ -301,7 +301,7 @@ class SyncEngine:
 
     def _redirect(self, tenant, owner: str, received: float) -> None:
         self.redirects += 1
-        if self._metrics is not None and hasattr(self._metrics, "redirected"):
+        if self._metrics is not None:
             self._metrics.redirected()
         r = self._routed.setdefault(tenant, _TenantRoute())
         r.hops += 1
