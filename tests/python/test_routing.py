@@ -131,3 +131,11 @@ def test_redirects_are_counted(cluster):
         budgets = [client.tenant(name) for name in "ab"]
         wait_until(lambda: all(b.stats().mode == "lease" for b in budgets), what="leased")
         assert registry.get_sample_value("retry_budget_client_redirects_total") == 2
+
+
+def test_dns_target(cluster):
+    # localhost may resolve to ::1 as well, where nothing listens: pick_first moves on.
+    port = cluster.servers[0].port
+    with BudgetClient(options(f"dns:///localhost:{port}")) as client:
+        a = client.tenant("a")
+        wait_until(lambda: a.stats().mode == "lease", what="leased through a dns target")
