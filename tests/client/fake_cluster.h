@@ -19,7 +19,8 @@
 #include "retrybudget/client_testing.h"
 #include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.pb.h"
-#include "retrybudget/v1/budget_mock.grpc.pb.h"
+// The generated mock header has no include guard: take it through client_test_util.h.
+#include "tests/client/client_test_util.h"
 
 namespace retrybudget::testing_util {
 
