@@ -302,13 +302,16 @@ TEST(ClientReconnectTest, MultiAddressTargetSkipsADeadAddressAndMovesOnWhenItsSe
   const absl::Time killed = absl::Now();
   const bool moved = PollUntil(
       [&] {
+        budget->TryAcquire();  // spending, so that the client asks for more
         const TenantStats stats = budget->Stats();
         return stats.mode == BudgetMode::kLease && stats.tokens_received > received_before;
       },
       absl::Seconds(10));
   std::cerr << "[multi-target] leased by the third server "
             << absl::FormatDuration(absl::Now() - killed) << " after the second was killed\n";
-  ASSERT_TRUE(moved) << "never leased by the third server";
+  ASSERT_TRUE(moved) << "never leased by the third server; mode "
+                     << BudgetModeName(budget->Stats().mode) << ", error "
+                     << budget->Stats().error;
   EXPECT_TRUE((*client)->Shutdown().ok());
 }
 
