@@ -221,8 +221,9 @@ class Refresher final : public SyncWaker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One attempt with a deadline `timeout` from now. With `wait_for_ready`, Wake() may cancel
   // it; *woken is then true.
-  grpc::Status CallSyncLocked(Route& route, const v1::SyncRequest& request, v1::SyncResponse* response,
-                              absl::Duration timeout, bool wait_for_ready, bool* woken = nullptr)
+  grpc::Status CallSyncLocked(Route& route, const v1::SyncRequest& request,
+                              v1::SyncResponse* response, absl::Duration timeout,
+                              bool wait_for_ready, bool* woken = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateMetricsLocked(const std::vector<TenantBudgetImpl*>& tenants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -36,8 +36,8 @@ class RoutingTest : public ::testing::Test {
     options.refresh_period = absl::Milliseconds(200);
     options.min_sync_interval = absl::Milliseconds(5);
     options.clock = &clock_;
-    client_ = CreateBudgetClientForTesting(options, cluster_.Stub(kMain), cluster_.Factory())
-                  .value();
+    client_ =
+        CreateBudgetClientForTesting(options, cluster_.Stub(kMain), cluster_.Factory()).value();
   }
 
   // The tenant names in `request`.
@@ -85,10 +85,10 @@ TEST_F(RoutingTest, OneSyncPerOwnerPerRefreshWithThatOwnersTenants) {
     ASSERT_FALSE(step.contains(all[i].address)) << "two Syncs to " << all[i].address;
     step[all[i].address] = Tenants(all[i].request);
   }
-  EXPECT_THAT(step, ::testing::UnorderedElementsAre(
-                        ::testing::Pair(kMain, ::testing::ElementsAre("a")),
-                        ::testing::Pair(kS2, ::testing::ElementsAre("b", "d")),
-                        ::testing::Pair(kS3, ::testing::ElementsAre("c"))));
+  EXPECT_THAT(
+      step, ::testing::UnorderedElementsAre(::testing::Pair(kMain, ::testing::ElementsAre("a")),
+                                            ::testing::Pair(kS2, ::testing::ElementsAre("b", "d")),
+                                            ::testing::Pair(kS3, ::testing::ElementsAre("c"))));
 }
 
 TEST_F(RoutingTest, SeqIncreasesAcrossEveryServer) {

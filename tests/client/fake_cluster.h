@@ -90,7 +90,8 @@ class FakeCluster {
       v1::TenantGrant* grant = response->add_tenants();
       grant->set_tenant(entry.tenant());
       std::string owner = owner_.contains(entry.tenant()) ? owner_[entry.tenant()] : address;
-      if (auto c = claims_.find(address); c != claims_.end() && c->second.contains(entry.tenant())) {
+      if (auto c = claims_.find(address);
+          c != claims_.end() && c->second.contains(entry.tenant())) {
         owner = c->second[entry.tenant()];
       }
       if (owner.empty()) {
