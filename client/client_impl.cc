@@ -140,8 +140,8 @@ BudgetClientImpl::BudgetClientImpl(const ClientOptions& options,
                                    StubFactory owner_stubs)
     : instance_id_(options.instance_id),
       tenants_(options.clock, &refresher_, ToFallbackConfig(options)),
-      refresher_(ToRefresherOptions(options, std::move(owner_stubs)), std::move(stub), options.clock, &tenants_,
-                 std::move(metrics)) {}
+      refresher_(ToRefresherOptions(options, std::move(owner_stubs)), std::move(stub),
+                 options.clock, &tenants_, std::move(metrics)) {}
 
 BudgetClientImpl::~BudgetClientImpl() { Shutdown().IgnoreError(); }
 
