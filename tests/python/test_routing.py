@@ -139,3 +139,18 @@ def test_dns_target(cluster):
     with BudgetClient(options(f"dns:///localhost:{port}")) as client:
         a = client.tenant("a")
         wait_until(lambda: a.stats().mode == "lease", what="leased through a dns target")
+
+
+def test_unreachable_owner_sends_its_tenants_back_to_the_target(cluster):
+    s1, s2, s3 = cluster.addresses
+    cluster.owner["a"] = s2
+    with BudgetClient(options(s1)) as client:
+        a = client.tenant("a")
+        wait_until(lambda: a.stats().mode == "lease", what="leased by s2")
+        cluster.servers[1].stop()  # s2 dies; s3 takes the shard over
+        cluster.owner["a"] = s3
+        received_before = a.stats().tokens_received
+        wait_until(lambda: a.try_acquire() is not None and cluster.requests_to(s3)
+                   and a.stats().tokens_received > received_before,
+                   what="leased by s3 after s2 died")
+        assert a.stats().mode == "lease"
