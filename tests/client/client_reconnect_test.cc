@@ -270,5 +270,50 @@ TEST(ClientReconnectTest, ASyncBlockedOnAHungServerNeverKeepsALeasePastItsTtl) {
   EXPECT_TRUE((*client)->Shutdown().ok());
 }
 
+// A target naming several servers (as for a cluster): pick_first skips a dead first address,
+// and moves on to the next server when the one it uses dies. Three independent single-mode
+// servers stand in for a cluster here (each holds its own budget); the routing between a
+// cluster's owners is tested with the cluster tests.
+TEST(ClientReconnectTest, MultiAddressTargetSkipsADeadAddressAndMovesOnWhenItsServerDies) {
+  ServerProcess first, second, third;
+  ASSERT_NO_FATAL_FAILURE(first.Start(0));
+  ASSERT_NO_FATAL_FAILURE(second.Start(0));
+  ASSERT_NO_FATAL_FAILURE(third.Start(0));
+  ASSERT_NO_FATAL_FAILURE(first.Kill());  // dead before the client starts
+  v1::BudgetPolicy policy;
+  policy.set_capacity(100);
+  policy.set_refill_per_second(100);
+  policy.set_lease_ttl_ms(500);
+  ASSERT_NO_FATAL_FAILURE(second.PutPolicy("multi", policy));
+  ASSERT_NO_FATAL_FAILURE(third.PutPolicy("multi", policy));
+
+  ClientOptions options;
+  options.target = absl::StrCat("ipv4:", first.address(), ",", second.address(), ",",
+                                third.address());
+  absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TenantBudget* budget = (*client)->Tenant("multi").value();
+  ASSERT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
+                        absl::Seconds(10)))
+      << "no lease through the second address";
+
+  ASSERT_NO_FATAL_FAILURE(second.Kill());
+  const uint64_t received_before = budget->Stats().tokens_received;
+  const absl::Time killed = absl::Now();
+  const bool moved = PollUntil(
+      [&] {
+        budget->TryAcquire();  // spending, so that the client asks for more
+        const TenantStats stats = budget->Stats();
+        return stats.mode == BudgetMode::kLease && stats.tokens_received > received_before;
+      },
+      absl::Seconds(10));
+  std::cerr << "[multi-target] leased by the third server "
+            << absl::FormatDuration(absl::Now() - killed) << " after the second was killed\n";
+  ASSERT_TRUE(moved) << "never leased by the third server; mode "
+                     << BudgetModeName(budget->Stats().mode) << ", error "
+                     << budget->Stats().error;
+  EXPECT_TRUE((*client)->Shutdown().ok());
+}
+
 }  // namespace
 }  // namespace retrybudget
