@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -227,6 +228,19 @@ absl::Status ServerUnderTest::Resume() {
   if (!running()) return absl::FailedPreconditionError("no server running to resume");
   child_->Signal(SIGCONT);
   return absl::OkStatus();
+}
+
+void ServerUnderTest::Signal(int signal) {
+  if (child_ != nullptr) child_->Signal(signal);
+}
+
+std::optional<int> ServerUnderTest::WaitForExit(absl::Duration timeout) {
+  if (child_ == nullptr) return std::nullopt;
+  absl::StatusOr<int> status = child_->Wait(absl::Now() + timeout);
+  if (!status.ok()) return std::nullopt;
+  if (WIFEXITED(*status)) return WEXITSTATUS(*status);
+  if (WIFSIGNALED(*status)) return -WTERMSIG(*status);
+  return std::nullopt;
 }
 
 absl::StatusOr<int> ServerUnderTest::Stop(int signal, absl::Duration grace) {

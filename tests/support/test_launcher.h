@@ -126,6 +126,11 @@ class ServerUnderTest {
   // SIGSTOP / SIGCONT: the process keeps its socket, so clients connect and then hang.
   absl::Status Pause();
   absl::Status Resume();
+  // Sends `signal` to the running server (a no-op when none runs), e.g. SIGHUP to reload.
+  void Signal(int signal);
+  // Waits up to `timeout` for the server to exit by itself (after a Signal()): its exit code,
+  // -N when signal N killed it, nullopt while it still runs (or when none was started).
+  std::optional<int> WaitForExit(absl::Duration timeout);
   // Sends `signal` (then SIGCONT), waits up to `grace`, then SIGKILL. Returns the raw wait
   // status (see DescribeWaitStatus()). FAILED_PRECONDITION when none is running.
   absl::StatusOr<int> Stop(int signal = SIGTERM, absl::Duration grace = absl::Seconds(10));
