@@ -180,20 +180,19 @@ int Run() {
       std::fprintf(stderr, "single server: %s\n", single.status().ToString().c_str());
       return 1;
     }
-    single_rate = SyncRate(std::vector<std::string>(threads, (*single)->address()),
-                           single_tenants);
+    single_rate = SyncRate(std::vector<std::string>(threads, (*single)->address()), single_tenants);
     std::fprintf(stderr, "single server: %.0f Syncs/s\n", single_rate);
   }
 
   // 1b. The cluster, the same load, each thread on the owner of its tenants.
-  absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
-      {.etcd = {.etcd_nodes = absl::GetFlag(FLAGS_etcd_nodes),
-                .etcd_binary = absl::GetFlag(FLAGS_etcd_bin)},
-       .servers = absl::GetFlag(FLAGS_servers),
-       .server_binary = server_bin,
-       .server_flags = {absl::StrCat("--policy=", policy)},
-       .shards = absl::GetFlag(FLAGS_shards),
-       .lease_ttl = absl::GetFlag(FLAGS_lease_ttl)});
+  absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
+      ClusterUnderTest::Start({.etcd = {.etcd_nodes = absl::GetFlag(FLAGS_etcd_nodes),
+                                        .etcd_binary = absl::GetFlag(FLAGS_etcd_bin)},
+                               .servers = absl::GetFlag(FLAGS_servers),
+                               .server_binary = server_bin,
+                               .server_flags = {absl::StrCat("--policy=", policy)},
+                               .shards = absl::GetFlag(FLAGS_shards),
+                               .lease_ttl = absl::GetFlag(FLAGS_lease_ttl)});
   if (!cluster.ok()) {
     std::fprintf(stderr, "cluster: %s\n", cluster.status().ToString().c_str());
     return 1;
@@ -233,8 +232,8 @@ int Run() {
   const double syncs_in_window = cluster_rate * window;
   const double writes_per_1000 =
       1000.0 * static_cast<double>(*revision_after - *revision_before) / syncs_in_window;
-  std::fprintf(stderr, "cluster: %.0f Syncs/s, %.2f etcd writes per 1,000 Syncs\n",
-               cluster_rate, writes_per_1000);
+  std::fprintf(stderr, "cluster: %.0f Syncs/s, %.2f etcd writes per 1,000 Syncs\n", cluster_rate,
+               writes_per_1000);
 
   // 3. Failover: kill -9 of the owner of a busy tenant, until a survivor grants it again.
   std::vector<double> failover_seconds;
@@ -286,8 +285,8 @@ int Run() {
       "\"failover_p99_s\":%.3f}\n",
       c.server_count(), absl::GetFlag(FLAGS_etcd_nodes), absl::GetFlag(FLAGS_shards),
       absl::ToDoubleSeconds(absl::GetFlag(FLAGS_lease_ttl)), threads, single_rate, cluster_rate,
-      single_rate > 0 ? cluster_rate / single_rate : 0.0, writes_per_1000,
-      failover_seconds.size(), p50, p99);
+      single_rate > 0 ? cluster_rate / single_rate : 0.0, writes_per_1000, failover_seconds.size(),
+      p50, p99);
   return 0;
 }
 

@@ -20,8 +20,8 @@ using ::testing::HasSubstr;
 
 TEST(ClusterChaosTest, KillsTheEtcdLeaderStopsAllEtcdAndStartsThemAgain) {
   absl::StatusOr<std::unique_ptr<testing::ClusterUnderTest>> cluster =
-      testing::ClusterUnderTest::Start({.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
-                                        .servers = 0});
+      testing::ClusterUnderTest::Start(
+          {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN}, .servers = 0});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::vector<ClusterAction>> plan =
       ParseClusterChaos("kill:owner@0.1,kill-etcd-leader@0.2,stop-etcd@1+0.5", 0);
@@ -45,8 +45,8 @@ TEST(ClusterChaosTest, KillsTheEtcdLeaderStopsAllEtcdAndStartsThemAgain) {
 
 TEST(ClusterChaosTest, FinishUndoesAnEtcdStopStillInForce) {
   absl::StatusOr<std::unique_ptr<testing::ClusterUnderTest>> cluster =
-      testing::ClusterUnderTest::Start({.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
-                                        .servers = 0});
+      testing::ClusterUnderTest::Start(
+          {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN}, .servers = 0});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   absl::StatusOr<std::vector<ClusterAction>> plan = ParseClusterChaos("stop-etcd@0.1+60", 0);
   ASSERT_TRUE(plan.ok()) << plan.status();

@@ -124,9 +124,7 @@ ServerUnderTest::~ServerUnderTest() {
 
 std::string ServerUnderTest::address() const { return absl::StrCat("127.0.0.1:", port_); }
 std::string ServerUnderTest::data_dir() const { return absl::StrCat(dir_, "/data"); }
-std::string ServerUnderTest::log_path() const {
-  return absl::StrCat(dir_, "/", options_.log_name);
-}
+std::string ServerUnderTest::log_path() const { return absl::StrCat(dir_, "/", options_.log_name); }
 std::string ServerUnderTest::port_file() const { return absl::StrCat(dir_, "/server.port"); }
 std::string ServerUnderTest::metrics_port_file() const {
   return absl::StrCat(dir_, "/metrics.port");
@@ -156,8 +154,7 @@ std::string ServerUnderTest::LogTail(int lines) const {
 absl::Status ServerUnderTest::SpawnAndWait(int port) {
   std::remove(port_file().c_str());
   std::remove(metrics_port_file().c_str());
-  std::vector<std::string> argv = {options_.binary,
-                                   absl::StrCat("--listen=127.0.0.1:", port),
+  std::vector<std::string> argv = {options_.binary, absl::StrCat("--listen=127.0.0.1:", port),
                                    absl::StrCat("--port_file=", port_file())};
   if (options_.metrics) {
     // On a restart the metrics endpoint takes any free port again (read back below).
@@ -270,8 +267,7 @@ absl::Status ServerUnderTest::Restart() {
 absl::StatusOr<std::unique_ptr<ClusterUnderTest>> ClusterUnderTest::Start(
     ClusterUnderTestOptions options) {
   if (options.servers > 0 && access(options.server_binary.c_str(), X_OK) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("retry-budget-server '",
-                                                   options.server_binary,
+    return absl::InvalidArgumentError(absl::StrCat("retry-budget-server '", options.server_binary,
                                                    "' is not an executable file"));
   }
   if (options.servers > 0 && !BinaryHasFlag(options.server_binary, "etcd_endpoints")) {
@@ -292,14 +288,13 @@ absl::StatusOr<std::unique_ptr<ClusterUnderTest>> ClusterUnderTest::Start(
     // The advertised address must be known before the server starts: pick the port first.
     absl::StatusOr<int> port = PickFreePort();
     if (!port.ok()) return port.status();
-    std::vector<std::string> flags = {
-        absl::StrCat("--etcd_endpoints=", c->etcd_->etcd_endpoints()),
-        absl::StrCat("--advertise=127.0.0.1:", *port),
-        absl::StrCat("--etcd_prefix=", c->options_.etcd_prefix)};
+    std::vector<std::string> flags = {absl::StrCat("--etcd_endpoints=", c->etcd_->etcd_endpoints()),
+                                      absl::StrCat("--advertise=127.0.0.1:", *port),
+                                      absl::StrCat("--etcd_prefix=", c->options_.etcd_prefix)};
     if (c->options_.shards > 0) flags.push_back(absl::StrCat("--shards=", c->options_.shards));
     if (c->options_.lease_ttl > absl::ZeroDuration()) {
-      flags.push_back(absl::StrCat("--etcd_lease_ttl=",
-                                   absl::FormatDuration(c->options_.lease_ttl)));
+      flags.push_back(
+          absl::StrCat("--etcd_lease_ttl=", absl::FormatDuration(c->options_.lease_ttl)));
     }
     flags.insert(flags.end(), c->options_.server_flags.begin(), c->options_.server_flags.end());
     absl::StatusOr<std::unique_ptr<ServerUnderTest>> server =
@@ -353,8 +348,8 @@ absl::Status ClusterUnderTest::WaitUntilJoined(int i, absl::Duration timeout) {
     absl::SleepFor(kJoinPoll);
   }
   return absl::DeadlineExceededError(absl::StrCat(
-      "server ", i, " (", address, ") did not join within ", absl::FormatDuration(timeout),
-      " (", last_error, "); its log:\n", servers_[i]->LogTail()));
+      "server ", i, " (", address, ") did not join within ", absl::FormatDuration(timeout), " (",
+      last_error, "); its log:\n", servers_[i]->LogTail()));
 }
 
 absl::StatusOr<int> ClusterUnderTest::OwnerOf(absl::string_view tenant) {
@@ -363,8 +358,8 @@ absl::StatusOr<int> ClusterUnderTest::OwnerOf(absl::string_view tenant) {
   if (!count.ok()) return count.status();
   int shards = 0;
   if (count->kvs.empty() || !absl::SimpleAtoi(count->kvs[0].value, &shards) || shards < 1) {
-    return absl::NotFoundError(absl::StrCat("no shard count at ",
-                                            cluster::ShardCountKey(options_.etcd_prefix)));
+    return absl::NotFoundError(
+        absl::StrCat("no shard count at ", cluster::ShardCountKey(options_.etcd_prefix)));
   }
   const int shard = cluster::ShardMap(shards).ShardOf(tenant);
   const std::string owner_key = cluster::ShardOwnerKey(options_.etcd_prefix, shard);

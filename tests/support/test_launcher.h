@@ -102,10 +102,10 @@ class ServerUnderTest {
   ~ServerUnderTest();
 
   int port() const { return port_; }
-  std::string address() const;  // "127.0.0.1:<port>"
+  std::string address() const;                        // "127.0.0.1:<port>"
   int metrics_port() const { return metrics_port_; }  // 0 without metrics
   const std::string& dir() const { return dir_; }
-  std::string data_dir() const;   // <dir>/data (used only with options.data_dir)
+  std::string data_dir() const;  // <dir>/data (used only with options.data_dir)
   std::string log_path() const;
   const ServerUnderTestOptions& options() const { return options_; }
   // -1 when not running.
@@ -170,10 +170,10 @@ struct ClusterUnderTestOptions {
   // --shards, --etcd_lease_ttl).
   std::vector<std::string> server_flags = {};
   std::string etcd_prefix = "/retry-budget";
-  int shards = 0;                                      // 0: the server's default (no flag)
-  absl::Duration lease_ttl = absl::ZeroDuration();     // 0: the server's default (no flag)
-  bool metrics = false;                                // as ServerUnderTestOptions::metrics
-  bool data_dir = false;                               // as ServerUnderTestOptions::data_dir
+  int shards = 0;                                   // 0: the server's default (no flag)
+  absl::Duration lease_ttl = absl::ZeroDuration();  // 0: the server's default (no flag)
+  bool metrics = false;                             // as ServerUnderTestOptions::metrics
+  bool data_dir = false;                            // as ServerUnderTestOptions::data_dir
   // Longest wait for a server to start and to join.
   absl::Duration timeout = absl::Seconds(20);
 };

@@ -16,8 +16,7 @@ namespace retrybudget::fleet {
 namespace {
 
 absl::Status Bad(absl::string_view action, absl::string_view why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--cluster-chaos: '", action, "': ", why));
+  return absl::InvalidArgumentError(absl::StrCat("--cluster-chaos: '", action, "': ", why));
 }
 
 bool ParseSeconds(absl::string_view text, double* out) {
@@ -33,8 +32,7 @@ struct Step {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec,
-                                                             int servers) {
+absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers) {
   std::vector<ClusterAction> plan;
   if (absl::StripAsciiWhitespace(spec).empty()) return plan;
   for (absl::string_view item : absl::StrSplit(spec, ',')) {
@@ -152,9 +150,9 @@ void ClusterChaos::Play(std::stop_token stop) {
     }
     int server = a.server;
     std::string who = absl::StrCat("server ", server);
-    if (server < 0 && (a.kind == ClusterAction::Kind::kKill ||
-                       a.kind == ClusterAction::Kind::kStop ||
-                       a.kind == ClusterAction::Kind::kRestart)) {
+    if (server < 0 &&
+        (a.kind == ClusterAction::Kind::kKill || a.kind == ClusterAction::Kind::kStop ||
+         a.kind == ClusterAction::Kind::kRestart)) {
       absl::StatusOr<int> owner = cluster_.OwnerOf(tenant_);
       if (!owner.ok()) {
         Record(absl::StrCat("no owner of '", tenant_, "' to hit: ", owner.status().message()));
@@ -195,8 +193,8 @@ void ClusterChaos::Play(std::stop_token stop) {
   }
   // Undo what is still in force: the final Syncs need servers and etcd.
   for (size_t i = 0; i < plan_.size(); ++i) {
-    if (!undone[i] && plan_[i].kind != ClusterAction::Kind::kKill &&
-        hit[i] >= 0 && plan_[i].for_seconds) {
+    if (!undone[i] && plan_[i].kind != ClusterAction::Kind::kKill && hit[i] >= 0 &&
+        plan_[i].for_seconds) {
       undo(i);
     }
   }

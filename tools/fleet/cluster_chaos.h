@@ -34,8 +34,8 @@ namespace retrybudget::fleet {
 struct ClusterAction {
   enum class Kind { kKill, kStop, kRestart, kKillEtcdLeader, kStopEtcd };
   Kind kind = Kind::kKill;
-  int server = -1;         // the server's index; -1: the owner of the run's tenant
-  double at = 0;           // seconds from the run's start
+  int server = -1;                         // the server's index; -1: the owner of the run's tenant
+  double at = 0;                           // seconds from the run's start
   std::optional<double> for_seconds = {};  // the +D: undone that much later
 
   bool operator==(const ClusterAction&) const = default;

@@ -20,8 +20,7 @@ absl::StatusOr<std::unique_ptr<ServerSupervisor>> ServerSupervisor::Start(
         absl::StrCat("server work dir '", options.work_dir, "' is not a writable directory"));
   }
   std::unique_ptr<ServerSupervisor> s(new ServerSupervisor());
-  s->persistent_ =
-      !options.data_dir.empty() && testing::BinaryHasFlag(options.binary, "data_dir");
+  s->persistent_ = !options.data_dir.empty() && testing::BinaryHasFlag(options.binary, "data_dir");
   std::vector<std::string> flags;
   if (s->persistent_) flags.push_back(absl::StrCat("--data_dir=", options.data_dir));
   if (!options.policy_file.empty()) {
@@ -55,9 +54,9 @@ absl::Status ServerSupervisor::Shutdown(absl::Duration grace) {
   absl::StatusOr<int> status = server_->Stop(SIGTERM, grace);
   if (!status.ok()) return status.status();
   if (WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "retry-budget-server did not exit within ", absl::FormatDuration(grace),
-        " of SIGTERM (killed)"));
+    return absl::DeadlineExceededError(absl::StrCat("retry-budget-server did not exit within ",
+                                                    absl::FormatDuration(grace),
+                                                    " of SIGTERM (killed)"));
   }
   if (!ExitedWith(*status, 0)) {
     return absl::InternalError(

@@ -1,7 +1,8 @@
 // The real retry-budget-server as a child of the fleet tool (--spawn-server), for the chaos
-// runs of issue 4, on the launcher the tests share (tests/support/test_launcher.h): start it on a port picked once, kill it with SIGKILL, restart it on the SAME
-// port with the SAME data directory (so clients reconnect to the address they know and the
-// server restores its snapshot and journal), hang it with SIGSTOP and resume it with SIGCONT.
+// runs of issue 4, on the launcher the tests share (tests/support/test_launcher.h): start it on a
+// port picked once, kill it with SIGKILL, restart it on the SAME port with the SAME data directory
+// (so clients reconnect to the address they know and the server restores its snapshot and journal),
+// hang it with SIGSTOP and resume it with SIGCONT.
 //
 //   auto server = ServerSupervisor::Start({.binary = path, .data_dir = dir, .work_dir = tmp});
 //   if (!server.ok()) return server.status();
@@ -24,7 +25,7 @@
 namespace retrybudget::fleet {
 
 struct ServerSupervisorOptions {
-  std::string binary = {};       // path of retry-budget-server
+  std::string binary = {};  // path of retry-budget-server
   // Passed as --data_dir=DIR when non-empty and the binary knows the flag (its --helpfull lists
   // it); a server without it restarts from an empty state (see persistent()).
   std::string data_dir = {};
@@ -32,7 +33,7 @@ struct ServerSupervisorOptions {
   // Appended as given (e.g. --snapshot_interval=1s), after the supervisor's own flags, so they
   // win. The metrics endpoint is off unless one of them sets --metrics_listen.
   std::vector<std::string> extra_args = {};
-  std::string work_dir = {};     // where the port file and the server's log go; must exist
+  std::string work_dir = {};  // where the port file and the server's log go; must exist
   // How long one start (or restart) may take until the server has written its port file.
   absl::Duration start_timeout = absl::Seconds(20);
 };
