@@ -1,4 +1,4 @@
-#include "tests/cluster/test_cluster.h"
+#include "tests/support/test_cluster.h"
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
