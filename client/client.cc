@@ -73,6 +73,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const ClientOptions& o
   return channel;
 }
 
+// Stubs for the owners a cluster redirects to: a channel per address, with the main target's
+// credentials and arguments (a TLS certificate must then also name the owner's host).
+client_internal::StubFactory OwnerStubs(const ClientOptions& options) {
+  return [options](const std::string& address)
+             -> std::unique_ptr<v1::RetryBudgetService::StubInterface> {
+    ClientOptions owner = options;
+    owner.target = address;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(owner);
+    if (!channel.ok()) return nullptr;
+    return v1::RetryBudgetService::NewStub(*channel);
+  };
+}
+
 absl::Status CheckTarget(const ClientOptions& options) {
   if (options.target.empty()) {
     return absl::InvalidArgumentError("options.target is empty; expected e.g. 127.0.0.1:50051");
@@ -89,7 +102,8 @@ absl::StatusOr<std::unique_ptr<BudgetClient>> BudgetClient::Create(ClientOptions
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(*valid);
   if (!channel.ok()) return channel.status();
   absl::StatusOr<std::unique_ptr<client_internal::BudgetClientImpl>> client =
-      client_internal::NewBudgetClientImpl(*valid, v1::RetryBudgetService::NewStub(*channel));
+      client_internal::NewBudgetClientImpl(*valid, v1::RetryBudgetService::NewStub(*channel),
+                                           OwnerStubs(*valid));
   if (!client.ok()) return client.status();
   (*client)->Start();
   return std::unique_ptr<BudgetClient>(*std::move(client));
@@ -105,11 +119,18 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateBudgetChannel(const ClientO
 absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
     ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
     bool start_refresher_thread) {
+  return CreateBudgetClientForTesting(std::move(options), std::move(stub), nullptr,
+                                      start_refresher_thread);
+}
+
+absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
+    ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+    OwnerStubFactory owner_stubs, bool start_refresher_thread) {
   if (stub == nullptr) return absl::InvalidArgumentError("stub is null");
   absl::StatusOr<ClientOptions> valid = client_internal::ValidateAndDefault(std::move(options));
   if (!valid.ok()) return valid.status();
   absl::StatusOr<std::unique_ptr<client_internal::BudgetClientImpl>> client =
-      client_internal::NewBudgetClientImpl(*valid, std::move(stub));
+      client_internal::NewBudgetClientImpl(*valid, std::move(stub), std::move(owner_stubs));
   if (!client.ok()) return client.status();
   if (start_refresher_thread) (*client)->Start();
   return std::unique_ptr<TestingBudgetClient>(*std::move(client));

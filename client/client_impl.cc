@@ -18,8 +18,9 @@ std::string RandomInstanceId() {
                          absl::Uniform<uint64_t>(gen));
 }
 
-RefresherOptions ToRefresherOptions(const ClientOptions& options) {
+RefresherOptions ToRefresherOptions(const ClientOptions& options, StubFactory owner_stubs) {
   RefresherOptions out;
+  out.owner_stubs = std::move(owner_stubs);
   out.instance_id = options.instance_id;
   out.bearer_token = options.bearer_token;
   out.policy.refresh_period = options.refresh_period;
@@ -120,7 +121,8 @@ absl::StatusOr<ClientOptions> ValidateAndDefault(ClientOptions options) {
 }
 
 absl::StatusOr<std::unique_ptr<BudgetClientImpl>> NewBudgetClientImpl(
-    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub) {
+    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+    StubFactory owner_stubs) {
   std::unique_ptr<ClientMetrics> metrics;
   if (options.metrics_registry != nullptr) {
     absl::StatusOr<std::unique_ptr<ClientMetrics>> registered =
@@ -128,16 +130,18 @@ absl::StatusOr<std::unique_ptr<BudgetClientImpl>> NewBudgetClientImpl(
     if (!registered.ok()) return registered.status();
     metrics = *std::move(registered);
   }
-  return std::make_unique<BudgetClientImpl>(options, std::move(stub), std::move(metrics));
+  return std::make_unique<BudgetClientImpl>(options, std::move(stub), std::move(metrics),
+                                            std::move(owner_stubs));
 }
 
 BudgetClientImpl::BudgetClientImpl(const ClientOptions& options,
                                    std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
-                                   std::unique_ptr<ClientMetrics> metrics)
+                                   std::unique_ptr<ClientMetrics> metrics,
+                                   StubFactory owner_stubs)
     : instance_id_(options.instance_id),
       tenants_(options.clock, &refresher_, ToFallbackConfig(options)),
-      refresher_(ToRefresherOptions(options), std::move(stub), options.clock, &tenants_,
-                 std::move(metrics)) {}
+      refresher_(ToRefresherOptions(options, std::move(owner_stubs)), std::move(stub),
+                 options.clock, &tenants_, std::move(metrics)) {}
 
 BudgetClientImpl::~BudgetClientImpl() { Shutdown().IgnoreError(); }
 

@@ -24,8 +24,10 @@ class BudgetClientImpl;
 // A client over `stub` (owned), not started, with its metrics registered into
 // options.metrics_registry when set. `options` must have been through ValidateAndDefault().
 // INVALID_ARGUMENT when the metrics cannot be registered.
+// `owner_stubs` makes the stubs for the owners a cluster redirects to (null: not followed).
 absl::StatusOr<std::unique_ptr<BudgetClientImpl>> NewBudgetClientImpl(
-    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub);
+    const ClientOptions& options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+    StubFactory owner_stubs = nullptr);
 
 // Thread-safe. Owns one refresher (one thread once started) whatever the number of tenants.
 class BudgetClientImpl final : public TestingBudgetClient {
@@ -33,7 +35,8 @@ class BudgetClientImpl final : public TestingBudgetClient {
   // `options` must have been through ValidateAndDefault(). `metrics` (owned) may be null.
   BudgetClientImpl(const ClientOptions& options,
                    std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
-                   std::unique_ptr<ClientMetrics> metrics = nullptr);
+                   std::unique_ptr<ClientMetrics> metrics = nullptr,
+                   StubFactory owner_stubs = nullptr);
   // Shutdown(), then stops everything.
   ~BudgetClientImpl() override;
 

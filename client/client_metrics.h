@@ -24,6 +24,9 @@ class ClientMetrics {
   // One Sync attempt failed with `code` (after SyncAttempted(false)).
   virtual void SyncFailed(absl::StatusCode /*code*/) {}
 
+  // A server answered a tenant entry with the address of the tenant's owner (cluster mode).
+  virtual void Redirected() {}
+
   // The tenant's counters after a refresher step (cumulative; retries_allowed may dip after a
   // Refund(), which a counter must not show).
   virtual void TenantUpdated(const std::string& tenant, const TenantStats& stats) = 0;

@@ -67,7 +67,13 @@ class PrometheusClientMetrics final : public ClientMetrics {
         sync_errors_(Counters(registry, "retry_budget_client_sync_errors_total",
                               "Failed Sync attempts, by gRPC status code (UNAVAILABLE, "
                               "DEADLINE_EXCEEDED: unreachable; INVALID_ARGUMENT, "
-                              "RESOURCE_EXHAUSTED, ...: refused by a server that answers).")) {}
+                              "RESOURCE_EXHAUSTED, ...: refused by a server that answers).")),
+        redirects_(&Counters(registry, "retry_budget_client_redirects_total",
+                             "Tenant entries a server answered with the address of the "
+                             "tenant's owner (cluster mode).")
+                        .Add({})) {}
+
+  void Redirected() override { redirects_->Increment(); }
 
   void SyncAttempted(bool ok) override { (ok ? syncs_ok_ : syncs_error_)->Increment(); }
 
@@ -132,6 +138,7 @@ class PrometheusClientMetrics final : public ClientMetrics {
   prometheus::Counter* const syncs_error_;
   prometheus::Family<prometheus::Counter>& sync_errors_;
   absl::flat_hash_map<absl::StatusCode, prometheus::Counter*> sync_errors_by_code_;
+  prometheus::Counter* const redirects_;
   absl::flat_hash_map<std::string, PerTenant> tenants_;
 };
 

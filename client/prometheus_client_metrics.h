@@ -23,6 +23,8 @@ namespace retrybudget::client_internal {
 //   retry_budget_client_mode{tenant,mode}               gauge    1 for the current BudgetMode
 //                                                               (BudgetModeName), 0 for others
 //   retry_budget_client_syncs_total{result="ok|error"}  counter  Sync attempts
+//   retry_budget_client_sync_errors_total{code}         counter  failed Sync attempts
+//   retry_budget_client_redirects_total                 counter  entries redirected to an owner
 //
 // Label cardinality is bounded by the client's 256 tenants. INVALID_ARGUMENT when the registry
 // already holds one of these names with another type (prometheus-cpp throws; this does not).

@@ -67,11 +67,13 @@ Refresher::Refresher(RefresherOptions options,
       stub_(std::move(stub)),
       clock_(clock),
       tenants_(tenants),
-      metrics_(metrics != nullptr ? std::move(metrics) : std::make_unique<NoClientMetrics>()) {}
+      metrics_(metrics != nullptr ? std::move(metrics) : std::make_unique<NoClientMetrics>()) {
+  main_.stub = stub_.get();
+}
 
 // Sends one Sync attempt with its own deadline and credentials, and counts it. The deadline is
 // wall-clock time (it is gRPC's), never the injected Clock.
-grpc::Status Refresher::CallSyncLocked(const v1::SyncRequest& request,
+grpc::Status Refresher::CallSyncLocked(Route& route, const v1::SyncRequest& request,
                                        v1::SyncResponse* response, absl::Duration timeout,
                                        bool wait_for_ready, bool* woken) {
   grpc::ClientContext context;
@@ -86,7 +88,7 @@ grpc::Status Refresher::CallSyncLocked(const v1::SyncRequest& request,
     waiting_call_ = &context;
     waiting_call_woken_ = false;
   }
-  const grpc::Status status = stub_->Sync(&context, request, response);
+  const grpc::Status status = route.stub->Sync(&context, request, response);
   if (wait_for_ready && woken != nullptr) {
     MutexLock lock(&wake_mu_);
     waiting_call_ = nullptr;
@@ -180,47 +182,170 @@ absl::Time Refresher::RunOnce() {
   absl::Time next_step = absl::InfiniteFuture();
   absl::Time lease_ends = absl::InfiniteFuture();
   for (TenantBudgetImpl* tenant : tenants) {
-    next_step = std::min(next_step, tenant->Step(now, server_state_));
+    next_step = std::min(next_step, tenant->Step(now, StateForLocked(tenant)));
     lease_ends = std::min(lease_ends, tenant->LeaseEndsAt());
   }
-  if (!tenants.empty() && SyncDueLocked(tenants) <= now) {
-    // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
-    // expiry, a fallback step runs at most kMinFallbackStepWindow late.
-    const absl::Time cut = std::min(lease_ends, std::max(next_step, now + kMinFallbackStepWindow));
-    SyncLocked(tenants, now, cut);
-    now = clock_->Now();
+  // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
+  // expiry, a fallback step runs at most kMinFallbackStepWindow late.
+  const absl::Time cut = std::min(lease_ends, std::max(next_step, now + kMinFallbackStepWindow));
+  if (!tenants.empty() && routed_.empty() && owners_.empty()) {
+    if (SyncDueLocked(main_, tenants) <= now) {
+      SyncLocked(main_, tenants, now, cut);
+      now = clock_->Now();
+    }
+  }
+  if (!tenants.empty() && (!routed_.empty() || !owners_.empty())) {
+    PruneRoutesLocked();
+    // A redirected tenant goes to its owner in the same step: one more round per redirect,
+    // at most kMaxRedirectHops + 1 rounds (a tenant past that many hops is parked).
+    for (int round = 0; round <= kMaxRedirectHops && now < cut; ++round) {
+      redirected_ = false;
+      for (auto& [route, group] : GroupByRouteLocked(tenants)) {
+        if (now >= cut) break;
+        if (SyncDueLocked(*route, group) > now) continue;
+        SyncLocked(*route, group, now, cut);
+        now = clock_->Now();
+      }
+      if (!redirected_) break;
+    }
   }
   // A response may carry a lease that already ended (the RPC outlived the TTL): expire it now.
   // A failed attempt sends tenants without a lease into fallback now, not a step later.
-  absl::Time next = SyncDueLocked(tenants);
+  absl::Time next = absl::InfiniteFuture();
+  if (routed_.empty() && owners_.empty()) {
+    next = SyncDueLocked(main_, tenants);
+  } else {
+    for (const auto& [route, group] : GroupByRouteLocked(tenants)) {
+      next = std::min(next, SyncDueLocked(*route, group));
+    }
+  }
   for (TenantBudgetImpl* tenant : tenants) {
-    next = std::min(next, tenant->Step(now, server_state_));
+    next = std::min(next, tenant->Step(now, StateForLocked(tenant)));
   }
   UpdateMetricsLocked(tenants);
   return next;
 }
 
-absl::Time Refresher::SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const {
-  if (pending_.has_value()) return retry_at_;
+ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant) const {
+  if (routed_.empty()) return main_.server_state;
+  const auto it = routed_.find(tenant);
+  if (it == routed_.end()) return main_.server_state;
+  if (it->second.unavailable) return ServerState::kUnreachable;
+  if (it->second.owner.empty()) return main_.server_state;
+  const auto owner = owners_.find(it->second.owner);
+  return owner == owners_.end() ? main_.server_state : owner->second->server_state;
+}
+
+std::vector<std::pair<Refresher::Route*, std::vector<TenantBudgetImpl*>>>
+Refresher::GroupByRouteLocked(const std::vector<TenantBudgetImpl*>& tenants) {
+  std::vector<std::pair<Route*, std::vector<TenantBudgetImpl*>>> groups;
+  groups.emplace_back(&main_, std::vector<TenantBudgetImpl*>());
+  absl::flat_hash_map<Route*, size_t> index;
+  for (TenantBudgetImpl* tenant : tenants) {
+    Route* route = &main_;
+    if (const auto it = routed_.find(tenant); it != routed_.end() && !it->second.owner.empty()) {
+      if (const auto owner = owners_.find(it->second.owner); owner != owners_.end()) {
+        route = owner->second.get();
+      }
+    }
+    if (route == &main_) {
+      groups[0].second.push_back(tenant);
+      continue;
+    }
+    auto [at, added] = index.try_emplace(route, groups.size());
+    if (added) groups.emplace_back(route, std::vector<TenantBudgetImpl*>());
+    groups[at->second].second.push_back(tenant);
+  }
+  return groups;
+}
+
+void Refresher::PruneRoutesLocked() {
+  absl::flat_hash_map<std::string, int> used;
+  for (const auto& [tenant, route] : routed_) {
+    if (!route.owner.empty()) ++used[route.owner];
+  }
+  for (auto it = owners_.begin(); it != owners_.end();) {
+    if (!used.contains(it->first) && !it->second->pending.has_value()) {
+      owners_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  // Tenants back on the main target with nothing to remember: the plain path again.
+  for (auto it = routed_.begin(); it != routed_.end();) {
+    if (it->second.owner.empty() && it->second.hops == 0 && !it->second.unavailable) {
+      routed_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Refresher::RedirectLocked(TenantBudgetImpl* tenant, const std::string& owner,
+                               absl::Time received) {
+  metrics_->Redirected();
+  TenantRoute& route = routed_[tenant];
+  if (++route.hops > kMaxRedirectHops || !options_.owner_stubs) {
+    LogRefusalLocked(received, absl::StrCat("tenant \"", tenant->tenant(), "\" redirected ",
+                                            route.hops, " times without a grant (last to ",
+                                            owner, "); treated as unavailable"));
+    ParkLocked(tenant, received);
+    return;
+  }
+  if (!owners_.contains(owner)) {
+    if (owners_.size() >= kMaxOwnerRoutes) {
+      LogRefusalLocked(received, absl::StrCat("tenant \"", tenant->tenant(), "\" redirected to ",
+                                              owner, " but ", kMaxOwnerRoutes,
+                                              " owner channels are open; treated as unavailable"));
+      ParkLocked(tenant, received);
+      return;
+    }
+    auto added = std::make_unique<Route>();
+    added->address = owner;
+    added->owned_stub = options_.owner_stubs(owner);
+    added->stub = added->owned_stub.get();
+    if (added->stub == nullptr) {
+      ParkLocked(tenant, received);
+      return;
+    }
+    owners_.emplace(owner, std::move(added));
+  }
+  route.owner = owner;
+  route.unavailable = false;
+  redirected_ = true;
+  tenant->SyncAgainAt(absl::InfinitePast());  // at once, on the owner's route
+}
+
+void Refresher::ParkLocked(TenantBudgetImpl* tenant, absl::Time received) {
+  TenantRoute& route = routed_[tenant];
+  route.owner.clear();
+  route.hops = 0;
+  route.unavailable = true;
+  tenant->SyncAgainAt(received + options_.policy.refresh_period);
+}
+
+absl::Time Refresher::SyncDueLocked(const Route& route,
+                                    const std::vector<TenantBudgetImpl*>& tenants) const {
+  if (route.pending.has_value()) return route.retry_at;
   if (tenants.empty()) return absl::InfiniteFuture();
   absl::Time due = absl::InfiniteFuture();
   for (const TenantBudgetImpl* tenant : tenants) due = std::min(due, tenant->SyncDueAt());
   if (due == absl::InfiniteFuture()) return due;
-  return std::max(due, last_send_ + options_.policy.min_sync_interval);
+  return std::max(due, route.last_send + options_.policy.min_sync_interval);
 }
 
-void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
-                           absl::Time cut) {
-  // Up to max_tenants_per_sync_ tenants per request; the rest go in the next requests of this
+void Refresher::SyncLocked(Route& route, const std::vector<TenantBudgetImpl*>& tenants,
+                           absl::Time now, absl::Time cut) {
+  // Up to route.max_tenants_per_sync tenants per request; the rest go in the next requests of this
   // step. A request the server refuses as a whole is split (see SyncOnceLocked).
-  size_t chunk = max_tenants_per_sync_;
+  size_t chunk = route.max_tenants_per_sync;
   size_t done = 0;
   while (done < tenants.size()) {
     const std::vector<TenantBudgetImpl*> rest(tenants.begin() + static_cast<ptrdiff_t>(done),
                                               tenants.end());
     size_t sent = 0;
-    const SyncOutcome outcome = SyncOnceLocked(rest, now, cut, &chunk, &sent);
-    if (outcome == SyncOutcome::kRetryLater) return;
+    const SyncOutcome outcome = SyncOnceLocked(route, rest, now, cut, &chunk, &sent);
+    if (outcome == SyncOutcome::kRetryLater || outcome == SyncOutcome::kRouteDropped) return;
     if (outcome == SyncOutcome::kResentPending) return;  // the rest are due on their schedule
     if (outcome == SyncOutcome::kDone) done += sent;
     now = clock_->Now();
@@ -228,18 +353,35 @@ void Refresher::SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::
   }
 }
 
-Refresher::SyncOutcome Refresher::SyncOnceLocked(const std::vector<TenantBudgetImpl*>& tenants,
+Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
+                                                 const std::vector<TenantBudgetImpl*>& tenants,
                                                  absl::Time now, absl::Time cut, size_t* chunk,
                                                  size_t* sent) {
-  if (pending_.has_value() && now - pending_->first_sent >= options_.policy.refresh_period) {
+  std::optional<Pending>& in_flight = route.pending;
+  if (in_flight.has_value() && now - in_flight->first_sent >= options_.policy.refresh_period) {
     // Failing for a whole refresh period: a new request (see the class comment).
-    pending_.reset();
+    in_flight.reset();
+    if (!route.address.empty()) {
+      // An owner that cannot be reached: its tenants go back to the main target (which
+      // redirects them again once the shard has an owner), unreachable until a grant.
+      gpr_log(GPR_ERROR, "retrybudget: owner %s unreachable for a refresh period; its tenants "
+                          "go back to the main target", route.address.c_str());
+      for (TenantBudgetImpl* tenant : tenants) {
+        TenantRoute& moved = routed_[tenant];
+        moved.owner.clear();
+        moved.hops = 0;
+        moved.unavailable = true;
+      }
+      route.failures = 0;
+      route.server_state = ServerState::kAnswering;
+      return SyncOutcome::kRouteDropped;
+    }
   }
-  const bool resend = pending_.has_value();
+  const bool resend = in_flight.has_value();
   if (!resend) {
     // A new request: new seq, counters as of now. It is kept until a response arrives, so a
     // retry resends exactly these bytes (the server then answers it the same way).
-    Pending& pending = pending_.emplace();
+    Pending& pending = in_flight.emplace();
     pending.request.set_instance_id(options_.instance_id);
     pending.request.set_seq(++seq_);
     const size_t n = std::min(tenants.size(), std::max<size_t>(1, *chunk));
@@ -249,16 +391,16 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(const std::vector<TenantBudgetI
     }
     pending.first_sent = now;
   }
-  *sent = pending_->tenants.size();
-  last_send_ = now;
+  *sent = in_flight->tenants.size();
+  route.last_send = now;
   const absl::Time deadline = std::min(now + options_.sync_timeout, cut);
   // Once an attempt failed the server is known unreachable: wait for the channel to connect
   // (and drive its handshake) instead of failing at once (see the class comment).
-  const bool wait_for_ready = failures_ > 0;
+  const bool wait_for_ready = route.failures > 0;
   bool woken = false;
   v1::SyncResponse response;
   const grpc::Status status =
-      CallSyncLocked(pending_->request, &response, deadline - now, wait_for_ready, &woken);
+      CallSyncLocked(route, in_flight->request, &response, deadline - now, wait_for_ready, &woken);
   const absl::Time received = clock_->Now();
   last_status_ = ToAbsl(status);
   const bool cut_short =
@@ -269,23 +411,23 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(const std::vector<TenantBudgetI
     // Interrupted for a duty (a lease ending, a fallback step, a worker's wake): no verdict on
     // the server and no backoff. The caller steps the tenants, then the same request goes out
     // again. If the server did apply it, the resend (same seq) gets the same answer.
-    retry_at_ = received;
+    route.retry_at = received;
     return SyncOutcome::kRetryLater;
   }
   if (IsRequestRefusal(status.error_code())) {
     // The server answered: it is reachable, and this request as a whole is refused. It applied
     // nothing, so the counters simply go in the next request.
-    server_state_ = ServerState::kAnswering;
-    failures_ = 0;
-    Pending refused = std::move(*pending_);
-    pending_.reset();
+    route.server_state = ServerState::kAnswering;
+    route.failures = 0;
+    Pending refused = std::move(*in_flight);
+    in_flight.reset();
     const size_t size = refused.tenants.size();
     if (size > 1) {
       // Too large, or one entry is bad: split. A limit the server names is kept for later
       // requests; otherwise halve this request only, down to single tenants.
       const size_t named = TenantLimitIn(status.error_message());
       if (named > 0 && named < size) {
-        max_tenants_per_sync_ = named;
+        route.max_tenants_per_sync = named;
         *chunk = named;
       } else {
         *chunk = size / 2;
@@ -306,26 +448,26 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(const std::vector<TenantBudgetI
                                             last_status_.ToString()));
     return SyncOutcome::kDone;
   }
-  server_state_ = StateAfter(status);
+  route.server_state = StateAfter(status);
   if (!status.ok()) {
-    ++failures_;
+    ++route.failures;
     // Counted from the attempt's start: one that waited out its deadline was its own backoff.
-    retry_at_ = std::max(received, now + RetryBackoff(failures_, options_.policy));
-    if (failures_ == 1) {
+    route.retry_at = std::max(received, now + RetryBackoff(route.failures, options_.policy));
+    if (route.failures == 1) {
       gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu failed; retrying (tenants whose lease "
                           "ends meanwhile fall back): %s",
-              static_cast<unsigned long long>(pending_->request.seq()),
+              static_cast<unsigned long long>(in_flight->request.seq()),
               last_status_.ToString().c_str());
     }
     return SyncOutcome::kRetryLater;
   }
-  if (failures_ > 0) {
+  if (route.failures > 0) {
     gpr_log(GPR_INFO, "retrybudget: Sync seq %llu succeeded after %d failed attempts",
-            static_cast<unsigned long long>(pending_->request.seq()), failures_);
+            static_cast<unsigned long long>(in_flight->request.seq()), route.failures);
   }
-  failures_ = 0;
-  const Pending done = std::move(*pending_);
-  pending_.reset();
+  route.failures = 0;
+  const Pending done = std::move(*in_flight);
+  in_flight.reset();
   if (response.stale()) {
     // The server has applied a newer seq of this instance: nothing here was applied or granted.
     gpr_log(GPR_ERROR, "retrybudget: Sync seq %llu answered as stale; ignored",
@@ -365,6 +507,20 @@ void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncRespon
               i, grant.tenant().c_str(), sent.tenant().c_str());
       continue;
     }
+    if (grant.has_error() &&
+        grant.error().code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION) &&
+        !grant.error().owner().empty()) {
+      // Not this server's shard: nothing was applied; sync the tenant with its owner.
+      RedirectLocked(pending.tenants[i], grant.error().owner(), received);
+      continue;
+    }
+    if (grant.has_error() &&
+        grant.error().code() == static_cast<int>(grpc::StatusCode::UNAVAILABLE) &&
+        grant.error().owner().empty()) {
+      // The shard has no owner that can grant now: lease to expiry, then fallback.
+      ParkLocked(pending.tenants[i], received);
+      continue;
+    }
     if (grant.has_error() && grant.error().code() != 0) {
       gpr_log(GPR_ERROR, "retrybudget: budget server refused tenant \"%s\" (code %d): %s",
               sent.tenant().c_str(), grant.error().code(), grant.error().message().c_str());
@@ -372,6 +528,12 @@ void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncRespon
       continue;
     }
     pending.tenants[i]->ApplyGrant(grant, sent, pending.first_sent, received, options_.policy);
+    if (!routed_.empty()) {
+      if (const auto it = routed_.find(pending.tenants[i]); it != routed_.end()) {
+        it->second.hops = 0;
+        it->second.unavailable = false;
+      }
+    }
   }
 }
 
@@ -388,14 +550,32 @@ absl::Status Refresher::Shutdown() {
 
 absl::Status Refresher::FinalSyncLocked() {
   const std::vector<TenantBudgetImpl*> tenants = tenants_->Snapshot();
-  pending_.reset();
+  main_.pending.reset();
+  for (auto& [address, route] : owners_) route->pending.reset();
   if (tenants.empty()) return absl::OkStatus();
+  absl::Status result;
+  if (routed_.empty() && owners_.empty()) {
+    result = FinalSyncRouteLocked(main_, tenants);
+  } else {
+    // Every server that holds tenants of this instance gets its final Sync.
+    for (auto& [route, group] : GroupByRouteLocked(tenants)) {
+      if (group.empty()) continue;
+      absl::Status status = FinalSyncRouteLocked(*route, group);
+      if (result.ok()) result = std::move(status);
+    }
+  }
+  UpdateMetricsLocked(tenants);
+  return result;
+}
+
+absl::Status Refresher::FinalSyncRouteLocked(Route& route,
+                                             const std::vector<TenantBudgetImpl*>& tenants) {
   std::vector<v1::TenantSync> entries(tenants.size());
   for (size_t i = 0; i < tenants.size(); ++i) tenants[i]->FillFinal(&entries[i]);
-  // In requests of at most max_tenants_per_sync_ tenants (split further if the server refuses
+  // In requests of at most max_tenants_per_sync tenants (split further if the server refuses
   // one as a whole); only the last carries final=true, since the server forgets the instance on
   // it.
-  size_t chunk = max_tenants_per_sync_;
+  size_t chunk = route.max_tenants_per_sync;
   size_t done = 0;
   absl::Status result;
   while (done < entries.size()) {
@@ -407,10 +587,10 @@ absl::Status Refresher::FinalSyncLocked() {
     request.set_seq(++seq_);
     request.set_final(done + n == entries.size());
     for (size_t i = done; i < done + n; ++i) *request.add_tenants() = entries[i];
-    const grpc::Status status = SendFinalLocked(request);
+    const grpc::Status status = SendFinalLocked(route, request);
     if (IsRequestRefusal(status.error_code()) && n > 1) {
       const size_t named = TenantLimitIn(status.error_message());
-      if (named > 0 && named < n) max_tenants_per_sync_ = named;
+      if (named > 0 && named < n) route.max_tenants_per_sync = named;
       chunk = named > 0 && named < n ? named : n / 2;
       continue;
     }
@@ -422,18 +602,17 @@ absl::Status Refresher::FinalSyncLocked() {
     }
     done += n;
   }
-  UpdateMetricsLocked(tenants);
   return result;
 }
 
-grpc::Status Refresher::SendFinalLocked(const v1::SyncRequest& request) {
+grpc::Status Refresher::SendFinalLocked(Route& route, const v1::SyncRequest& request) {
   grpc::Status status;
   // With the server answering, each attempt may wait for a connection being re-made; with the
   // server known unreachable, fail fast rather than hold the caller 3 x sync_timeout.
-  const bool wait_for_ready = server_state_ != ServerState::kUnreachable;
+  const bool wait_for_ready = route.server_state != ServerState::kUnreachable;
   for (int attempt = 1; attempt <= kFinalSyncAttempts; ++attempt) {
     v1::SyncResponse response;
-    status = CallSyncLocked(request, &response, options_.sync_timeout, wait_for_ready);
+    status = CallSyncLocked(route, request, &response, options_.sync_timeout, wait_for_ready);
     last_status_ = ToAbsl(status);
     if (status.ok() || IsRequestRefusal(status.error_code()) || attempt == kFinalSyncAttempts) {
       break;

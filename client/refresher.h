@@ -1,9 +1,10 @@
-// The refresher: one Sync RPC for all the tenants of a client, on a schedule, on demand, and a
-// final one at shutdown.
+// The refresher: one Sync RPC for all the tenants of a client (one per owning server once a
+// cluster has redirected some), on a schedule, on demand, and a final one at shutdown.
 #ifndef RETRYBUDGET_CLIENT_REFRESHER_H_
 #define RETRYBUDGET_CLIENT_REFRESHER_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "retrybudget/mutex.h"
 #include "absl/time/time.h"
@@ -25,12 +27,28 @@
 
 namespace retrybudget::client_internal {
 
+// Makes the stub for a server the client was redirected to (HOST:PORT), with the same
+// credentials and channel arguments as the main target's.
+using StubFactory = std::function<std::unique_ptr<v1::RetryBudgetService::StubInterface>(
+    const std::string& address)>;
+
+// Most owner addresses with a cached channel at once; a redirect to one more is not followed
+// until a route without tenants is dropped (the tenant stays on the main target).
+inline constexpr size_t kMaxOwnerRoutes = 64;
+// Redirects a tenant follows without a grant in between; past it (a redirect loop, servers
+// disagreeing during a takeover) the tenant is handled as UNAVAILABLE: lease to expiry, then
+// fallback, asked again on the main target a refresh period later.
+inline constexpr int kMaxRedirectHops = 4;
+
 struct RefresherOptions {
   std::string instance_id;
   RefreshPolicy policy;
   absl::Duration sync_timeout = absl::Seconds(1);
   // Sent as `authorization: Bearer <token>` with every Sync when non-empty.
   std::string bearer_token;
+  // Stubs for owner addresses named in redirects; null: redirects are not followed (the
+  // tenant is handled as UNAVAILABLE).
+  StubFactory owner_stubs;
 };
 
 // Thread-safe. RunOnce() is the whole protocol step; Start() runs it on a background thread
@@ -67,6 +85,20 @@ struct RefresherOptions {
 //    counted from the start of the failed attempt, so an attempt that waited out its deadline
 //    is followed at once by the next: during an outage the refresher keeps waiting on the
 //    channel, and a restarted server is seen as soon as the channel reconnects.
+//
+// Routing (a cluster, DESIGN.md): every rule above holds per route. A route is the main target
+// or one owner address; each has its own pending request, backoff, failures and ServerState,
+// and each step sends one Sync per route that is due, carrying that route's tenants. seq is
+// per instance and grows across all routes, so every server sees increasing seqs.
+//  * A tenant entry refused with FAILED_PRECONDITION and an `owner` moves the tenant to that
+//    owner's route (a cached channel) and it is sent there in the same step; counters are
+//    cumulative, so nothing else moves with it. Its lease stays as it is.
+//  * UNAVAILABLE with no owner, a redirect loop (more than kMaxRedirectHops redirects without
+//    a grant), or an owner route whose request failed for a whole refresh period: the tenant
+//    goes back to the main target and counts as unreachable until its next grant (its lease
+//    runs to expiry, then the fallback share); it asks again after a refresh period.
+//  * Nothing of this runs until a redirect is seen: without one, every tenant is on the main
+//    route and a step costs what it did without routing.
 class Refresher final : public SyncWaker {
  public:
   // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher. `metrics`,
@@ -115,19 +147,57 @@ class Refresher final : public SyncWaker {
     absl::Time first_sent;
   };
 
+  // One destination: the main target (address "") or an owner. The state of the protocol
+  // rules in the class comment.
+  struct Route {
+    std::string address;
+    v1::RetryBudgetService::StubInterface* stub = nullptr;
+    std::unique_ptr<v1::RetryBudgetService::StubInterface> owned_stub;  // owners only
+    std::optional<Pending> pending;  // sent, no response yet
+    absl::Time last_send = absl::InfinitePast();
+    absl::Time retry_at = absl::InfinitePast();
+    int failures = 0;  // consecutive failed attempts
+    // Tenants per request: the server's limit once it named one in a refusal.
+    size_t max_tenants_per_sync = std::numeric_limits<size_t>::max();
+    ServerState server_state = ServerState::kAnswering;
+  };
+
+  // A tenant that is not simply on the main route.
+  struct TenantRoute {
+    std::string owner;         // "" : the main target
+    int hops = 0;              // redirects since the last grant
+    bool unavailable = false;  // no owner could grant: unreachable until a grant
+  };
+
+  // The tenants of each route (main first); only called once a redirect was seen.
+  std::vector<std::pair<Route*, std::vector<TenantBudgetImpl*>>> GroupByRouteLocked(
+      const std::vector<TenantBudgetImpl*>& tenants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ServerState StateForLocked(const TenantBudgetImpl* tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per-entry answers of a cluster: follow a redirect, or park the tenant (UNAVAILABLE).
+  void RedirectLocked(TenantBudgetImpl* tenant, const std::string& owner, absl::Time received)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ParkLocked(TenantBudgetImpl* tenant, absl::Time received)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops owner routes no tenant uses any more.
+  void PruneRoutesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   enum class SyncOutcome {
     kDone,           // a new request was answered (granted, or refused and its tenant denied)
     kSplit,          // refused as a whole: *chunk is smaller, the same tenants go again
     kResentPending,  // an earlier request was resent and answered
-    kRetryLater,     // failed or cut short: retry_at_ is set
+    kRetryLater,     // failed or cut short: retry_at is set
+    kRouteDropped,   // an owner failing for a refresh period: its tenants went back to main
   };
 
   void Loop();
-  absl::Time SyncDueLocked(const std::vector<TenantBudgetImpl*>& tenants) const
+  absl::Time SyncDueLocked(const Route& route,
+                           const std::vector<TenantBudgetImpl*>& tenants) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Syncs `tenants` at `now`, in requests of at most max_tenants_per_sync_ tenants, ending no
   // later than `cut` (the next duty).
-  void SyncLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now, absl::Time cut)
+  void SyncLocked(Route& route, const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
+                  absl::Time cut)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends one attempt: the pending request again, or a new one with the first *chunk of
   // `tenants`; *sent is the number of tenants it carried. A server that refuses the request
@@ -135,20 +205,25 @@ class Refresher final : public SyncWaker {
   // unreachable: a request of several tenants is split (*chunk lowered: to the limit the error
   // names, which later requests keep, or else to half), a single tenant is denied
   // (ApplyRefusal) until its next refresh.
-  SyncOutcome SyncOnceLocked(const std::vector<TenantBudgetImpl*>& tenants, absl::Time now,
-                             absl::Time cut, size_t* chunk, size_t* sent)
+  SyncOutcome SyncOnceLocked(Route& route, const std::vector<TenantBudgetImpl*>& tenants,
+                             absl::Time now, absl::Time cut, size_t* chunk, size_t* sent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void LogRefusalLocked(absl::Time now, const std::string& line)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyResponseLocked(const Pending& pending, const v1::SyncResponse& response,
                            absl::Time received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinalSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The final requests of one route's tenants (the last carries final=true).
+  absl::Status FinalSyncRouteLocked(Route& route, const std::vector<TenantBudgetImpl*>& tenants)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One request of the final Sync, at most kFinalSyncAttempts times (not again once refused).
-  grpc::Status SendFinalLocked(const v1::SyncRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  grpc::Status SendFinalLocked(Route& route, const v1::SyncRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One attempt with a deadline `timeout` from now. With `wait_for_ready`, Wake() may cancel
   // it; *woken is then true.
-  grpc::Status CallSyncLocked(const v1::SyncRequest& request, v1::SyncResponse* response,
-                              absl::Duration timeout, bool wait_for_ready, bool* woken = nullptr)
+  grpc::Status CallSyncLocked(Route& route, const v1::SyncRequest& request,
+                              v1::SyncResponse* response, absl::Duration timeout,
+                              bool wait_for_ready, bool* woken = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateMetricsLocked(const std::vector<TenantBudgetImpl*>& tenants)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -162,18 +237,17 @@ class Refresher final : public SyncWaker {
 
   // Held for a whole step (including its RPC): steps never overlap.
   mutable Mutex mu_;
-  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<Pending> pending_ ABSL_GUARDED_BY(mu_);  // sent, no response yet
-  absl::Time last_send_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int failures_ ABSL_GUARDED_BY(mu_) = 0;  // consecutive failed attempts
-  // Tenants per request: the server's limit once it named one in a refusal.
-  size_t max_tenants_per_sync_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<size_t>::max();
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;  // per instance, across every route
+  Route main_ ABSL_GUARDED_BY(mu_);
+  // Owner routes by address (unique_ptr: a Route* stays valid while the map grows).
+  absl::flat_hash_map<std::string, std::unique_ptr<Route>> owners_ ABSL_GUARDED_BY(mu_);
+  // Tenants not simply on the main route; empty until a redirect is seen.
+  absl::flat_hash_map<const TenantBudgetImpl*, TenantRoute> routed_ ABSL_GUARDED_BY(mu_);
+  bool redirected_ ABSL_GUARDED_BY(mu_) = false;  // a redirect in this round of a step
   static constexpr absl::Duration kRefusalLogInterval = absl::Minutes(1);
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t refusals_not_logged_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status last_status_ ABSL_GUARDED_BY(mu_);
-  ServerState server_state_ ABSL_GUARDED_BY(mu_) = ServerState::kAnswering;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status final_status_ ABSL_GUARDED_BY(mu_);
 

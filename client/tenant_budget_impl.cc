@@ -248,6 +248,13 @@ void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time rec
   dry_until_ = next_due_;
 }
 
+void TenantBudgetImpl::SyncAgainAt(absl::Time due) {
+  MutexLock lock(&mu_);
+  if (mode_ == LeaseMode::kShutdown) return;
+  next_due_ = due;
+  dry_until_ = due;
+}
+
 void TenantBudgetImpl::FillFinal(v1::TenantSync* out) {
   MutexLock lock(&mu_);
   mode_ = LeaseMode::kShutdown;

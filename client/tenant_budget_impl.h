@@ -130,6 +130,10 @@ class TenantBudgetImpl final : public TenantBudget {
   void ApplyRefusal(const v1::TenantError& error, absl::Time received,
                     const RefreshPolicy& policy);
 
+  // The server did not apply this tenant's entry (it named another owner, or none can grant
+  // now): the lease stays as it is; the next sync is due at `due` (InfinitePast: at once), and
+  // a worker finding the lease low does not bring it forward.
+  void SyncAgainAt(absl::Time due);
   // Shuts the tenant down for good: withdraws every token and fills `out` with the final
   // counters (want 0).
   void FillFinal(v1::TenantSync* out);

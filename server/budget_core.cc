@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "retrybudget/names.h"
@@ -54,6 +55,22 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view nam
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
                                                                    v1::TenantError* error) {
   if (auto t = FindTenant(name)) return t;
+  bool created = false;
+  std::shared_ptr<Tenant> tenant = CreateTenant(name, error, &created);
+  if (created && (options_.store != nullptr || options_.router != nullptr)) {
+    uint64_t block = 0;
+    {
+      MutexLock lock(&tenant->mu);
+      block = ReservationBlock(tenant->policy.capacity);
+    }
+    PrimeReservation(tenant->name, block);
+  }
+  return tenant;
+}
+
+std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view name,
+                                                             v1::TenantError* error,
+                                                             bool* created) {
   const absl::Time now = clock_->Now();
   MutexLock policy_lock(&policy_mu_);
   ResolvedPolicy policy = default_policy_;
@@ -97,7 +114,14 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   }
   auto tenant = std::make_shared<Tenant>(std::string(name), policy, source, now);
   tenants_.emplace(tenant->name, tenant);
+  *created = true;
   return tenant;
+}
+
+void BudgetCore::PrimeReservation(const std::string& tenant, uint64_t limit) {
+  auto landed = std::make_shared<absl::Notification>();
+  ReserveAhead(tenant, limit, [landed] { landed->Notify(); });
+  landed->WaitForNotificationWithTimeout(options_.first_reservation_wait);
 }
 
 absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq,
@@ -469,41 +493,45 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
   // direction.
   // In cluster mode a block is also at least a second of refill: each write is an etcd
   // transaction (a Raft round), so a busy tenant costs about one a second.
-  const double block_tokens =
-      options_.router != nullptr ? std::max(t.policy.capacity / 8, t.policy.refill_per_second)
-                                 : t.policy.capacity / 8;
   const uint64_t block =
-      std::clamp<uint64_t>(static_cast<uint64_t>(block_tokens), 8, 1'000'000);
+      options_.router != nullptr
+          ? std::max(ReservationBlock(t.policy.capacity),
+                     std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.refill_per_second), 8,
+                                          1'000'000))
+          : ReservationBlock(t.policy.capacity);
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
   if (durable_left - allowed < granted + block / 2) {
-    DurableStore::ReservedCallback done =
-        [this](const std::string& name, uint64_t limit, const absl::Status& status) {
-          if (!status.ok()) {
-            store_errors_.fetch_add(1, std::memory_order_relaxed);
-            return;
-          }
-          // Looked up by name: the journal is keyed by name, so a limit on disk for this name
-          // covers whichever tenant of that name holds it now.
-          std::shared_ptr<Tenant> tenant;
-          {
-            ReaderMutexLock lock(&tenants_mu_);
-            auto it = tenants_.find(name);
-            if (it == tenants_.end()) return;
-            tenant = it->second;
-          }
-          MutexLock lock(&tenant->mu);
-          tenant->grant_limit = std::max(tenant->grant_limit, limit);
-        };
-    const uint64_t limit = t.totals.granted + allowed + granted + block;
-    if (options_.store != nullptr) {
-      options_.store->ReserveAhead(t.name, limit, std::move(done));
-    } else {
-      options_.router->ReserveAhead(t.name, limit, std::move(done));
-    }
+    ReserveAhead(t.name, t.totals.granted + allowed + granted + block);
   }
   return allowed;
+}
+
+void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
+                              std::function<void()> done) {
+  DurableStore::ReservedCallback callback =
+      [this, done = std::move(done)](const std::string& name, uint64_t limit,
+                                     const absl::Status& status) {
+        if (!status.ok()) {
+          store_errors_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Looked up by name: the journal is keyed by name, so a limit on disk for this name
+          // covers whichever tenant of that name holds it now.
+          std::shared_ptr<Tenant> t = FindTenant(name);
+          if (t != nullptr) {
+            MutexLock lock(&t->mu);
+            t->grant_limit = std::max(t->grant_limit, limit);
+          }
+        }
+        if (done) done();
+      };
+  // The journal on disk, or (cluster mode) the tenant's state in etcd.
+  if (options_.store != nullptr) {
+    options_.store->ReserveAhead(tenant, limit, std::move(callback));
+  } else {
+    options_.router->ReserveAhead(tenant, limit, std::move(callback));
+  }
 }
 
 void BudgetCore::Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out) {

@@ -71,6 +71,9 @@ struct CoreOptions {
   // Cluster mode: which tenants this server may grant from, and where reservations are made
   // durable (in etcd) when `store` is null. Null for a single server. Not owned.
   TenantRouter* router = nullptr;
+  // With a store: how long the request that creates a tenant waits for the tenant's first
+  // reservation to reach the disk (with no lock held) before it is answered with what is durable.
+  absl::Duration first_reservation_wait = absl::Seconds(1);
   // Receives one line per significant event (a client reporting fallback spending), never one
   // per ordinary request. Called with no tenant lock held; must be thread-safe. Null: silent.
   std::function<void(absl::string_view)> log = nullptr;
@@ -157,6 +160,9 @@ class BudgetCore {
 
   // Finds the budget, creating it with the default policy unless strict or full. Sets *error.
   std::shared_ptr<Tenant> FindOrCreateTenant(absl::string_view name, v1::TenantError* error);
+  // The part of FindOrCreateTenant under the locks; sets *created when it made the budget.
+  std::shared_ptr<Tenant> CreateTenant(absl::string_view name, v1::TenantError* error,
+                                       bool* created);
   std::shared_ptr<Tenant> FindTenant(absl::string_view name);
   // The instance `id` for a request with `seq` from `principal`, created if unknown. Null with
   // OK status: the id has a tombstone with a seq >= `seq` (the request is stale). Null with
@@ -199,6 +205,13 @@ class BudgetCore {
   // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
   // Requires tenant.mu held.
   uint64_t ReserveDurably(Tenant& tenant, uint64_t granted);
+  // Asks the store thread to make `limit` durable for the tenant named `tenant`; when it is, the
+  // limit of whichever tenant holds that name then is raised, and `done` (if any) runs.
+  void ReserveAhead(const std::string& tenant, uint64_t limit, std::function<void()> done = {});
+  // Reserves a first block for a tenant that has none (just created), so that its first grant
+  // does not come back empty: waits for the store thread at most `first_reservation_wait`, with
+  // no lock held. A slow disk delays only the request that creates the tenant.
+  void PrimeReservation(const std::string& tenant, uint64_t limit);
 
   const CoreOptions options_;
   Clock* const clock_;

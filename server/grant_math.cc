@@ -83,4 +83,8 @@ void RecordGrant(LedgerEntry& entry, uint64_t granted) {
   entry.expected_received = SaturatingAdd(entry.expected_received, granted);
 }
 
+uint64_t ReservationBlock(double capacity) {
+  return std::clamp<uint64_t>(static_cast<uint64_t>(capacity / 8), 8, 1'000'000);
+}
+
 }  // namespace retrybudget

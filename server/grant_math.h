@@ -32,6 +32,10 @@ struct SafeShareOf {
 };
 SafeShareOf SafeShare(double capacity, double refill_per_second, uint64_t fleet);
 
+// Tokens reserved on disk ahead of grants at a time, for a bucket of `capacity`: an eighth of
+// it, within [8, 1e6]. A crash forfeits at most about one block per tenant.
+uint64_t ReservationBlock(double capacity);
+
 // When an instance that got less than it wants should sync next: when the inflow (refill plus
 // success credit, tokens/s) has made about one token of its share (want / want_sum), within
 // [min_next_sync, min(normal, 250 ms)].

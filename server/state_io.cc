@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "retrybudget/names.h"
 #include "server/budget_core.h"
+
 #include "server/cumulative_counters.h"
+#include "server/grant_math.h"
 #include "server/instance_state.h"
 #include "server/replay_cache.h"
 #include "server/tenant_state.h"
@@ -163,10 +165,22 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       instances.emplace(is.instance_id(), std::move(inst));
     }
   }
+  std::vector<std::pair<std::string, uint64_t>> ahead;  // a block past each durable limit
+  if (options_.store != nullptr) {
+    for (auto& [name, t] : restored) {
+      MutexLock lock(&t->mu);
+      ahead.emplace_back(name, std::max(t->grant_limit, t->totals.granted) +
+                                   ReservationBlock(t->policy.capacity));
+    }
+  }
   {
     MutexLock lock(&tenants_mu_);
     tenants_ = std::move(restored);
   }
+  // Every budget gets a block on disk ahead of its grants before serving (one group commit), so
+  // the first grants after a start are not cut while the store thread writes.
+  for (const auto& [name, limit] : ahead) ReserveAhead(name, limit);
+  if (!ahead.empty()) options_.store->WaitIdle();
   MutexLock lock(&instances_mu_);
   instances_ = std::move(instances);
   tombstones_->Clear();

@@ -13,7 +13,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
+#include "retrybudget/client_testing.h"
+#include "retrybudget/clock.h"
 #include "tests/client/client_test_util.h"
+#include "tests/client/fake_cluster.h"
 
 namespace retrybudget {
 namespace {
@@ -119,6 +122,23 @@ TEST(ClientMetricsTest, ARegistryWithAClashingNameIsRefused) {
   const absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(client.status().message()), ::testing::HasSubstr("metrics_registry"));
+}
+
+TEST(ClientMetricsTest, RedirectsAreCounted) {
+  prometheus::Registry registry;
+  FakeClock clock;
+  testing_util::FakeCluster cluster;
+  cluster.SetOwner("a", "s2:1");
+  cluster.SetOwner("b", "s3:1");
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.metrics_registry = &registry;
+  options.clock = &clock;
+  auto client =
+      CreateBudgetClientForTesting(options, cluster.Stub("s1:1"), cluster.Factory()).value();
+  ASSERT_TRUE(client->Tenant("a").ok());
+  ASSERT_TRUE(client->Tenant("b").ok());
+  client->RunOnce();
+  EXPECT_EQ(Value(registry, "retry_budget_client_redirects_total", {}), 2);
 }
 
 }  // namespace

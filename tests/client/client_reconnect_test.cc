@@ -28,12 +28,12 @@
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tools/fleet/subprocess.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget {
 namespace {
 
-using fleet::Subprocess;
+using ::retrybudget::testing::ServerUnderTest;
 
 constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
 
@@ -49,56 +49,41 @@ bool PollUntil(Predicate done, absl::Duration timeout) {
 }
 
 // The real server on 127.0.0.1, started on port 0 once, then restarted on the same port.
+// The server under test (tests/support/test_launcher.h), as this test drives it.
 class ServerProcess {
  public:
   ~ServerProcess() { Resume(); }
 
-  // Starts the server on `port` (0: a free one) and waits until it serves. The restart after a
-  // kill -9 is retried while the old socket is still held.
+  // Starts the server (`port` 0: a free one; after Kill(), the same port again) and waits until
+  // it serves. The restart after a kill -9 is retried while the old socket is still held.
   void Start(int port) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (true) {
-      const std::string port_file = absl::StrCat(::testing::TempDir(), "/client_reconnect_port_",
-                                                 getpid(), "_", ++starts_);
-      std::remove(port_file.c_str());
-      auto child = Subprocess::Spawn({kServerBinary, absl::StrCat("--listen=127.0.0.1:", port),
-                                      absl::StrCat("--port_file=", port_file),
-                                      "--metrics_listen=", "--log_level=warn"});
-      ASSERT_TRUE(child.ok()) << child.status();
-      child_ = *std::move(child);
-      while (true) {
-        std::ifstream in(port_file);
-        std::string text;
-        if (in && std::getline(in, text)) {
-          ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port_)) << text;
-          std::remove(port_file.c_str());
-          return;
-        }
-        if (child_->Poll().has_value()) break;  // could not serve (port still held): retry
-        ASSERT_LT(absl::Now(), deadline) << "server did not serve on port " << port;
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      ASSERT_LT(absl::Now(), deadline) << "server could not bind port " << port;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (server_ != nullptr) {
+      ASSERT_EQ(port, server_->port());
+      absl::Status restarted = server_->Restart();
+      ASSERT_TRUE(restarted.ok()) << restarted;
+      return;
     }
+    auto server = ServerUnderTest::Start(
+        {.binary = kServerBinary, .flags = {"--log_level=warn"}, .port = port});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
   }
 
   void Kill() {
-    child_->Signal(SIGKILL);
-    ASSERT_TRUE(child_->Wait(absl::Now() + absl::Seconds(10)).ok());
-    child_.reset();
+    absl::Status killed = server_->Kill();
+    ASSERT_TRUE(killed.ok()) << killed;
   }
   void Stop() {
-    child_->Signal(SIGSTOP);
+    (void)server_->Pause();
     stopped_ = true;
   }
   void Resume() {
-    if (stopped_ && child_ != nullptr) child_->Signal(SIGCONT);
+    if (stopped_ && server_ != nullptr) (void)server_->Resume();
     stopped_ = false;
   }
 
-  int port() const { return port_; }
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return server_->port(); }
+  std::string address() const { return server_->address(); }
 
   // Sets `tenant`'s policy through the admin API.
   void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
@@ -116,9 +101,7 @@ class ServerProcess {
   }
 
  private:
-  std::unique_ptr<Subprocess> child_;
-  int port_ = 0;
-  int starts_ = 0;
+  std::unique_ptr<ServerUnderTest> server_;
   bool stopped_ = false;
 };
 
@@ -267,6 +250,51 @@ TEST(ClientReconnectTest, ASyncBlockedOnAHungServerNeverKeepsALeasePastItsTtl) {
   EXPECT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
                         absl::Seconds(5)))
       << "no lease after SIGCONT";
+  EXPECT_TRUE((*client)->Shutdown().ok());
+}
+
+// A target naming several servers (as for a cluster): pick_first skips a dead first address,
+// and moves on to the next server when the one it uses dies. Three independent single-mode
+// servers stand in for a cluster here (each holds its own budget); the routing between a
+// cluster's owners is tested with the cluster tests.
+TEST(ClientReconnectTest, MultiAddressTargetSkipsADeadAddressAndMovesOnWhenItsServerDies) {
+  ServerProcess first, second, third;
+  ASSERT_NO_FATAL_FAILURE(first.Start(0));
+  ASSERT_NO_FATAL_FAILURE(second.Start(0));
+  ASSERT_NO_FATAL_FAILURE(third.Start(0));
+  ASSERT_NO_FATAL_FAILURE(first.Kill());  // dead before the client starts
+  v1::BudgetPolicy policy;
+  policy.set_capacity(100);
+  policy.set_refill_per_second(100);
+  policy.set_lease_ttl_ms(500);
+  ASSERT_NO_FATAL_FAILURE(second.PutPolicy("multi", policy));
+  ASSERT_NO_FATAL_FAILURE(third.PutPolicy("multi", policy));
+
+  ClientOptions options;
+  options.target = absl::StrCat("ipv4:", first.address(), ",", second.address(), ",",
+                                third.address());
+  absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TenantBudget* budget = (*client)->Tenant("multi").value();
+  ASSERT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
+                        absl::Seconds(10)))
+      << "no lease through the second address";
+
+  ASSERT_NO_FATAL_FAILURE(second.Kill());
+  const uint64_t received_before = budget->Stats().tokens_received;
+  const absl::Time killed = absl::Now();
+  const bool moved = PollUntil(
+      [&] {
+        budget->TryAcquire();  // spending, so that the client asks for more
+        const TenantStats stats = budget->Stats();
+        return stats.mode == BudgetMode::kLease && stats.tokens_received > received_before;
+      },
+      absl::Seconds(10));
+  std::cerr << "[multi-target] leased by the third server "
+            << absl::FormatDuration(absl::Now() - killed) << " after the second was killed\n";
+  ASSERT_TRUE(moved) << "never leased by the third server; mode "
+                     << BudgetModeName(budget->Stats().mode) << ", error "
+                     << budget->Stats().error;
   EXPECT_TRUE((*client)->Shutdown().ok());
 }
 

@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "retrybudget/mutex.h"
-#include "tests/cluster/test_cluster.h"
+#include "tests/support/test_cluster.h"
 #include "tests/cluster/wait_for.h"
 
 namespace retrybudget::cluster {

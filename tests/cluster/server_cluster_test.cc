@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "common/subprocess.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tests/cluster/test_cluster.h"
+#include "tests/support/test_cluster.h"
 #include "tests/cluster/wait_for.h"
 
 namespace retrybudget::testing {

@@ -1,7 +1,7 @@
 // The launcher of a cluster under test, against the real etcd binary: it starts three nodes with
 // a leader, kills the leader so that the other two elect a new one, and stops and restarts every
 // node with its data.
-#include "tests/cluster/test_cluster.h"
+#include "tests/support/test_cluster.h"
 
 #include <filesystem>
 

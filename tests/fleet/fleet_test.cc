@@ -26,10 +26,13 @@
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/support/test_launcher.h"
 #include "tools/fleet/subprocess.h"
 
 namespace retrybudget::fleet {
 namespace {
+
+using ::retrybudget::testing::ServerUnderTest;
 
 constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
 constexpr char kFleetBinary[] = RETRYBUDGET_FLEET_BIN;
@@ -81,38 +84,20 @@ FleetResult RunFleetTool(const std::vector<std::string>& args) {
 class FleetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    static int counter = 0;
-    port_file_ = absl::StrCat(::testing::TempDir(), "/fleet_test_port_", getpid(), "_", ++counter);
-    std::remove(port_file_.c_str());
-    auto server = Subprocess::Spawn(
-        {kServerBinary, "--listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file_),
-         "--metrics_listen="});  // no fixed port: `make run` may hold 9464 on this machine
+    // Metrics off (the launcher's default): `make run` may hold 9464 on this machine.
+    auto server = ServerUnderTest::Start({.binary = kServerBinary});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (port_ == 0) {
-      std::ifstream in(port_file_);
-      std::string text;
-      if (in && std::getline(in, text)) {
-        ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &port_)) << text;
-        break;
-      }
-      ASSERT_FALSE(server_->Poll().has_value()) << "server exited before serving";
-      ASSERT_LT(absl::Now(), deadline) << "server wrote no port file " << port_file_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
   }
 
   void TearDown() override {
     if (server_ == nullptr) return;
-    server_->Signal(SIGTERM);
-    absl::StatusOr<int> status = server_->Wait(absl::Now() + absl::Seconds(20));
-    ASSERT_TRUE(status.ok()) << "server did not exit on SIGTERM";
+    absl::StatusOr<int> status = server_->Stop(SIGTERM, absl::Seconds(20));
+    ASSERT_TRUE(status.ok()) << status.status();
     EXPECT_TRUE(ExitedWith(*status, 0)) << DescribeWaitStatus(*status);
-    std::remove(port_file_.c_str());
   }
 
-  std::string Address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string Address() const { return server_->address(); }
 
   // Runs the fleet tool against this test's server and parses its JSON line (if any).
   FleetResult RunFleet(std::vector<std::string> args) {
@@ -155,9 +140,7 @@ class FleetTest : public ::testing::Test {
     EXPECT_EQ(r.Sub("library", "tokens_held_at_exit"), 0);
   }
 
-  std::string port_file_;
-  int port_ = 0;
-  std::unique_ptr<Subprocess> server_;
+  std::unique_ptr<ServerUnderTest> server_;
 };
 
 TEST_F(FleetTest, FailureRateOneStaysWithinTheBudgetAndSpendsAtLeastNinetyPercentOfIt) {

@@ -223,19 +223,12 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 TEST(InsecureNonLoopbackTest, ServesWhenExplicitlyAllowedAndSaysInsecure) {
-  ScopedTempDir dir;
-  const std::string port_file = dir.path() + "/port";
-  std::optional<ChildProcess> process = ChildProcess::Start(
-      ServerBinary(),
-      {"--listen=0.0.0.0:0", "--allow_insecure_non_loopback", "--metrics_listen=",
-       "--port_file=" + port_file},
-      dir.path() + "/output");
-  ASSERT_TRUE(process.has_value());
-  ASSERT_TRUE(WaitForPortFile(port_file, *process, absl::Seconds(20)).has_value())
-      << process->Output();
-  EXPECT_THAT(process->Output(), HasSubstr("INSECURE"));
-  process->Signal(SIGTERM);
-  EXPECT_EQ(process->Wait(absl::Seconds(20)), 0);
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> server = ServerUnderTest::Start(
+      {.binary = ServerBinary(), .flags = {"--listen=0.0.0.0:0", "--allow_insecure_non_loopback"}});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT((*server)->Log(), HasSubstr("INSECURE"));
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->WaitForExit(absl::Seconds(20)), 0);
 }
 
 // ---- bearer credentials ----

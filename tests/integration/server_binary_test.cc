@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/integration/child_process.h"
+#include "tests/support/test_launcher.h"
 
 #ifndef RETRY_BUDGET_SERVER_BINARY
 #error "RETRY_BUDGET_SERVER_BINARY must name the retry-budget-server binary"
@@ -30,29 +31,26 @@ using ::testing::HasSubstr;
 constexpr absl::Duration kStartTimeout = absl::Seconds(20);
 constexpr absl::Duration kExitTimeout = absl::Seconds(20);
 
-// A server binary started on 127.0.0.1:0 with a port file in a fresh directory.
+// A server binary started on 127.0.0.1:0 with a port file in a fresh directory, by the one
+// launcher of servers under test (metrics off: parallel test servers must not compete for the
+// default metrics port).
 struct RunningServer {
-  ScopedTempDir dir;  // outlives the process
-  std::optional<ChildProcess> process;
+  std::unique_ptr<ServerUnderTest> process;
   int port = 0;
   std::unique_ptr<v1::RetryBudgetService::Stub> stub;
   std::unique_ptr<v1::BudgetAdminService::Stub> admin;
 
   static std::unique_ptr<RunningServer> Start(std::vector<std::string> extra_args = {}) {
     auto s = std::make_unique<RunningServer>();
-    const std::string port_file = s->dir.path() + "/port";
-    // Metrics off: parallel test servers must not compete for the default metrics port.
-    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + port_file,
-                                     "--metrics_listen="};
-    args.insert(args.end(), extra_args.begin(), extra_args.end());
-    s->process = ChildProcess::Start(RETRY_BUDGET_SERVER_BINARY, args, s->dir.path() + "/output");
-    if (!s->process) return nullptr;
-    const std::optional<int> port = WaitForPortFile(port_file, *s->process, kStartTimeout);
-    if (!port) {
-      ADD_FAILURE() << "no port file; server output:\n" << s->process->Output();
+    absl::StatusOr<std::unique_ptr<ServerUnderTest>> server = ServerUnderTest::Start(
+        {.binary = RETRY_BUDGET_SERVER_BINARY, .flags = std::move(extra_args),
+         .timeout = kStartTimeout});
+    if (!server.ok()) {
+      ADD_FAILURE() << server.status();
       return nullptr;
     }
-    s->port = *port;
+    s->process = *std::move(server);
+    s->port = s->process->port();
     grpc::ChannelArguments channel_args;
     channel_args.SetMaxSendMessageSize(-1);
     auto channel = grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", s->port),
@@ -93,8 +91,8 @@ TEST(ServerBinaryTest, ServesOnThePortItWritesAndExitsZeroOnSigint) {
   EXPECT_EQ(response.tenants(0).lease_ttl_ms(), 5000);
 
   server->process->Signal(SIGINT);
-  EXPECT_EQ(server->process->Wait(kExitTimeout), 0) << server->process->Output();
-  const std::string log = server->process->Output();
+  EXPECT_EQ(server->process->WaitForExit(kExitTimeout), 0) << server->process->Log();
+  const std::string log = server->process->Log();
   EXPECT_THAT(log, HasSubstr(absl::StrCat("listening on 127.0.0.1:", server->port)));
   EXPECT_THAT(log, HasSubstr("INSECURE"));
   EXPECT_THAT(log, HasSubstr("SIGINT"));
@@ -122,8 +120,8 @@ TEST(ServerBinaryTest, SigtermLetsAnInFlightSyncFinishThenExitsZero) {
   EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
   EXPECT_EQ(in_flight.tenants_size(), 1);
   EXPECT_EQ(in_flight.tenants(0).granted(), 4u);
-  EXPECT_EQ(server->process->Wait(kExitTimeout), 0) << server->process->Output();
-  EXPECT_THAT(server->process->Output(), HasSubstr("SIGTERM"));
+  EXPECT_EQ(server->process->WaitForExit(kExitTimeout), 0) << server->process->Log();
+  EXPECT_THAT(server->process->Log(), HasSubstr("SIGTERM"));
 
   // It is gone: a new call fails.
   v1::SyncResponse after;
@@ -159,8 +157,8 @@ TEST(ServerBinaryTest, PolicyFileStrictFlagAndMessageLimitAreApplied) {
   EXPECT_TRUE(server->Sync(OneTenant(2, "known", 0, 3), &response).ok());
 
   server->process->Signal(SIGTERM);
-  EXPECT_EQ(server->process->Wait(kExitTimeout), 0) << server->process->Output();
-  EXPECT_THAT(server->process->Output(), HasSubstr("strict"));
+  EXPECT_EQ(server->process->WaitForExit(kExitTimeout), 0) << server->process->Log();
+  EXPECT_THAT(server->process->Log(), HasSubstr("strict"));
 }
 
 struct BadPolicy {

@@ -32,26 +32,27 @@ const std::string& ServerBinary() {
 std::unique_ptr<ServerProcess> ServerProcess::Start(const std::string& dir,
                                                     std::vector<std::string> args) {
   std::unique_ptr<ServerProcess> s(new ServerProcess());
-  const std::string port_file = dir + "/port";
-  std::remove(port_file.c_str());
-  // Metrics off: parallel test servers must not compete for the default metrics port.
-  std::vector<std::string> all = {"--listen=127.0.0.1:0", "--port_file=" + port_file,
-                                  "--metrics_listen="};
-  all.insert(all.end(), args.begin(), args.end());
-  s->process_ = ChildProcess::Start(ServerBinary(), all, dir + "/output");
-  if (!s->process_) return nullptr;
-  const std::optional<int> port = WaitForPortFile(port_file, *s->process_, kStartTimeout);
-  if (!port) {
-    ADD_FAILURE() << "the server did not serve; its output:\n" << s->process_->Output();
+  // A fresh log per start, as the tests read it (the launcher appends across restarts).
+  std::remove((dir + "/output").c_str());
+  // Metrics off (the launcher's default): parallel test servers must not compete for the default
+  // metrics port.
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> server =
+      ServerUnderTest::Start({.binary = ServerBinary(),
+                              .flags = std::move(args),
+                              .dir = dir,
+                              .log_name = "output",
+                              .timeout = kStartTimeout});
+  if (!server.ok()) {
+    ADD_FAILURE() << "the server did not serve: " << server.status();
     return nullptr;
   }
-  s->port_ = *port;
+  s->server_ = *std::move(server);
   return s;
 }
 
-std::string ServerProcess::target() const { return absl::StrCat("127.0.0.1:", port_); }
+std::string ServerProcess::target() const { return server_->address(); }
 
-pid_t ServerProcess::pid() const { return process_->pid(); }
+pid_t ServerProcess::pid() const { return server_->pid(); }
 
 ServerConnection ServerProcess::Connect(std::string bearer_token) const {
   return ServerConnection::Create(target(), grpc::InsecureChannelCredentials(),
@@ -59,8 +60,8 @@ ServerConnection ServerProcess::Connect(std::string bearer_token) const {
 }
 
 std::optional<int> ServerProcess::Stop(int signo) {
-  process_->Signal(signo);
-  return process_->Wait(kExitTimeout);
+  server_->Signal(signo);
+  return server_->WaitForExit(kExitTimeout);
 }
 
 int64_t ServerProcess::ResidentBytes() const {

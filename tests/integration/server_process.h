@@ -1,5 +1,5 @@
-// The retry-budget-server binary run by a test: started on 127.0.0.1:0 with a port file, its
-// output captured, stubs connected (plaintext or TLS, with or without a bearer token), and the
+// The retry-budget-server binary run by a test, launched by the one launcher of servers under test
+// (tests/support/test_launcher.h): started on 127.0.0.1:0 with a port file, its output captured, stubs connected (plaintext or TLS, with or without a bearer token), and the
 // restart / signal helpers the persistence, security and reload tests share.
 #ifndef RETRYBUDGET_TESTS_INTEGRATION_SERVER_PROCESS_H_
 #define RETRYBUDGET_TESTS_INTEGRATION_SERVER_PROCESS_H_
@@ -16,6 +16,7 @@
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/server_connection.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
 
@@ -27,11 +28,11 @@ class ServerProcess {
   static std::unique_ptr<ServerProcess> Start(const std::string& dir,
                                               std::vector<std::string> args);
 
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
   std::string target() const;
-  ChildProcess& process() { return *process_; }
+  ServerUnderTest& process() { return *server_; }
   pid_t pid() const;
-  std::string Output() const { return process_->Output(); }
+  std::string Output() const { return server_->Log(); }
 
   // A plaintext connection (optionally with a bearer token).
   ServerConnection Connect(std::string bearer_token = "") const;
@@ -44,8 +45,7 @@ class ServerProcess {
 
  private:
   ServerProcess() = default;
-  std::optional<ChildProcess> process_;
-  int port_ = 0;
+  std::unique_ptr<ServerUnderTest> server_;
 };
 
 // Runs `binary` with `args` until it exits (20 s at most); returns its exit code and output.

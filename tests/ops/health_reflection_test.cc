@@ -87,7 +87,7 @@ TEST(HealthTest, NotServingDuringCleanShutdown) {
   EXPECT_TRUE(seen_not_serving) << "health never said NOT_SERVING during the drain";
   // The drain really was in progress: the held Sync still completes.
   EXPECT_TRUE(in_flight.get().ok());
-  EXPECT_EQ(server->process->Wait(absl::Seconds(20)), 0) << server->process->Output();
+  EXPECT_EQ(server->process->WaitForExit(absl::Seconds(20)), 0) << server->process->Log();
 }
 
 TEST(ReflectionTest, ListsTheBudgetServicesAndHealth) {

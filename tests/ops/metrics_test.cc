@@ -189,17 +189,13 @@ TEST(MetricsTest, TenantsPastTheLimitShareTheOtherLabel) {
 }
 
 TEST(MetricsTest, EmptyMetricsListenDisablesTheEndpoint) {
-  ScopedTempDir dir;
-  std::optional<ChildProcess> process = ChildProcess::Start(
-      RETRY_BUDGET_SERVER_BINARY,
-      {"--listen=127.0.0.1:0", "--port_file=" + dir.path() + "/port", "--metrics_listen="},
-      dir.path() + "/output");
-  ASSERT_TRUE(process.has_value());
-  ASSERT_TRUE(WaitForPortFile(dir.path() + "/port", *process, absl::Seconds(20)).has_value())
-      << process->Output();
-  EXPECT_TRUE(absl::StrContains(process->Output(), "metrics disabled")) << process->Output();
-  process->Signal(SIGTERM);
-  EXPECT_EQ(process->Wait(absl::Seconds(20)), 0);
+  // The launcher's default is --metrics_listen= (metrics off).
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> server =
+      ServerUnderTest::Start({.binary = RETRY_BUDGET_SERVER_BINARY});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_TRUE(absl::StrContains((*server)->Log(), "metrics disabled")) << (*server)->Log();
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->WaitForExit(absl::Seconds(20)), 0);
 }
 
 TEST(MetricsTest, DashboardAndAlertsUseOnlyExposedMetrics) {

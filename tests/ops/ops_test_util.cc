@@ -128,24 +128,19 @@ int FreePort() {
 std::unique_ptr<OpsServer> OpsServer::Start(const std::string& binary,
                                             const std::vector<std::string>& extra_args) {
   auto s = std::make_unique<OpsServer>();
-  const std::string port_file = s->dir.path() + "/port";
-  const std::string metrics_port_file = s->dir.path() + "/metrics_port";
-  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--port_file=" + port_file,
-                                   "--metrics_listen=127.0.0.1:0",
-                                   "--metrics_port_file=" + metrics_port_file};
-  args.insert(args.end(), extra_args.begin(), extra_args.end());
-  s->process = ChildProcess::Start(binary, args, s->dir.path() + "/output");
-  if (!s->process) return nullptr;
-  const std::optional<int> port = WaitForPortFile(port_file, *s->process, absl::Seconds(20));
-  const std::optional<int> metrics_port =
-      port ? WaitForPortFile(metrics_port_file, *s->process, absl::Seconds(5)) : std::nullopt;
-  if (!port || !metrics_port) {
-    ADD_FAILURE() << "the server did not write its port files; output:\n"
-                  << s->process->Output();
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> server =
+      ServerUnderTest::Start({.binary = binary,
+                              .flags = extra_args,
+                              .dir = s->dir.path(),
+                              .metrics = true,
+                              .log_name = "output"});
+  if (!server.ok()) {
+    ADD_FAILURE() << "the server did not write its port files: " << server.status();
     return nullptr;
   }
-  s->port = *port;
-  s->metrics_port = *metrics_port;
+  s->process = *std::move(server);
+  s->port = s->process->port();
+  s->metrics_port = s->process->metrics_port();
   return s;
 }
 

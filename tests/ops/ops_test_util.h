@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "tests/integration/child_process.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
 
@@ -41,10 +42,10 @@ CommandResult RunCommand(const std::string& command);
 int FreePort();
 
 // The retry-budget-server binary on 127.0.0.1:0 with --metrics_listen=127.0.0.1:0, both ports
-// read from port files.
+// read from port files, launched by the one launcher of servers under test.
 struct OpsServer {
-  ScopedTempDir dir;
-  std::optional<ChildProcess> process;
+  ScopedTempDir dir;  // the server's directory (its log is `output`); outlives the process
+  std::unique_ptr<ServerUnderTest> process;
   int port = 0;
   int metrics_port = 0;
 

@@ -161,13 +161,16 @@ class PersistenceTest : public ::testing::Test {
     return granted;
   }
 
-  // A grant never exceeds the limit already on disk, so a tenant's first Sync gets nothing and
-  // has its first reservation made (its want plus a block of capacity/8 = 12). This makes that
-  // reservation for a want of `want` from an instance that then leaves, holding nothing.
+  // A grant never exceeds the limit already on disk. A new tenant starts with a block of
+  // capacity/8 = 12 on disk, so a first want above that is cut, and the reservation for it is
+  // made then. This makes the tenant and a reservation covering a grant of `want`, from an
+  // instance that gives back what it got at once and leaves, holding nothing.
   void Prime(uint64_t want, const std::string& tenant = "t") {
-    EXPECT_EQ(SyncTenant(tenant, "primer-" + tenant, 1, want), 0u);
+    const uint64_t got = SyncTenant(tenant, "primer-" + tenant, 1, want);
+    EXPECT_EQ(got, std::min<uint64_t>(want, 12));
     store_->WaitIdle();
-    SyncTenant(tenant, "primer-" + tenant, 2, 0, 0, 0, 0, /*final=*/true);
+    SyncTenant(tenant, "primer-" + tenant, 2, 0, got, got, 0, /*final=*/true);
+    store_->WaitIdle();
   }
 
   double Tokens() { return core_->GetBudget("t")->tokens(); }
@@ -194,11 +197,12 @@ TEST_F(PersistenceTest, CleanRestartRestoresExactLevelsRefilledForTheDowntime) {
   ASSERT_TRUE(Boot().ok());
   Prime(30);
   EXPECT_EQ(Grant("a", 1, 30), 30u);
+  const uint64_t granted_before = core_->GetBudget("t")->granted_total();
   ASSERT_TRUE(snapshotter_->Stop().ok());
   clock_.Advance(absl::Seconds(7));  // down for 7 s at 1 token/s
   ASSERT_TRUE(Boot().ok());
   EXPECT_DOUBLE_EQ(Tokens(), 77);
-  EXPECT_EQ(core_->GetBudget("t")->granted_total(), 30u);
+  EXPECT_EQ(core_->GetBudget("t")->granted_total(), granted_before);
   // The instance's history survived too: returning its tokens is credited exactly once.
   Grant("a", 2, 0, /*received=*/30, /*returned=*/30);
   EXPECT_DOUBLE_EQ(Tokens(), 100);
@@ -262,11 +266,14 @@ TEST_F(PersistenceTest, CrashNeverCreatesTokens) {
 TEST_F(PersistenceTest, CrashForfeitsAtMostTheUnusedReservation) {
   ASSERT_TRUE(Boot().ok());
   Prime(5);
-  EXPECT_EQ(Grant("a", 1, 5), 5u);  // primed: 5 and a block of 12.5 -> 12 ahead, limit 17
+  // primed: the primer took 5 of a first block of 12, asking for 5 + 5 + 12 = 22; it gave its 5
+  // back, and "a" takes 5: 10 granted, limit 22.
+  EXPECT_EQ(Grant("a", 1, 5), 5u);
   Crash();
   ASSERT_TRUE(Boot().ok());
-  // Taken as granted: the whole limit (5 + 12). Never more, never less.
-  EXPECT_DOUBLE_EQ(Tokens(), 100 - 17);
+  // The tenant is younger than the last snapshot, so the journal is all there is: the whole
+  // limit (22) is taken as granted, the primer's return included. Never more, never less.
+  EXPECT_DOUBLE_EQ(Tokens(), 100 - 22);
 }
 
 TEST_F(PersistenceTest, CrashedInstancesComeBackAsABaseline) {
@@ -406,7 +413,7 @@ TEST_F(PersistenceTest, TornRecordAtTheEndOfAnOlderJournalDoesNotStopTheStart) {
 TEST_F(PersistenceTest, FailedReservationCutsTheGrantAndTheRestartCountsWhatWasReserved) {
   ASSERT_TRUE(Boot().ok());
   Prime(5);
-  uint64_t granted = Grant("a", 1, 5);  // primed: limit 17
+  uint64_t granted = Grant("a", 1, 5);  // primed: 12 more on disk after this grant
   EXPECT_EQ(granted, 5u);
   io_.FailNextSync();
   // Needs a limit of 25: the reservation fails, so the grant is cut to what is durable (12).
@@ -414,8 +421,8 @@ TEST_F(PersistenceTest, FailedReservationCutsTheGrantAndTheRestartCountsWhatWasR
   EXPECT_EQ(cut, 12u);
   granted += cut;
   EXPECT_EQ(core_->store_errors(), 1u);
-  // The store works again, in a new journal: the next reservation (17 + 10 + 12) lands, and the
-  // Sync after it is granted in full.
+  // The store works again, in a new journal: the next reservation (a block past 10 more) lands,
+  // and the Sync after it is granted in full.
   EXPECT_EQ(Grant("b", 1, 10), 0u);
   granted += Grant("b", 2, 10);
   EXPECT_EQ(granted, 27u);

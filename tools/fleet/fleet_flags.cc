@@ -42,6 +42,15 @@ ABSL_FLAG(double, kill_server_after, 0, "SIGKILL the spawned server this many se
 ABSL_FLAG(double, restart_after, 0, "restart it this many seconds after the kill (same port)");
 ABSL_FLAG(double, stop_server_after, 0, "SIGSTOP the spawned server this many seconds in");
 ABSL_FLAG(double, resume_after, 0, "SIGCONT it this many seconds after the stop");
+ABSL_FLAG(int32_t, cluster, 0,
+          "start a cluster of this many --spawn-server servers on etcd (0: one plain server)");
+ABSL_FLAG(int32_t, etcd_nodes, 3, "etcd members of the --cluster");
+ABSL_FLAG(std::string, etcd_binary, "/usr/bin/etcd", "the etcd binary of the --cluster");
+ABSL_FLAG(int32_t, cluster_shards, 0, "--shards of the cluster's servers (0: their default)");
+ABSL_FLAG(absl::Duration, cluster_lease_ttl, absl::ZeroDuration(),
+          "--etcd_lease_ttl of the cluster's servers (0: their default)");
+ABSL_FLAG(std::string, cluster_chaos, "",
+          "faults of the --cluster run: ACTION@SECONDS[+SECONDS],... (see --help)");
 ABSL_FLAG(absl::Duration, refresh_period, absl::ZeroDuration(),
           "client refresh period; 0 keeps the library default");
 ABSL_FLAG(uint64_t, lease_burst, 0, "client lease burst; 0 keeps the library default");
@@ -135,7 +144,9 @@ refill times the seconds spent in fallback; 0 when no client fell back.
 Usage: retry-budget-fleet [--option=value ...]   (options accept '-' or '_': --failure-rate)
 
 Fleet:
-  --server=HOST:PORT        budget server (default 127.0.0.1:50051)
+  --server=TARGET           budget server(s), any gRPC target the client takes: HOST:PORT,
+                            ipv4:127.0.0.1:7001,127.0.0.1:7002, dns:///host:port
+                            (default 127.0.0.1:50051)
   --tenant=NAME             tenant whose budget is used (default fleet)
   --workers=N               worker processes (default 8)
   --threads=T               threads per worker (default 2)
@@ -181,6 +192,24 @@ Chaos (the tool starts, kills, hangs and restarts the real server itself; --serv
   --resume-after=SECONDS       SIGCONT it this long after the stop
   While the server is unreachable each client spends its lease to its expiry, then its local
   fallback bucket; the bound then adds the fallback allowance (see below).
+
+Cluster (the tool starts real etcd members and N servers of --spawn-server in cluster mode,
+through the launcher of tests/support/test_launcher.h; --server is ignored, the workers get the
+cluster's multi-address target):
+  --cluster=N                  N servers (0: the single --spawn-server above)
+  --etcd-nodes=M               etcd members (default 3)
+  --etcd-binary=PATH           etcd (default /usr/bin/etcd)
+  --cluster-shards=S           the servers' --shards (default: theirs)
+  --cluster-lease-ttl=DURATION the servers' --etcd_lease_ttl (default: theirs)
+  --cluster-chaos=ACTION@SECONDS[+SECONDS],...   faults, timed from the run's start:
+      kill:S@T[+D]     kill -9 of server S (an index, or `owner`: the owner of --tenant then);
+                       with +D restarted D seconds later on the same port
+      stop:S@T+D       SIGSTOP of server S for D seconds
+      restart:S@T      start server S again
+      kill-etcd-leader@T   kill -9 of the etcd leader
+      stop-etcd@T[+D]  kill -9 of every etcd member; with +D all started again D seconds later
+    e.g. --cluster-chaos=kill:owner@3+2,kill-etcd-leader@6,stop-etcd@8+3
+  The report's "cluster" object lists what each action did, when.
 
 Client tuning:
   --refresh-period=DURATION  --lease-burst=N   (0: library defaults)
@@ -244,6 +273,12 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   if (given("restart_after")) o.chaos.restart_after = absl::GetFlag(FLAGS_restart_after);
   if (given("stop_server_after")) o.chaos.stop_after = absl::GetFlag(FLAGS_stop_server_after);
   if (given("resume_after")) o.chaos.resume_after = absl::GetFlag(FLAGS_resume_after);
+  o.cluster = absl::GetFlag(FLAGS_cluster);
+  o.etcd_nodes = absl::GetFlag(FLAGS_etcd_nodes);
+  o.etcd_binary = absl::GetFlag(FLAGS_etcd_binary);
+  o.cluster_shards = absl::GetFlag(FLAGS_cluster_shards);
+  o.cluster_lease_ttl = absl::GetFlag(FLAGS_cluster_lease_ttl);
+  o.cluster_chaos = absl::GetFlag(FLAGS_cluster_chaos);
   o.monitor_period = absl::GetFlag(FLAGS_monitor_period);
   o.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   o.lease_burst = absl::GetFlag(FLAGS_lease_burst);

@@ -4,10 +4,12 @@
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 #include "tools/fleet/json_writer.h"
@@ -96,75 +98,37 @@ WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
   sum.worker = static_cast<int>(workers.size());
   sum.shutdown_status = "OK";
   for (const WorkerCounts& w : workers) {
-    sum.calls += w.calls;
-    sum.attempts += w.attempts;
-    sum.successes += w.successes;
-    sum.failures += w.failures;
-    sum.retries_allowed += w.retries_allowed;
-    sum.retries_denied += w.retries_denied;
-    sum.run_seconds = std::max(sum.run_seconds, w.run_seconds);
-    sum.lib_successes += w.lib_successes;
-    sum.lib_retries_allowed += w.lib_retries_allowed;
-    sum.lib_retries_denied += w.lib_retries_denied;
-    sum.lib_fallback_allowed += w.lib_fallback_allowed;
-    sum.lib_tokens_received += w.lib_tokens_received;
-    sum.lib_tokens_returned += w.lib_tokens_returned;
-    sum.lib_tokens_held += w.lib_tokens_held;
-    sum.calls_in_fallback += w.calls_in_fallback;
-    sum.retries_allowed_in_fallback += w.retries_allowed_in_fallback;
-    sum.retries_allowed_after_fallback += w.retries_allowed_after_fallback;
-    sum.fallback_entries += w.fallback_entries;
-    sum.lease_after_fallback += w.lease_after_fallback;
-    sum.fallback_seconds += w.fallback_seconds;
-    sum.fallback_allowance += w.fallback_allowance;
-    sum.safe_share_capacity += w.safe_share_capacity;
-    sum.safe_share_refill += w.safe_share_refill;
-    sum.syncs_ok += w.syncs_ok;
-    sum.syncs_failed += w.syncs_failed;
-    sum.max_try_acquire_ms = std::max(sum.max_try_acquire_ms, w.max_try_acquire_ms);
-    sum.timeline_slice_seconds = std::max(sum.timeline_slice_seconds, w.timeline_slice_seconds);
-    AddInto(sum.calls_timeline, w.calls_timeline);
-    AddInto(sum.retries_timeline, w.retries_timeline);
-    if (sum.shutdown_status == "OK" && w.shutdown_status != "OK") {
-      sum.shutdown_status = absl::StrCat("worker ", w.worker, ": ", w.shutdown_status);
-    }
+    ForEachWorkerField(sum, w, [&w](absl::string_view, Combine combine, auto& total,
+                                    const auto& value) {
+      using T = std::decay_t<decltype(total)>;
+      if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
+        AddInto(total, value);
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        if (combine == Combine::kFirstError && total == "OK" && value != "OK") {
+          total = absl::StrCat("worker ", w.worker, ": ", value);
+        }
+      } else {
+        if (combine == Combine::kSum) total += value;
+        if (combine == Combine::kMax) total = std::max(total, value);
+      }
+    });
   }
   return sum;
 }
 
 std::string WorkerCountsToJson(const WorkerCounts& c) {
   JsonWriter w;
-  w.Number("worker", c.worker)
-      .Number("calls", c.calls)
-      .Number("attempts", c.attempts)
-      .Number("successes", c.successes)
-      .Number("failures", c.failures)
-      .Number("retries_allowed", c.retries_allowed)
-      .Number("retries_denied", c.retries_denied)
-      .Number("run_seconds", c.run_seconds)
-      .Number("lib_successes", c.lib_successes)
-      .Number("lib_retries_allowed", c.lib_retries_allowed)
-      .Number("lib_retries_denied", c.lib_retries_denied)
-      .Number("lib_fallback_allowed", c.lib_fallback_allowed)
-      .Number("lib_tokens_received", c.lib_tokens_received)
-      .Number("lib_tokens_returned", c.lib_tokens_returned)
-      .Number("lib_tokens_held", c.lib_tokens_held)
-      .String("shutdown_status", c.shutdown_status)
-      .Number("calls_in_fallback", c.calls_in_fallback)
-      .Number("retries_allowed_in_fallback", c.retries_allowed_in_fallback)
-      .Number("retries_allowed_after_fallback", c.retries_allowed_after_fallback)
-      .Number("fallback_entries", c.fallback_entries)
-      .Number("lease_after_fallback", c.lease_after_fallback)
-      .Number("fallback_seconds", c.fallback_seconds)
-      .Number("fallback_allowance", c.fallback_allowance)
-      .Number("safe_share_capacity", c.safe_share_capacity)
-      .Number("safe_share_refill", c.safe_share_refill)
-      .Number("syncs_ok", c.syncs_ok)
-      .Number("syncs_failed", c.syncs_failed)
-      .Number("max_try_acquire_ms", c.max_try_acquire_ms)
-      .Number("timeline_slice_seconds", c.timeline_slice_seconds)
-      .Counts("calls_timeline", c.calls_timeline)
-      .Counts("retries_timeline", c.retries_timeline);
+  ForEachWorkerField(c, c, [&w](absl::string_view name, Combine, const auto& value,
+                                const auto&) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
+      w.Counts(name, value);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      w.String(name, value);
+    } else {
+      w.Number(name, value);
+    }
+  });
   return w.Finish();
 }
 
@@ -180,49 +144,28 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
                      line.substr(0, 200)));
   }
   WorkerCounts c;
-  int64_t worker = 0;
-  if (absl::Status st = ReadSigned(s, "worker", &worker); !st.ok()) return st;
-  c.worker = static_cast<int>(worker);
-  for (auto [field, out] : std::initializer_list<std::pair<absl::string_view, uint64_t*>>{
-           {"calls", &c.calls},
-           {"attempts", &c.attempts},
-           {"successes", &c.successes},
-           {"failures", &c.failures},
-           {"retries_allowed", &c.retries_allowed},
-           {"retries_denied", &c.retries_denied},
-           {"lib_successes", &c.lib_successes},
-           {"lib_retries_allowed", &c.lib_retries_allowed},
-           {"lib_retries_denied", &c.lib_retries_denied},
-           {"lib_fallback_allowed", &c.lib_fallback_allowed},
-           {"lib_tokens_received", &c.lib_tokens_received},
-           {"lib_tokens_returned", &c.lib_tokens_returned},
-           {"calls_in_fallback", &c.calls_in_fallback},
-           {"retries_allowed_in_fallback", &c.retries_allowed_in_fallback},
-           {"retries_allowed_after_fallback", &c.retries_allowed_after_fallback},
-           {"fallback_entries", &c.fallback_entries},
-           {"lease_after_fallback", &c.lease_after_fallback},
-           {"syncs_ok", &c.syncs_ok},
-           {"syncs_failed", &c.syncs_failed}}) {
-    if (absl::Status st = ReadCount(s, field, out); !st.ok()) return st;
-  }
-  if (absl::Status st = ReadSigned(s, "lib_tokens_held", &c.lib_tokens_held); !st.ok()) return st;
-  for (auto [field, out] : std::initializer_list<std::pair<absl::string_view, double*>>{
-           {"run_seconds", &c.run_seconds},
-           {"fallback_seconds", &c.fallback_seconds},
-           {"fallback_allowance", &c.fallback_allowance},
-           {"safe_share_capacity", &c.safe_share_capacity},
-           {"safe_share_refill", &c.safe_share_refill},
-           {"max_try_acquire_ms", &c.max_try_acquire_ms},
-           {"timeline_slice_seconds", &c.timeline_slice_seconds}}) {
-    if (absl::Status st = ReadDouble(s, field, out); !st.ok()) return st;
-  }
-  if (absl::Status st = ReadCountArray(s, "calls_timeline", &c.calls_timeline); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st = ReadCountArray(s, "retries_timeline", &c.retries_timeline); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st = ReadString(s, "shutdown_status", &c.shutdown_status); !st.ok()) return st;
+  absl::Status status;
+  ForEachWorkerField(c, c, [&](absl::string_view name, Combine, auto& out, auto&) {
+    if (!status.ok()) return;
+    using T = std::decay_t<decltype(out)>;
+    if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
+      status = ReadCountArray(s, name, &out);
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      status = ReadString(s, name, &out);
+    } else if constexpr (std::is_same_v<T, uint64_t>) {
+      status = ReadCount(s, name, &out);
+    } else if constexpr (std::is_same_v<T, double>) {
+      status = ReadDouble(s, name, &out);
+    } else if constexpr (std::is_same_v<T, int64_t>) {
+      status = ReadSigned(s, name, &out);
+    } else {
+      static_assert(std::is_same_v<T, int>, "a WorkerCounts field of an unhandled type");
+      int64_t value = 0;
+      status = ReadSigned(s, name, &value);
+      out = static_cast<int>(value);
+    }
+  });
+  if (!status.ok()) return status;
   return c;
 }
 
@@ -362,6 +305,14 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
         .Number("retries_during_outage", c.retries_during_outage)
         .Number("retries_after_outage", c.retries_after_outage);
     w.Object("chaos", chaos.Finish());
+  }
+  if (run.cluster.has_value()) {
+    JsonWriter cluster;
+    cluster.Number("servers", run.cluster->servers)
+        .Number("etcd_nodes", run.cluster->etcd_nodes)
+        .String("target", run.cluster->target)
+        .String("events", absl::StrJoin(run.cluster->events, "; "));
+    w.Object("cluster", cluster.Finish());
   }
   return w.Finish();
 }

@@ -73,6 +73,56 @@ struct WorkerCounts {
   std::vector<uint64_t> retries_timeline = {};
 };
 
+// How the fleet's total of one WorkerCounts field combines the workers' values.
+enum class Combine {
+  kSum,        // added up
+  kMax,        // the largest (the run's length, the slowest TryAcquire, the timeline's slice)
+  kCount,      // `worker`: the total holds the number of workers
+  kFirstError, // `shutdown_status`: "OK", or the first worker's error
+};
+
+// Every field of WorkerCounts, defined once, in the order of the worker's JSON line: calls
+// `v(name, combine, a.field, b.field)` for each, with `name` the field's JSON key. The sum
+// (SumWorkers), the JSON writer and the JSON parser all walk it, so a field added here is
+// summed, written and read, and one missing from a step cannot happen. `a` and `b` may be the
+// same object (the writer and the parser visit one).
+template <typename A, typename B, typename V>
+void ForEachWorkerField(A& a, B& b, V&& v) {
+  v("worker", Combine::kCount, a.worker, b.worker);
+  v("calls", Combine::kSum, a.calls, b.calls);
+  v("attempts", Combine::kSum, a.attempts, b.attempts);
+  v("successes", Combine::kSum, a.successes, b.successes);
+  v("failures", Combine::kSum, a.failures, b.failures);
+  v("retries_allowed", Combine::kSum, a.retries_allowed, b.retries_allowed);
+  v("retries_denied", Combine::kSum, a.retries_denied, b.retries_denied);
+  v("run_seconds", Combine::kMax, a.run_seconds, b.run_seconds);
+  v("lib_successes", Combine::kSum, a.lib_successes, b.lib_successes);
+  v("lib_retries_allowed", Combine::kSum, a.lib_retries_allowed, b.lib_retries_allowed);
+  v("lib_retries_denied", Combine::kSum, a.lib_retries_denied, b.lib_retries_denied);
+  v("lib_fallback_allowed", Combine::kSum, a.lib_fallback_allowed, b.lib_fallback_allowed);
+  v("lib_tokens_received", Combine::kSum, a.lib_tokens_received, b.lib_tokens_received);
+  v("lib_tokens_returned", Combine::kSum, a.lib_tokens_returned, b.lib_tokens_returned);
+  v("lib_tokens_held", Combine::kSum, a.lib_tokens_held, b.lib_tokens_held);
+  v("shutdown_status", Combine::kFirstError, a.shutdown_status, b.shutdown_status);
+  v("calls_in_fallback", Combine::kSum, a.calls_in_fallback, b.calls_in_fallback);
+  v("retries_allowed_in_fallback", Combine::kSum, a.retries_allowed_in_fallback,
+    b.retries_allowed_in_fallback);
+  v("retries_allowed_after_fallback", Combine::kSum, a.retries_allowed_after_fallback,
+    b.retries_allowed_after_fallback);
+  v("fallback_entries", Combine::kSum, a.fallback_entries, b.fallback_entries);
+  v("lease_after_fallback", Combine::kSum, a.lease_after_fallback, b.lease_after_fallback);
+  v("fallback_seconds", Combine::kSum, a.fallback_seconds, b.fallback_seconds);
+  v("fallback_allowance", Combine::kSum, a.fallback_allowance, b.fallback_allowance);
+  v("safe_share_capacity", Combine::kSum, a.safe_share_capacity, b.safe_share_capacity);
+  v("safe_share_refill", Combine::kSum, a.safe_share_refill, b.safe_share_refill);
+  v("syncs_ok", Combine::kSum, a.syncs_ok, b.syncs_ok);
+  v("syncs_failed", Combine::kSum, a.syncs_failed, b.syncs_failed);
+  v("max_try_acquire_ms", Combine::kMax, a.max_try_acquire_ms, b.max_try_acquire_ms);
+  v("timeline_slice_seconds", Combine::kMax, a.timeline_slice_seconds, b.timeline_slice_seconds);
+  v("calls_timeline", Combine::kSum, a.calls_timeline, b.calls_timeline);
+  v("retries_timeline", Combine::kSum, a.retries_timeline, b.retries_timeline);
+}
+
 // The field-by-field sum of `workers` (worker = count of workers; shutdown_status = "OK" when
 // every worker's is "OK", else the first error).
 WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers);
@@ -142,6 +192,14 @@ struct ServerView {
   double level_max = 0;
 };
 
+// The cluster of a --cluster run and what its chaos actions did (cluster_chaos.h).
+struct ClusterView {
+  int servers = 0;
+  int etcd_nodes = 0;
+  std::string target = {};               // the workers' multi-address target
+  std::vector<std::string> events = {};  // "<seconds> <what>", in order
+};
+
 struct FleetRun {
   std::string tenant = {};
   std::string strategy = {};
@@ -157,6 +215,7 @@ struct FleetRun {
   std::optional<FaultCounters> faults = {};
   std::optional<ServerView> server = {};
   std::optional<ChaosView> chaos = {};
+  std::optional<ClusterView> cluster = {};
   double fault_delay_ms = 0;  // --fault-delay (0: none)
 };
 

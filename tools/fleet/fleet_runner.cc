@@ -24,6 +24,7 @@
 #include "retrybudget/names.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tools/fleet/chaos_schedule.h"
+#include "tools/fleet/cluster_chaos.h"
 #include "tools/fleet/fault_proxy.h"
 #include "tools/fleet/server_supervisor.h"
 #include "tools/fleet/subprocess.h"
@@ -300,6 +301,27 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
                "must satisfy 0 <= initial <= max");
   }
   if (absl::Status s = ValidateChaosPlan(o.chaos); !s.ok()) return s;
+  if (o.cluster < 0 || o.cluster > 16) return bad("--cluster", o.cluster, "must be 0-16");
+  if (o.cluster > 0) {
+    if (o.spawn_server.empty()) {
+      return absl::InvalidArgumentError("--cluster needs --spawn-server (the server binary)");
+    }
+    if (o.chaos.any()) {
+      return absl::InvalidArgumentError(
+          "--kill-server-after/--stop-server-after are for one server; with --cluster use "
+          "--cluster-chaos");
+    }
+    if (o.etcd_nodes < 1 || o.etcd_nodes > 7) {
+      return bad("--etcd-nodes", o.etcd_nodes, "must be 1-7");
+    }
+    if (absl::StatusOr<std::vector<ClusterAction>> plan =
+            ParseClusterChaos(o.cluster_chaos, o.cluster);
+        !plan.ok()) {
+      return plan.status();
+    }
+  } else if (!o.cluster_chaos.empty()) {
+    return absl::InvalidArgumentError("--cluster-chaos needs --cluster");
+  }
   if (o.chaos.any() && o.spawn_server.empty()) {
     return absl::InvalidArgumentError(
         "--kill-server-after/--stop-server-after need --spawn-server (the tool must own the "
@@ -326,8 +348,35 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   // Declared first so that it is destroyed (killed if still running) last.
   std::unique_ptr<OwnedTempDir> server_dir;
   std::unique_ptr<ServerSupervisor> spawned;
+  std::unique_ptr<testing::ClusterUnderTest> cluster;
   std::string server = o.server;
-  if (!o.spawn_server.empty()) {
+  if (o.cluster > 0) {
+    std::vector<std::string> flags = o.server_args;
+    std::string policy_file;
+    if (AnyPolicyField(o)) {
+      absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
+      if (!dir.ok()) return dir.status();
+      server_dir = *std::move(dir);
+      std::string text;
+      google::protobuf::TextFormat::PrintToString(PolicyFileFor(o), &text);
+      policy_file = absl::StrCat(server_dir->path(), "/policy.textproto");
+      std::ofstream out(policy_file);
+      out << text;
+      if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", policy_file));
+      flags.insert(flags.begin(), absl::StrCat("--policy=", policy_file));
+    }
+    absl::StatusOr<std::unique_ptr<testing::ClusterUnderTest>> started =
+        testing::ClusterUnderTest::Start({.etcd = {.etcd_nodes = o.etcd_nodes,
+                                                   .etcd_binary = o.etcd_binary},
+                                          .servers = o.cluster,
+                                          .server_binary = o.spawn_server,
+                                          .server_flags = std::move(flags),
+                                          .shards = o.cluster_shards,
+                                          .lease_ttl = o.cluster_lease_ttl});
+    if (!started.ok()) return started.status();
+    cluster = *std::move(started);
+    server = cluster->target();
+  } else if (!o.spawn_server.empty()) {
     absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
     if (!dir.ok()) return dir.status();
     server_dir = *std::move(dir);
@@ -400,6 +449,11 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   // The server faults, timed from the same start.
   std::unique_ptr<ChaosSchedule> chaos;
   if (o.chaos.any()) chaos = std::make_unique<ChaosSchedule>(*spawned, o.chaos, t0);
+  std::unique_ptr<ClusterChaos> cluster_chaos;
+  if (cluster != nullptr) {
+    cluster_chaos = std::make_unique<ClusterChaos>(
+        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster), o.tenant, t0);
+  }
 
   // Diagnostic: the bucket level while the fleet runs (a standing level means tokens the leases
   // do not take; see the "server" object of the report). Never part of the verdict.
@@ -437,6 +491,8 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   // end of the run can be read.
   std::optional<ChaosView> chaos_view;
   if (chaos != nullptr) chaos_view = chaos->Finish();
+  std::vector<std::string> cluster_events;
+  if (cluster_chaos != nullptr) cluster_events = cluster_chaos->Finish();
 
   FleetRun run;
   run.tenant = o.tenant;
@@ -457,6 +513,12 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   run.elapsed_seconds = elapsed;
   run.totals = SumWorkers(counts);
   run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
+  if (cluster != nullptr) {
+    run.cluster = ClusterView{.servers = cluster->server_count(),
+                              .etcd_nodes = cluster->etcd().etcd_node_count(),
+                              .target = cluster->target(),
+                              .events = std::move(cluster_events)};
+  }
   if (chaos_view.has_value()) {
     if (chaos_view->kill_at.has_value()) {
       CountOutage(run.totals, *chaos_view->kill_at, chaos_view->restart_at.value_or(elapsed),

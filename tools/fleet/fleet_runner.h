@@ -58,6 +58,17 @@ struct FleetOptions {
   std::vector<std::string> server_args = {};  // appended to the server's command line
   ChaosPlan chaos = {};                       // needs spawn_server
 
+  // Cluster: with `cluster` > 0 the tool starts a cluster under test (tests/support/
+  // test_launcher.h) instead: `etcd_nodes` etcd members and `cluster` servers of the
+  // `spawn_server` binary in cluster mode, and the workers use its multi-address target.
+  // `cluster_chaos` (cluster_chaos.h) is played against it.
+  int cluster = 0;
+  int etcd_nodes = 3;
+  std::string etcd_binary = "/usr/bin/etcd";
+  int cluster_shards = 0;                                // 0: the server's default
+  absl::Duration cluster_lease_ttl = absl::ZeroDuration();  // 0: the server's default
+  std::string cluster_chaos = {};
+
   // Client tuning passed to every worker (zero: library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;

@@ -1,7 +1,8 @@
 // The real retry-budget-server as a child of the fleet tool (--spawn-server), for the chaos
-// runs of issue 4: start it on a port picked once, kill it with SIGKILL, restart it on the SAME
-// port with the SAME data directory (so clients reconnect to the address they know and the
-// server restores its snapshot and journal), hang it with SIGSTOP and resume it with SIGCONT.
+// runs of issue 4, on the launcher the tests share (tests/support/test_launcher.h): start it on a
+// port picked once, kill it with SIGKILL, restart it on the SAME port with the SAME data directory
+// (so clients reconnect to the address they know and the server restores its snapshot and journal),
+// hang it with SIGSTOP and resume it with SIGCONT.
 //
 //   auto server = ServerSupervisor::Start({.binary = path, .data_dir = dir, .work_dir = tmp});
 //   if (!server.ok()) return server.status();
@@ -19,12 +20,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tools/fleet/subprocess.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget::fleet {
 
 struct ServerSupervisorOptions {
-  std::string binary = {};       // path of retry-budget-server
+  std::string binary = {};  // path of retry-budget-server
   // Passed as --data_dir=DIR when non-empty and the binary knows the flag (its --helpfull lists
   // it); a server without it restarts from an empty state (see persistent()).
   std::string data_dir = {};
@@ -32,7 +33,7 @@ struct ServerSupervisorOptions {
   // Appended as given (e.g. --snapshot_interval=1s), after the supervisor's own flags, so they
   // win. The metrics endpoint is off unless one of them sets --metrics_listen.
   std::vector<std::string> extra_args = {};
-  std::string work_dir = {};     // where the port file is written; must exist
+  std::string work_dir = {};  // where the port file and the server's log go; must exist
   // How long one start (or restart) may take until the server has written its port file.
   absl::Duration start_timeout = absl::Seconds(20);
 };
@@ -50,7 +51,7 @@ class ServerSupervisor {
   ServerSupervisor& operator=(const ServerSupervisor&) = delete;
   ~ServerSupervisor() = default;
 
-  int port() const { return port_; }
+  int port() const { return server_->port(); }
   std::string address() const;
 
   // SIGKILL and reap. FAILED_PRECONDITION when no server is running.
@@ -62,25 +63,21 @@ class ServerSupervisor {
   // SIGSTOP / SIGCONT: the process keeps its socket, so clients connect and then hang.
   void Stop();
   void Resume();
+  // The server's output so far (its log in work_dir), for failure messages.
+  std::string LogTail() const { return server_->LogTail(); }
   // SIGCONT, SIGTERM, then waits up to `grace` (SIGKILL after it). OK when it exited 0 (or none
   // was running); otherwise the exit status.
   absl::Status Shutdown(absl::Duration grace);
 
-  bool running() const { return child_ != nullptr; }
+  bool running() const { return server_->process() != nullptr; }
   // The server was given --data_dir: a restart restores its state.
   bool persistent() const { return persistent_; }
 
  private:
-  explicit ServerSupervisor(ServerSupervisorOptions options) : options_(std::move(options)) {}
-  // Spawns the server on `listen` and waits for the port in its port file.
-  absl::Status SpawnAndWait(const std::string& listen);
+  ServerSupervisor() = default;
 
-  const ServerSupervisorOptions options_;
   bool persistent_ = false;
-  bool metrics_off_ = false;  // the binary knows --metrics_listen: started with it empty
-  std::string port_file_;
-  int port_ = 0;
-  std::unique_ptr<Subprocess> child_;
+  std::unique_ptr<testing::ServerUnderTest> server_;
 };
 
 }  // namespace retrybudget::fleet

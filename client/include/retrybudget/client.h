@@ -128,7 +128,14 @@ class TenantBudget {
 };
 
 struct ClientOptions {
-  // gRPC target of the budget server, e.g. "127.0.0.1:50051" or "dns:///budget:50051".
+  // gRPC target of the budget server, e.g. "127.0.0.1:50051", or of several servers of a
+  // cluster: "ipv4:127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003", "dns:///budget.example:50051".
+  // The channel uses gRPC's default pick_first policy: one connection, to the first address
+  // that accepts it (a dead address is skipped, and a connection that breaks moves to the next).
+  // Not round_robin: any server of a cluster answers for any tenant (it redirects the tenants
+  // it does not own), so spreading Syncs over every address would only open more connections;
+  // once redirected, a tenant is synced with its owner over a channel of its own (same
+  // credentials and channel arguments), one Sync per owner per refresh.
   std::string target = "127.0.0.1:50051";
   // Random if empty. 1-128 printable ASCII characters.
   std::string instance_id;

@@ -14,7 +14,9 @@
 #define RETRYBUDGET_CLIENT_TESTING_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include <grpcpp/channel.h>
 
@@ -58,6 +60,17 @@ class TestingBudgetClient : public BudgetClient {
 absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
     ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
     bool start_refresher_thread = false);
+
+// Makes the stub for an owner address (HOST:PORT) a server redirected a tenant to.
+using OwnerStubFactory = std::function<std::unique_ptr<v1::RetryBudgetService::StubInterface>(
+    const std::string& address)>;
+
+// As above, and redirects (TenantError.owner) are followed through stubs from `owner_stubs`,
+// one per owner address (a fake standing in for several servers of a cluster). Null: redirects
+// are not followed (the tenant is handled as UNAVAILABLE).
+absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(
+    ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
+    OwnerStubFactory owner_stubs, bool start_refresher_thread = false);
 
 // The channel BudgetClient::Create() makes for `options` (target, channel_credentials or
 // insecure, max_reconnect_backoff, no transparent retries, keepalive), for a caller that wraps

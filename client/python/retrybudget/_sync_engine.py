@@ -3,12 +3,15 @@ RunOnce / SyncLocked / ApplyResponseLocked / FinalSyncLocked). The thread of Bud
 the task of AsyncBudgetClient drive it and only do the I/O:
 
     plan = engine.begin_step()        # steps the tenants; a Sync attempt to send, or None
-    if plan: engine.end_attempt(plan, <outcome of sending plan.request>)
-    next_time = engine.end_step()     # steps the tenants again with the outcome
+    while plan:                       # one per route (main target, owners) that is due
+        engine.end_attempt(plan, <outcome of sending plan.request to plan.address>)
+        plan = engine.next_plan()
+    next_time = engine.end_step()     # steps the tenants again with the outcomes
 
-Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"):
- * One request carries every tenant. A NEW request gets seq + 1. A failed request (any error,
-   deadline included) is resent unchanged, same seq, after a backoff, while it is younger than
+Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
+ * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
+   instance, across every route). A failed request (any error, deadline included) is resent
+   unchanged, same seq, to the same address, after a backoff, while it is younger than
    refresh_period (from its first send); an older one is abandoned for a new request.
  * A failure other than UNAUTHENTICATED / PERMISSION_DENIED means the server is unreachable
    (tenants whose lease ended fall back); those two mean it refuses (deny); a response means it
@@ -19,6 +22,14 @@ Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"):
    cut short by it, or cancelled by a wake while waiting for a connection, is "interrupted":
    no verdict, no backoff, the same request goes out again at once.
  * The first attempt after a success is fail-fast; later ones wait for the channel to connect.
+
+Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
+tenant to that owner's route (plan.address), and it is sent there in the same step (at most
+MAX_REDIRECT_HOPS redirects without a grant; past that, a loop, it is parked). UNAVAILABLE with
+no owner parks the tenant: back on the main target, unreachable until its next grant (its lease
+runs to expiry, then the fallback share), asked again after a refresh period. An owner whose
+request fails for a whole refresh period has its tenants parked the same way. Without any
+redirect, every tenant is on the main route (address None).
 
 Not thread-safe: the driver serialises calls (it holds `mu` for a whole step)."""
 
@@ -39,6 +50,12 @@ _DEADLINE_SLACK = 0.001
 _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 
+MAX_REDIRECT_HOPS = 4
+MAX_OWNER_ROUTES = 64
+_FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+
+
 @dataclass
 class _Pending:
     request: "budget_pb2.SyncRequest"
@@ -54,6 +71,7 @@ class Plan:
     wait_for_ready: bool
     sent: float
     deadline: float
+    address: Optional[str] = None  # None: the main target, else an owner's HOST:PORT
 
 
 @dataclass
@@ -65,10 +83,34 @@ class Outcome:
     woken: bool = False  # cancelled by a wake while waiting for a connection
 
 
+class _Route:
+    """One destination: the main target (address None) or an owner."""
+
+    def __init__(self, address: Optional[str]):
+        self.address = address
+        self.pending: Optional[_Pending] = None
+        self.last_send = INFINITE_PAST
+        self.retry_at = INFINITE_PAST
+        self.failures = 0
+        self.server_state = ANSWERING
+
+
+class _TenantRoute:
+    """A tenant that is not simply on the main route."""
+
+    def __init__(self):
+        self.owner: Optional[str] = None
+        self.hops = 0  # redirects since the last grant
+        self.unavailable = False  # no owner could grant: unreachable until a grant
+
+
 @dataclass
 class _StepState:
     tenants: List = field(default_factory=list)
     now: float = 0.0
+    cut: float = INFINITE_FUTURE
+    round: int = 0
+    visited: set = field(default_factory=set)
 
 
 class SyncEngine:
@@ -82,26 +124,72 @@ class SyncEngine:
         self._clock = clock
         self._registry = registry
         self._metrics = metrics
-        self.seq = 0
-        self._pending: Optional[_Pending] = None
-        self._last_send = INFINITE_PAST
-        self._retry_at = INFINITE_PAST
-        self.failures = 0
+        self.seq = 0  # per instance, across every route
+        self._main = _Route(None)
+        self._owners = {}  # address -> _Route
+        self._routed = {}  # tenant -> _TenantRoute; empty until a redirect is seen
+        self._redirected = False
+        self.dropped_addresses = []  # owner routes dropped; the driver closes their channels
+        self.redirects = 0
         self.last_status = None  # None: OK; else "CODE: details"
-        self.server_state = ANSWERING
         self.shut_down = False
         self._step = _StepState()
         self._final_tenants = []
+        self._final_states = {}
+        self._final_error = None
 
-    def _sync_due(self, tenants) -> float:
-        if self._pending is not None:
-            return self._retry_at
+    @property
+    def failures(self) -> int:
+        return self._main.failures
+
+    @property
+    def server_state(self) -> str:
+        return self._main.server_state
+
+    def _state_for(self, tenant) -> str:
+        if not self._routed:
+            return self._main.server_state
+        r = self._routed.get(tenant)
+        if r is None:
+            return self._main.server_state
+        if r.unavailable:
+            return UNREACHABLE
+        route = self._owners.get(r.owner) if r.owner else None
+        return (route or self._main).server_state
+
+    def _groups(self, tenants):
+        """[(route, its tenants)], the main route first."""
+        if not self._routed:
+            return [(self._main, tenants)]
+        groups = {None: (self._main, [])}
+        for t in tenants:
+            r = self._routed.get(t)
+            route = self._owners.get(r.owner) if r is not None and r.owner else None
+            if route is None:
+                groups[None][1].append(t)
+            else:
+                groups.setdefault(route.address, (route, []))[1].append(t)
+        return list(groups.values())
+
+    def _prune(self) -> None:
+        used = {r.owner for r in self._routed.values() if r.owner}
+        for address in [a for a, route in self._owners.items()
+                        if a not in used and route.pending is None]:
+            del self._owners[address]
+            self.dropped_addresses.append(address)
+        for t in [t for t, r in self._routed.items()
+                  if not r.owner and r.hops == 0 and not r.unavailable]:
+            del self._routed[t]
+
+    def _sync_due(self, route, tenants) -> float:
+        if route.pending is not None:
+            return route.retry_at
         if not tenants:
             return INFINITE_FUTURE
         due = min(t.sync_due_at() for t in tenants)
         if due == INFINITE_FUTURE:
             return due
-        return max(due, self._last_send + self.policy.min_sync_interval)
+        return max(due, route.last_send + self.policy.min_sync_interval)
 
     def begin_step(self) -> Optional[Plan]:
         if self.shut_down:
@@ -112,28 +200,70 @@ class SyncEngine:
         next_step = INFINITE_FUTURE
         lease_ends = INFINITE_FUTURE
         for t in tenants:
-            next_step = min(next_step, t.step(now, self.server_state))
+            next_step = min(next_step, t.step(now, self._state_for(t)))
             lease_ends = min(lease_ends, t.lease_ends_at())
-        self._step = _StepState(tenants, now)
-        if not tenants or self._sync_due(tenants) > now:
-            return None
         cut = min(lease_ends, max(next_step, now + MIN_FALLBACK_STEP_WINDOW))
-        if (self._pending is not None
-                and now - self._pending.first_sent >= self.policy.refresh_period):
-            self._pending = None  # failing for a whole refresh period: a new request
-        if self._pending is None:
+        self._step = _StepState(tenants, now, cut)
+        if self._routed or self._owners:
+            self._prune()
+        self._redirected = False
+        return self.next_plan()
+
+    def next_plan(self) -> Optional[Plan]:
+        """The next route's attempt in this step, or None when every due route was tried (a
+        redirected tenant gets one more round, at most MAX_REDIRECT_HOPS + 1 rounds)."""
+        step = self._step
+        if not step.tenants:
+            return None
+        while True:
+            now = self._clock()
+            if now >= step.cut and step.visited:
+                return None
+            for route, group in self._groups(step.tenants):
+                if route.address in step.visited or self._sync_due(route, group) > now:
+                    continue
+                step.visited.add(route.address)
+                plan = self._plan(route, group, now, step.cut)
+                if plan is not None:
+                    return plan
+            if not self._redirected or step.round >= MAX_REDIRECT_HOPS:
+                return None
+            step.round += 1
+            step.visited = set()
+            self._redirected = False
+
+    def _plan(self, route, tenants, now, cut) -> Optional[Plan]:
+        if (route.pending is not None
+                and now - route.pending.first_sent >= self.policy.refresh_period):
+            route.pending = None  # failing for a whole refresh period: a new request
+            if route.address is not None:
+                # An owner that cannot be reached: its tenants go back to the main target.
+                _log.error("retrybudget: owner %s unreachable for a refresh period; its tenants "
+                           "go back to the main target", route.address)
+                for t in tenants:
+                    self._park(t, None)
+                route.failures = 0
+                route.server_state = ANSWERING
+                return None
+        if route.pending is None:
             request = budget_pb2.SyncRequest(instance_id=self.instance_id)
             self.seq += 1
             request.seq = self.seq
             for t in tenants:
                 t.fill_sync(now, self.policy, request.tenants.add())
-            self._pending = _Pending(request, list(tenants), now)
-        self._last_send = now
+            route.pending = _Pending(request, list(tenants), now)
+        route.last_send = now
         deadline = min(now + self.sync_timeout, cut)
-        return Plan(self._pending.request, max(0.0, deadline - now), self.failures > 0, now,
-                    deadline)
+        return Plan(route.pending.request, max(0.0, deadline - now), route.failures > 0, now,
+                    deadline, route.address)
+
+    def _route_of(self, plan: Plan) -> _Route:
+        if plan.address is None:
+            return self._main
+        return self._owners[plan.address]
 
     def end_attempt(self, plan: Plan, outcome: Outcome) -> None:
+        route = self._route_of(plan)
         received = self._clock()
         if self._metrics is not None:
             self._metrics.sync_attempted(outcome.code is None)
@@ -144,30 +274,57 @@ class SyncEngine:
                      and outcome.code == grpc.StatusCode.DEADLINE_EXCEEDED
                      and received >= plan.deadline - _DEADLINE_SLACK)
         if cut_short or (outcome.woken and outcome.code == grpc.StatusCode.CANCELLED):
-            self._retry_at = received
+            route.retry_at = received
             return
         if outcome.code is None:
-            self.server_state = ANSWERING
+            route.server_state = ANSWERING
         elif outcome.code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            self.server_state = REFUSING
+            route.server_state = REFUSING
         else:
-            self.server_state = UNREACHABLE
+            route.server_state = UNREACHABLE
         if outcome.code is not None:
-            self.failures += 1
-            self._retry_at = max(received, plan.sent + retry_backoff(self.failures, self.policy))
-            if self.failures == 1:
+            route.failures += 1
+            route.retry_at = max(received, plan.sent + retry_backoff(route.failures, self.policy))
+            if route.failures == 1:
                 _log.error("retrybudget: Sync seq %d failed; retrying (tenants whose lease ends "
                            "meanwhile fall back): %s", plan.request.seq, self.last_status)
             return
-        if self.failures > 0:
+        if route.failures > 0:
             _log.info("retrybudget: Sync seq %d succeeded after %d failed attempts",
-                      plan.request.seq, self.failures)
-        self.failures = 0
-        done, self._pending = self._pending, None
+                      plan.request.seq, route.failures)
+        route.failures = 0
+        done, route.pending = route.pending, None
         if outcome.response.stale:
             _log.error("retrybudget: Sync seq %d answered as stale; ignored", done.request.seq)
             return
         self._apply_response(done, outcome.response, received)
+
+    def _redirect(self, tenant, owner: str, received: float) -> None:
+        self.redirects += 1
+        if self._metrics is not None:
+            self._metrics.redirected()
+        r = self._routed.setdefault(tenant, _TenantRoute())
+        r.hops += 1
+        if r.hops > MAX_REDIRECT_HOPS or (owner not in self._owners
+                                          and len(self._owners) >= MAX_OWNER_ROUTES):
+            _log.error("retrybudget: tenant %r redirected %d times without a grant (last to %s), "
+                       "or too many owners; treated as unavailable", tenant.tenant, r.hops, owner)
+            self._park(tenant, received)
+            return
+        if owner not in self._owners:
+            self._owners[owner] = _Route(owner)
+        r.owner = owner
+        r.unavailable = False
+        self._redirected = True
+        tenant.sync_again_at(INFINITE_PAST)  # at once, on the owner's route
+
+    def _park(self, tenant, received: Optional[float]) -> None:
+        r = self._routed.setdefault(tenant, _TenantRoute())
+        r.owner = None
+        r.hops = 0
+        r.unavailable = True
+        if received is not None:
+            tenant.sync_again_at(received + self.policy.refresh_period)
 
     def _apply_response(self, pending: _Pending, response, received: float) -> None:
         n = min(len(response.tenants), len(pending.request.tenants))
@@ -181,6 +338,16 @@ class SyncEngine:
                 _log.error("retrybudget: Sync response entry %d is for tenant %r, not %r", i,
                            grant.tenant, sent.tenant)
                 continue
+            if grant.HasField("error") and grant.error.code == _FAILED_PRECONDITION \
+                    and grant.error.owner:
+                # Not this server's shard: nothing was applied; sync the tenant with its owner.
+                self._redirect(pending.tenants[i], grant.error.owner, received)
+                continue
+            if grant.HasField("error") and grant.error.code == _UNAVAILABLE \
+                    and not grant.error.owner:
+                # The shard has no owner that can grant now: lease to expiry, then fallback.
+                self._park(pending.tenants[i], received)
+                continue
             if grant.HasField("error") and grant.error.code != 0:
                 code_name = _CODE_NAMES.get(grant.error.code, f"CODE_{grant.error.code}")
                 _log.error("retrybudget: budget server refused tenant %r (%s): %s", sent.tenant,
@@ -190,16 +357,22 @@ class SyncEngine:
                 continue
             pending.tenants[i].apply_grant(grant, sent, pending.first_sent, received,
                                            self.policy)
+            r = self._routed.get(pending.tenants[i]) if self._routed else None
+            if r is not None:
+                r.hops = 0
+                r.unavailable = False
 
     def end_step(self) -> float:
-        """Steps the tenants again with the attempt's outcome; returns the next step's time."""
+        """Steps the tenants again with the attempts' outcomes; returns the next step's time."""
         tenants = self._step.tenants
         if self.shut_down or not tenants:
             return INFINITE_FUTURE
         now = self._clock()
-        nxt = self._sync_due(tenants)
+        nxt = INFINITE_FUTURE
+        for route, group in self._groups(tenants):
+            nxt = min(nxt, self._sync_due(route, group))
         for t in tenants:
-            nxt = min(nxt, t.step(now, self.server_state))
+            nxt = min(nxt, t.step(now, self._state_for(t)))
         self.update_metrics(tenants)
         return nxt
 
@@ -210,27 +383,36 @@ class SyncEngine:
 
     # ---- the final Sync ----
 
-    def begin_final(self) -> Optional["budget_pb2.SyncRequest"]:
-        """Shuts every tenant down and builds the final request (new seq, final=true, every
-        counter, want 0); None when there is nothing to report or it was already built."""
+    def begin_final(self) -> list:
+        """Shuts every tenant down and builds the final requests, one per route that has
+        tenants (new seq, final=true, every counter, want 0), as [(address, request)]; empty
+        when there is nothing to report or they were already built."""
         if self.shut_down:
-            return None
+            return []
         self.shut_down = True
         tenants = self._registry.snapshot()
         self._step = _StepState()
-        request = budget_pb2.SyncRequest(instance_id=self.instance_id, final=True)
-        self.seq += 1
-        request.seq = self.seq
+        self._final_states = {}
+        self._final_error = None
+        finals = []
         now = self._clock()
-        for t in tenants:
-            t.fill_final(now, request.tenants.add())
-        self._pending = None
+        for route, group in self._groups(tenants):
+            route.pending = None
+            if not group:
+                continue
+            request = budget_pb2.SyncRequest(instance_id=self.instance_id, final=True)
+            self.seq += 1
+            request.seq = self.seq
+            for t in group:
+                t.fill_final(now, request.tenants.add())
+            finals.append((route.address, request))
+            self._final_states[route.address] = route.server_state
         self._final_tenants = tenants
-        return request if tenants else None
+        return finals
 
-    def final_wait_for_ready(self) -> bool:
+    def final_wait_for_ready(self, address: Optional[str] = None) -> bool:
         # With the server known unreachable, fail fast rather than hold close() 3 x timeout.
-        return self.server_state != UNREACHABLE
+        return self._final_states.get(address, ANSWERING) != UNREACHABLE
 
     def end_final(self, outcome: Outcome) -> None:
         if self._metrics is not None:
@@ -239,7 +421,13 @@ class SyncEngine:
                             else f"{outcome.code.name}: Sync to the budget server failed: "
                                  f"{outcome.details}")
 
+    def final_request_done(self) -> None:
+        """After the last attempt of one final request: keeps the first failure."""
+        if self.last_status is not None and self._final_error is None:
+            self._final_error = self.last_status
+
     def finish_final(self) -> None:
+        self.last_status = self._final_error
         if self.last_status is not None:
             _log.error("retrybudget: final Sync failed; unspent tokens are forfeited: %s",
                        self.last_status)

@@ -9,6 +9,7 @@ coroutines (and threads).
 """
 
 import asyncio
+import dataclasses
 import threading
 
 import grpc
@@ -36,6 +37,8 @@ class AsyncBudgetClient:
         self._loop_thread = threading.get_ident()
         self._channel = make_channel(o, aio=True)
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
+        # Owner address -> (channel, stub), for the tenants a cluster redirected.
+        self._owner_channels = {}
         self._tenants = TenantRegistry(
             o.clock, self._wake, o.fallback,
             BucketShape(o.fallback_capacity, o.fallback_refill_per_second))
@@ -88,8 +91,25 @@ class AsyncBudgetClient:
             self._waiting_woken = True
             call.cancel()
 
-    async def _call_sync(self, request, timeout, wait_for_ready, cancellable) -> Outcome:
-        call = self._stub.Sync(request, timeout=timeout, metadata=self._engine.metadata,
+    def _stub_for(self, address):
+        """As BudgetClient._stub_for() (channels of dropped routes are closed in the task)."""
+        for dropped in self._engine.dropped_addresses:
+            channel = self._owner_channels.pop(dropped, (None, None))[0]
+            if channel is not None:
+                self._loop.create_task(channel.close())
+        self._engine.dropped_addresses.clear()
+        if address is None:
+            return self._stub
+        if address not in self._owner_channels:
+            channel = make_channel(dataclasses.replace(self.options, target=address), aio=True)
+            self._owner_channels[address] = (channel,
+                                             budget_pb2_grpc.RetryBudgetServiceStub(channel))
+        return self._owner_channels[address][1]
+
+    async def _call_sync(self, request, timeout, wait_for_ready, cancellable,
+                         stub=None) -> Outcome:
+        stub = stub if stub is not None else self._stub
+        call = stub.Sync(request, timeout=timeout, metadata=self._engine.metadata,
                                wait_for_ready=wait_for_ready)
         if cancellable and wait_for_ready:
             self._waiting_call = call
@@ -111,10 +131,11 @@ class AsyncBudgetClient:
         while not self._stopping:
             self._wake_event.clear()
             plan = engine.begin_step()
-            if plan is not None:
+            while plan is not None:
                 outcome = await self._call_sync(plan.request, plan.timeout, plan.wait_for_ready,
-                                                True)
+                                                True, self._stub_for(plan.address))
                 engine.end_attempt(plan, outcome)
+                plan = engine.next_plan()
             nxt = engine.end_step()
             if self._stopping:
                 return
@@ -140,19 +161,25 @@ class AsyncBudgetClient:
             self._final_status = await self._final_sync()
             self._closed = True
             await self._channel.close()
+            for channel, _ in self._owner_channels.values():
+                await channel.close()
             return self._final_status
 
     async def _final_sync(self):
         engine = self._engine
-        request = engine.begin_final()
-        if request is None:
+        finals = engine.begin_final()
+        if not finals:
             return None
-        wait = engine.final_wait_for_ready()
-        for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
-            outcome = await self._call_sync(request, engine.sync_timeout, wait, False)
-            engine.end_final(outcome)
-            if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
-                break
-            await asyncio.sleep(retry_backoff(attempt, engine.policy))
+        # Every server that holds tenants of this instance gets its final Sync.
+        for address, request in finals:
+            wait = engine.final_wait_for_ready(address)
+            stub = self._stub_for(address)
+            for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
+                outcome = await self._call_sync(request, engine.sync_timeout, wait, False, stub)
+                engine.end_final(outcome)
+                if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
+                    break
+                await asyncio.sleep(retry_backoff(attempt, engine.policy))
+            engine.final_request_done()
         engine.finish_final()
         return engine.last_status

@@ -11,6 +11,7 @@ The hot path is local (no RPC); when the server is unreachable the client never 
 spends its lease to its expiry, then falls back to a local bucket sized by the server's last
 SafeShares (ClientOptions.fallback), and goes back to leases when the server answers again."""
 
+import dataclasses
 import threading
 
 import grpc
@@ -47,10 +48,14 @@ class BudgetClient:
     each bounded by sync_timeout), then stops the refresher. Raises InvalidOptions for bad
     options, naming the field and value."""
 
-    def __init__(self, options: ClientOptions = None, *, _channel=None):
+    def __init__(self, options: ClientOptions = None, *, _channel=None,
+                 _owner_channel_factory=None):
         o = validate_and_default(options if options is not None else ClientOptions())
         self.options = o
         self._channel = _channel if _channel is not None else make_channel(o)
+        # Owner address -> (channel, stub), for the tenants a cluster redirected.
+        self._owner_channels = {}
+        self._owner_channel_factory = _owner_channel_factory
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
         self._tenants = TenantRegistry(
             o.clock, self._wake, o.fallback,
@@ -104,8 +109,9 @@ class BudgetClient:
                 call.cancel()
 
     def _call_sync(self, request, timeout: float, wait_for_ready: bool,
-                   cancellable: bool) -> Outcome:
-        future = self._stub.Sync.future(request, timeout=timeout, metadata=self._engine.metadata,
+                   cancellable: bool, stub=None) -> Outcome:
+        stub = stub if stub is not None else self._stub
+        future = stub.Sync.future(request, timeout=timeout, metadata=self._engine.metadata,
                                         wait_for_ready=wait_for_ready)
         if cancellable and wait_for_ready:
             with self._wake_mu:
@@ -122,12 +128,32 @@ class BudgetClient:
                 with self._wake_mu:
                     self._waiting_call = None
 
+    def _stub_for(self, address):
+        """The stub of the main target (None) or of an owner (a channel of its own, with the
+        main target's credentials and options, closed once the engine drops the route)."""
+        for dropped in self._engine.dropped_addresses:
+            channel = self._owner_channels.pop(dropped, (None, None))[0]
+            if channel is not None:
+                channel.close()
+        self._engine.dropped_addresses.clear()
+        if address is None:
+            return self._stub
+        if address not in self._owner_channels:
+            channel = (self._owner_channel_factory(address)
+                       if self._owner_channel_factory is not None
+                       else make_channel(dataclasses.replace(self.options, target=address)))
+            self._owner_channels[address] = (channel,
+                                             budget_pb2_grpc.RetryBudgetServiceStub(channel))
+        return self._owner_channels[address][1]
+
     def _run_once(self) -> float:
         with self._engine.mu:
             plan = self._engine.begin_step()
-            if plan is not None:
-                outcome = self._call_sync(plan.request, plan.timeout, plan.wait_for_ready, True)
+            while plan is not None:
+                outcome = self._call_sync(plan.request, plan.timeout, plan.wait_for_ready, True,
+                                          self._stub_for(plan.address))
                 self._engine.end_attempt(plan, outcome)
+                plan = self._engine.next_plan()
             return self._engine.end_step()
 
     def _loop(self) -> None:
@@ -162,20 +188,26 @@ class BudgetClient:
             self._final_status = self._final_sync()
             self._closed = True
             self._channel.close()
+            for channel, _ in self._owner_channels.values():
+                channel.close()
             return self._final_status
 
     def _final_sync(self):
         engine = self._engine
         with engine.mu:
-            request = engine.begin_final()
-            if request is None:
+            finals = engine.begin_final()
+            if not finals:
                 return None
-            wait = engine.final_wait_for_ready()
-            for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
-                outcome = self._call_sync(request, engine.sync_timeout, wait, False)
-                engine.end_final(outcome)
-                if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
-                    break
-                threading.Event().wait(retry_backoff(attempt, engine.policy))
+            # Every server that holds tenants of this instance gets its final Sync.
+            for address, request in finals:
+                wait = engine.final_wait_for_ready(address)
+                stub = self._stub_for(address)
+                for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
+                    outcome = self._call_sync(request, engine.sync_timeout, wait, False, stub)
+                    engine.end_final(outcome)
+                    if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
+                        break
+                    threading.Event().wait(retry_backoff(attempt, engine.policy))
+                engine.final_request_done()
             engine.finish_final()
             return engine.last_status

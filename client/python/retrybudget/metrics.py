@@ -1,6 +1,6 @@
 """The client's metrics with prometheus_client, named as the C++ client's
 (client/prometheus_client_metrics.cc): retry_budget_client_{retries_allowed,retries_denied,
-fallback_retries,successes,syncs}_total, retry_budget_client_tokens_held and
+fallback_retries,successes,syncs,redirects}_total, retry_budget_client_tokens_held and
 retry_budget_client_mode. Updated by the refresher after each of its steps, never on the hot
 path, so they lag by at most one step."""
 
@@ -39,7 +39,13 @@ class PrometheusClientMetrics:
                         "result (ok: a response; error: the RPC failed).", ("result",))
         self._syncs_ok = syncs.labels(result="ok")
         self._syncs_error = syncs.labels(result="error")
+        self._redirects = counter("retry_budget_client_redirects",
+                                  "Tenant entries a server answered with the address of the "
+                                  "tenant's owner (cluster mode).", ())
         self._last = {}  # tenant -> the counters last exported (counters only go up)
+
+    def redirected(self) -> None:
+        self._redirects.inc()
 
     def sync_attempted(self, ok: bool) -> None:
         (self._syncs_ok if ok else self._syncs_error).inc()

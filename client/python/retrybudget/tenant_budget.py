@@ -320,6 +320,15 @@ class TenantBudget:
             self._next_due = received + policy.refresh_period
             self._dry_until = self._next_due
 
+    def sync_again_at(self, due: float) -> None:
+        """The server did not apply this tenant's entry (it named another owner, or none can
+        grant now): the lease stays as it is; the next sync is due at `due`."""
+        with self._mu:
+            if self._mode == SHUTDOWN:
+                return
+            self._next_due = due
+            self._dry_until = due
+
     def fill_final(self, now: float, out) -> None:
         """Shuts the tenant down for good: withdraws every token, fills the final counters."""
         with self._mu:

@@ -17,8 +17,8 @@
 //
 // Thread-compatible: one thread drives a TestCluster. The destructor kills every process it
 // started and removes its directory.
-#ifndef RETRYBUDGET_TESTS_CLUSTER_TEST_CLUSTER_H_
-#define RETRYBUDGET_TESTS_CLUSTER_TEST_CLUSTER_H_
+#ifndef RETRYBUDGET_TESTS_SUPPORT_TEST_CLUSTER_H_
+#define RETRYBUDGET_TESTS_SUPPORT_TEST_CLUSTER_H_
 
 #include <memory>
 #include <optional>
@@ -114,4 +114,4 @@ absl::StatusOr<int> PickFreePort();
 
 }  // namespace retrybudget::testing
 
-#endif  // RETRYBUDGET_TESTS_CLUSTER_TEST_CLUSTER_H_
+#endif  // RETRYBUDGET_TESTS_SUPPORT_TEST_CLUSTER_H_

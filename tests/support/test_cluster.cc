@@ -1,4 +1,4 @@
-#include "tests/cluster/test_cluster.h"
+#include "tests/support/test_cluster.h"
 
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
@@ -16,6 +16,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -84,12 +85,22 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(TestClusterOptio
   }
   std::unique_ptr<TestCluster> cluster(new TestCluster(options, dir));
   std::vector<std::string> members;
+  // A port is free when picked and released at once, so the kernel may hand the same number out
+  // twice in a row: every port of the cluster is distinct, or etcd refuses the member list.
+  absl::flat_hash_set<int> taken;
+  auto pick_distinct = [&taken]() -> absl::StatusOr<int> {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      absl::StatusOr<int> port = PickFreePort();
+      if (!port.ok() || taken.insert(*port).second) return port;
+    }
+    return absl::ResourceExhaustedError("no distinct free port in 100 picks");
+  };
   for (int i = 0; i < options.etcd_nodes; ++i) {
     EtcdNode node;
     node.name = absl::StrCat("etcd", i);
-    absl::StatusOr<int> client_port = PickFreePort();
+    absl::StatusOr<int> client_port = pick_distinct();
     if (!client_port.ok()) return client_port.status();
-    absl::StatusOr<int> peer_port = PickFreePort();
+    absl::StatusOr<int> peer_port = pick_distinct();
     if (!peer_port.ok()) return peer_port.status();
     node.client_port = *client_port;
     node.peer_port = *peer_port;

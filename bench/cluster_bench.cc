@@ -1,0 +1,299 @@
+// The cluster bench (issue 12, done-when 7), three figures in one run, all through the launcher
+// of tests/support/test_launcher.h:
+//
+//   1. Sync/s of a --servers cluster (etcd nodes + servers, same box) against a single in-memory
+//      server, same load: --threads threads, each one instance syncing --tenants_per_thread
+//      tenants (want 10, every token returned) back to back. In the cluster each thread syncs
+//      with the owner of its tenants (tenants are picked so that each thread's all have one
+//      owner, and the threads cover every server). Target: ratio >= 0.8 (all share the cores).
+//   2. etcd writes per 1,000 Syncs in steady state: etcd's revision (every write bumps it by one)
+//      read before and after the cluster's timed window, over the Syncs in it. Target: <= 10.
+//   3. Failover time, --kills times: kill -9 of the owner of a busy tenant, then how long until
+//      a surviving server grants that tenant again (a Sync with granted > 0); the killed server
+//      is restarted and has rejoined before the next kill. p50 / p99.
+//
+// Until the server has cluster mode it stops at once with "the server has no cluster mode:
+// --etcd_endpoints unknown" (exit 2).
+//
+// Output: {"bench":"cluster", ...} on stdout; progress on stderr.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench_util.h"
+#include "grpcpp/grpcpp.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tests/support/test_launcher.h"
+
+ABSL_FLAG(int, servers, 3, "servers in the cluster");
+ABSL_FLAG(int, etcd_nodes, 3, "etcd members");
+ABSL_FLAG(int, shards, 64, "shards of the deployment");
+ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(3), "the servers' etcd lease TTL");
+ABSL_FLAG(int, threads, 6, "load threads (each one instance)");
+ABSL_FLAG(int, tenants_per_thread, 1, "tenants in each thread's Sync");
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "untimed load before each timed window");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "timed window of each throughput run");
+ABSL_FLAG(int, kills, 10, "kill -9 of an owner, for the failover times");
+ABSL_FLAG(std::string, server_bin, RETRYBUDGET_SERVER_BIN, "retry-budget-server binary");
+ABSL_FLAG(std::string, etcd_bin, "/usr/bin/etcd", "etcd binary");
+
+namespace retrybudget::bench {
+namespace {
+
+using testing::ClusterUnderTest;
+using testing::ServerUnderTest;
+
+std::unique_ptr<v1::RetryBudgetService::Stub> StubFor(const std::string& address) {
+  return v1::RetryBudgetService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// One instance syncing its tenants: cumulative counters that stay valid (every token received
+// is returned at the next Sync).
+class Instance {
+ public:
+  Instance(std::string id, std::vector<std::string> tenants)
+      : id_(std::move(id)), tenants_(std::move(tenants)), received_(tenants_.size(), 0) {}
+
+  // One Sync; the tokens granted to `tenants_[0]`, or the RPC's error.
+  absl::StatusOr<uint64_t> Sync(v1::RetryBudgetService::Stub& stub, absl::Duration timeout) {
+    v1::SyncRequest request;
+    request.set_instance_id(id_);
+    request.set_seq(++seq_);
+    for (size_t i = 0; i < tenants_.size(); ++i) {
+      v1::TenantSync* t = request.add_tenants();
+      t->set_tenant(tenants_[i]);
+      t->set_want(10);
+      t->set_tokens_received(received_[i]);
+      t->set_tokens_returned(received_[i]);
+    }
+    v1::SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    grpc::Status status = stub.Sync(&context, request, &response);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat("Sync: ", status.error_message()));
+    }
+    uint64_t first = 0;
+    for (const v1::TenantGrant& grant : response.tenants()) {
+      for (size_t i = 0; i < tenants_.size(); ++i) {
+        if (grant.tenant() == tenants_[i]) {
+          received_[i] += grant.granted();
+          if (i == 0) first = grant.granted();
+        }
+      }
+    }
+    return first;
+  }
+
+ private:
+  std::string id_;
+  std::vector<std::string> tenants_;
+  std::vector<uint64_t> received_;
+  uint64_t seq_ = 0;
+};
+
+// Syncs/s of `threads` instances, instance i syncing `tenants[i]` with `addresses[i]`.
+double SyncRate(const std::vector<std::string>& addresses,
+                const std::vector<std::vector<std::string>>& tenants) {
+  std::atomic<bool> timing{false};
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> syncs{0};
+  std::atomic<int64_t> errors{0};
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    threads.emplace_back([&, i] {
+      auto stub = StubFor(addresses[i]);
+      Instance instance(absl::StrFormat("%032x", i + 1), tenants[i]);
+      while (!done.load()) {
+        const bool counted = timing.load();
+        absl::StatusOr<uint64_t> granted = instance.Sync(*stub, absl::Seconds(2));
+        if (!granted.ok()) {
+          errors.fetch_add(1);
+        } else if (counted) {
+          syncs.fetch_add(1);
+        }
+      }
+    });
+  }
+  absl::SleepFor(absl::GetFlag(FLAGS_warmup));
+  timing.store(true);
+  const absl::Time start = absl::Now();
+  absl::SleepFor(absl::GetFlag(FLAGS_duration));
+  timing.store(false);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  done.store(true);
+  for (std::thread& t : threads) t.join();
+  if (errors.load() > 0) std::fprintf(stderr, "%ld Syncs failed\n", static_cast<long>(errors));
+  return static_cast<double>(syncs.load()) / seconds;
+}
+
+std::string PolicyFile(const std::string& dir) {
+  const std::string path = dir + "/policy.textproto";
+  std::ofstream(path) << kUnlimitedPolicy;
+  return path;
+}
+
+int Run() {
+  const std::string server_bin = absl::GetFlag(FLAGS_server_bin);
+  // Cluster mode first: without it there is nothing to compare.
+  if (!testing::BinaryHasFlag(server_bin, "etcd_endpoints")) {
+    std::fprintf(stderr, "the server has no cluster mode: --etcd_endpoints unknown\n");
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<testing::TempDir>> dir = testing::TempDir::Make();
+  if (!dir.ok()) {
+    std::fprintf(stderr, "%s\n", dir.status().ToString().c_str());
+    return 1;
+  }
+  const std::string policy = PolicyFile((*dir)->path());
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int per_thread = absl::GetFlag(FLAGS_tenants_per_thread);
+
+  // 1a. The single in-memory server.
+  std::vector<std::vector<std::string>> single_tenants;
+  for (int i = 0; i < threads; ++i) {
+    std::vector<std::string> mine;
+    for (int j = 0; j < per_thread; ++j) mine.push_back(absl::StrCat("t-", i, "-", j));
+    single_tenants.push_back(std::move(mine));
+  }
+  double single_rate = 0;
+  {
+    absl::StatusOr<std::unique_ptr<ServerUnderTest>> single = ServerUnderTest::Start(
+        {.binary = server_bin, .flags = {absl::StrCat("--policy=", policy)}});
+    if (!single.ok()) {
+      std::fprintf(stderr, "single server: %s\n", single.status().ToString().c_str());
+      return 1;
+    }
+    single_rate = SyncRate(std::vector<std::string>(threads, (*single)->address()), single_tenants);
+    std::fprintf(stderr, "single server: %.0f Syncs/s\n", single_rate);
+  }
+
+  // 1b. The cluster, the same load, each thread on the owner of its tenants.
+  absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
+      ClusterUnderTest::Start({.etcd = {.etcd_nodes = absl::GetFlag(FLAGS_etcd_nodes),
+                                        .etcd_binary = absl::GetFlag(FLAGS_etcd_bin)},
+                               .servers = absl::GetFlag(FLAGS_servers),
+                               .server_binary = server_bin,
+                               .server_flags = {absl::StrCat("--policy=", policy)},
+                               .shards = absl::GetFlag(FLAGS_shards),
+                               .lease_ttl = absl::GetFlag(FLAGS_lease_ttl)});
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "cluster: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  ClusterUnderTest& c = **cluster;
+  // Thread i takes tenants owned by server i % servers.
+  std::vector<std::vector<std::string>> cluster_tenants(threads);
+  std::vector<std::string> addresses(threads);
+  for (int i = 0; i < threads; ++i) {
+    const int want_owner = i % c.server_count();
+    addresses[i] = c.server(want_owner).address();
+    for (int n = 0; static_cast<int>(cluster_tenants[i].size()) < per_thread; ++n) {
+      const std::string tenant = absl::StrCat("t-", i, "-", n);
+      // A shard gets its owner when first asked for; one Sync makes sure it is.
+      Instance probe(absl::StrFormat("%032x", 1000 + i), {tenant});
+      auto stub = StubFor(c.server(want_owner).address());
+      (void)probe.Sync(*stub, absl::Seconds(2));
+      absl::StatusOr<int> owner = c.WaitForOwner(tenant, absl::Seconds(10));
+      if (owner.ok() && *owner == want_owner) cluster_tenants[i].push_back(tenant);
+      if (n > 10'000) {
+        std::fprintf(stderr, "no tenant owned by server %d among 10,000 names\n", want_owner);
+        return 1;
+      }
+    }
+  }
+  absl::StatusOr<int64_t> revision_before = c.EtcdRevision();
+  // SyncRate's timed window is inside this one; the writes of its warm-up are counted too, over
+  // the Syncs of the whole window at the timed rate.
+  const absl::Time window_start = absl::Now();
+  const double cluster_rate = SyncRate(addresses, cluster_tenants);
+  const double window = absl::ToDoubleSeconds(absl::Now() - window_start);
+  absl::StatusOr<int64_t> revision_after = c.EtcdRevision();
+  if (!revision_before.ok() || !revision_after.ok()) {
+    std::fprintf(stderr, "etcd revision unreadable\n");
+    return 1;
+  }
+  const double syncs_in_window = cluster_rate * window;
+  const double writes_per_1000 =
+      1000.0 * static_cast<double>(*revision_after - *revision_before) / syncs_in_window;
+  std::fprintf(stderr, "cluster: %.0f Syncs/s, %.2f etcd writes per 1,000 Syncs\n", cluster_rate,
+               writes_per_1000);
+
+  // 3. Failover: kill -9 of the owner of a busy tenant, until a survivor grants it again.
+  std::vector<double> failover_seconds;
+  const std::string busy = cluster_tenants[0][0];
+  for (int k = 0; k < absl::GetFlag(FLAGS_kills); ++k) {
+    absl::StatusOr<int> owner = c.WaitForOwner(busy, absl::Seconds(30));
+    if (!owner.ok()) {
+      std::fprintf(stderr, "kill %d: %s\n", k, owner.status().ToString().c_str());
+      return 1;
+    }
+    const absl::Time killed = absl::Now();
+    if (absl::Status st = c.KillServer(*owner); !st.ok()) {
+      std::fprintf(stderr, "kill %d: %s\n", k, st.ToString().c_str());
+      return 1;
+    }
+    Instance instance(absl::StrFormat("%032x", 5000 + k), {busy});
+    bool granted = false;
+    while (!granted && absl::Now() - killed < absl::Seconds(60)) {
+      for (int s = 0; s < c.server_count() && !granted; ++s) {
+        if (s == *owner) continue;
+        auto stub = StubFor(c.server(s).address());
+        absl::StatusOr<uint64_t> got = instance.Sync(*stub, absl::Milliseconds(500));
+        granted = got.ok() && *got > 0;
+      }
+      if (!granted) absl::SleepFor(absl::Milliseconds(20));
+    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - killed);
+    if (!granted) {
+      std::fprintf(stderr, "kill %d: not granted again within 60 s\n", k);
+      return 1;
+    }
+    failover_seconds.push_back(seconds);
+    std::fprintf(stderr, "kill %d of server %d: granted again after %.3f s\n", k, *owner, seconds);
+    if (absl::Status st = c.RestartServer(*owner); !st.ok()) {
+      std::fprintf(stderr, "restart %d: %s\n", k, st.ToString().c_str());
+      return 1;
+    }
+    (void)c.WaitUntilJoined(*owner, absl::Seconds(30));
+  }
+  std::vector<double> sorted = failover_seconds;
+  const double p50 = Percentile(sorted, 50);
+  const double p99 = Percentile(sorted, 99);
+
+  std::printf(
+      "{\"bench\":\"cluster\",\"servers\":%d,\"etcd_nodes\":%d,\"shards\":%d,"
+      "\"lease_ttl_s\":%.3f,\"threads\":%d,\"single_syncs_per_s\":%.0f,"
+      "\"cluster_syncs_per_s\":%.0f,\"cluster_vs_single\":%.3f,"
+      "\"etcd_writes_per_1000_syncs\":%.3f,\"kills\":%zu,\"failover_p50_s\":%.3f,"
+      "\"failover_p99_s\":%.3f}\n",
+      c.server_count(), absl::GetFlag(FLAGS_etcd_nodes), absl::GetFlag(FLAGS_shards),
+      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_lease_ttl)), threads, single_rate, cluster_rate,
+      single_rate > 0 ? cluster_rate / single_rate : 0.0, writes_per_1000, failover_seconds.size(),
+      p50, p99);
+  return 0;
+}
+
+}  // namespace
+}  // namespace retrybudget::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return retrybudget::bench::Run();
+}

@@ -1,0 +1,211 @@
+#include "tools/fleet/cluster_chaos.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+absl::Status Bad(absl::string_view action, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--cluster-chaos: '", action, "': ", why));
+}
+
+bool ParseSeconds(absl::string_view text, double* out) {
+  return absl::SimpleAtod(text, out) && std::isfinite(*out) && *out >= 0;
+}
+
+// One step of the timeline: action `index` done (undo = false) or undone.
+struct Step {
+  double at;
+  size_t index;
+  bool undo;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers) {
+  std::vector<ClusterAction> plan;
+  if (absl::StripAsciiWhitespace(spec).empty()) return plan;
+  for (absl::string_view item : absl::StrSplit(spec, ',')) {
+    item = absl::StripAsciiWhitespace(item);
+    std::pair<absl::string_view, absl::string_view> what_when = absl::StrSplit(item, '@');
+    if (what_when.second.empty()) return Bad(item, "wants ACTION@SECONDS");
+    ClusterAction a;
+    std::pair<absl::string_view, absl::string_view> at_for =
+        absl::StrSplit(what_when.second, absl::MaxSplits('+', 1));
+    if (!ParseSeconds(at_for.first, &a.at)) return Bad(item, "bad time");
+    if (!at_for.second.empty()) {
+      double d = 0;
+      if (!ParseSeconds(at_for.second, &d)) return Bad(item, "bad duration after '+'");
+      a.for_seconds = d;
+    }
+    std::pair<absl::string_view, absl::string_view> verb_server =
+        absl::StrSplit(what_when.first, absl::MaxSplits(':', 1));
+    const absl::string_view verb = verb_server.first;
+    const bool needs_server = verb == "kill" || verb == "stop" || verb == "restart";
+    if (verb == "kill") {
+      a.kind = ClusterAction::Kind::kKill;
+    } else if (verb == "stop") {
+      a.kind = ClusterAction::Kind::kStop;
+      if (!a.for_seconds) return Bad(item, "a stopped server needs +SECONDS to resume");
+    } else if (verb == "restart") {
+      a.kind = ClusterAction::Kind::kRestart;
+      if (a.for_seconds) return Bad(item, "restart takes no +SECONDS");
+    } else if (verb == "kill-etcd-leader") {
+      a.kind = ClusterAction::Kind::kKillEtcdLeader;
+      if (a.for_seconds) return Bad(item, "kill-etcd-leader takes no +SECONDS");
+    } else if (verb == "stop-etcd") {
+      a.kind = ClusterAction::Kind::kStopEtcd;
+    } else {
+      return Bad(item, "unknown action (kill, stop, restart, kill-etcd-leader, stop-etcd)");
+    }
+    if (needs_server) {
+      if (verb_server.second == "owner") {
+        a.server = -1;
+      } else if (!absl::SimpleAtoi(verb_server.second, &a.server) || a.server < 0 ||
+                 a.server >= servers) {
+        return Bad(item, absl::StrCat("the server must be `owner` or an index below ", servers));
+      }
+    } else if (!verb_server.second.empty()) {
+      return Bad(item, "this action takes no server");
+    }
+    plan.push_back(a);
+  }
+  return plan;
+}
+
+ClusterChaos::ClusterChaos(testing::ClusterUnderTest& cluster, std::vector<ClusterAction> plan,
+                           std::string tenant, std::chrono::steady_clock::time_point start)
+    : cluster_(cluster), plan_(std::move(plan)), tenant_(std::move(tenant)), start_(start) {
+  thread_ = std::jthread([this](std::stop_token stop) { Play(stop); });
+}
+
+ClusterChaos::~ClusterChaos() { Finish(); }
+
+double ClusterChaos::Now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void ClusterChaos::Record(const std::string& what) {
+  events_.push_back(absl::StrFormat("%.3f %s", Now(), what));
+}
+
+void ClusterChaos::Play(std::stop_token stop) {
+  std::vector<Step> steps;
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    steps.push_back({plan_[i].at, i, false});
+    if (plan_[i].for_seconds) steps.push_back({plan_[i].at + *plan_[i].for_seconds, i, true});
+  }
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const Step& a, const Step& b) { return a.at < b.at; });
+  std::vector<int> hit(plan_.size(), -1);  // the server each action hit (0 for etcd), -1: none
+  std::vector<bool> undone(plan_.size(), false);
+  std::mutex mu;
+  std::condition_variable_any cv;
+  auto sleep_until = [&](double seconds) {
+    std::unique_lock lock(mu);
+    return !cv.wait_until(lock, stop,
+                          start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                       std::chrono::duration<double>(seconds)),
+                          [] { return false; });
+  };
+  auto undo = [&](size_t i) {
+    const ClusterAction& a = plan_[i];
+    undone[i] = true;
+    absl::Status st;
+    std::string what;
+    switch (a.kind) {
+      case ClusterAction::Kind::kKill:
+        st = cluster_.RestartServer(hit[i]);
+        what = absl::StrCat("restart server ", hit[i]);
+        break;
+      case ClusterAction::Kind::kStop:
+        st = cluster_.ResumeServer(hit[i]);
+        what = absl::StrCat("SIGCONT server ", hit[i]);
+        break;
+      case ClusterAction::Kind::kStopEtcd:
+        st = cluster_.StartAllEtcd();
+        what = "start all etcd";
+        break;
+      default:
+        return;
+    }
+    Record(st.ok() ? what : absl::StrCat(what, " FAILED: ", st.message()));
+  };
+  for (const Step& step : steps) {
+    if (!sleep_until(step.at)) break;
+    const ClusterAction& a = plan_[step.index];
+    if (step.undo) {
+      if (hit[step.index] >= 0) undo(step.index);
+      continue;
+    }
+    int server = a.server;
+    std::string who = absl::StrCat("server ", server);
+    if (server < 0 &&
+        (a.kind == ClusterAction::Kind::kKill || a.kind == ClusterAction::Kind::kStop ||
+         a.kind == ClusterAction::Kind::kRestart)) {
+      absl::StatusOr<int> owner = cluster_.OwnerOf(tenant_);
+      if (!owner.ok()) {
+        Record(absl::StrCat("no owner of '", tenant_, "' to hit: ", owner.status().message()));
+        continue;
+      }
+      server = *owner;
+      who = absl::StrCat("server ", server, " (owner of '", tenant_, "')");
+    }
+    absl::Status st;
+    std::string what;
+    switch (a.kind) {
+      case ClusterAction::Kind::kKill:
+        st = cluster_.KillServer(server);
+        what = absl::StrCat("kill -9 ", who);
+        break;
+      case ClusterAction::Kind::kStop:
+        st = cluster_.PauseServer(server);
+        what = absl::StrCat("SIGSTOP ", who);
+        break;
+      case ClusterAction::Kind::kRestart:
+        st = cluster_.RestartServer(server);
+        what = absl::StrCat("restart ", who);
+        break;
+      case ClusterAction::Kind::kKillEtcdLeader: {
+        absl::StatusOr<int> leader = cluster_.KillEtcdLeader();
+        st = leader.status();
+        what = leader.ok() ? absl::StrCat("kill -9 etcd leader (member ", *leader, ")")
+                           : "kill -9 etcd leader";
+        break;
+      }
+      case ClusterAction::Kind::kStopEtcd:
+        st = cluster_.StopAllEtcd();
+        what = "kill -9 all etcd";
+        break;
+    }
+    if (st.ok()) hit[step.index] = std::max(server, 0);  // etcd actions: 0, done
+    Record(st.ok() ? what : absl::StrCat(what, " FAILED: ", st.message()));
+  }
+  // Undo what is still in force: the final Syncs need servers and etcd.
+  for (size_t i = 0; i < plan_.size(); ++i) {
+    if (!undone[i] && plan_[i].kind != ClusterAction::Kind::kKill && hit[i] >= 0 &&
+        plan_[i].for_seconds) {
+      undo(i);
+    }
+  }
+}
+
+std::vector<std::string> ClusterChaos::Finish() {
+  if (thread_.joinable()) {
+    thread_.request_stop();
+    thread_.join();
+  }
+  return events_;
+}
+
+}  // namespace retrybudget::fleet

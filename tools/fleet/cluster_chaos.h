@@ -1,0 +1,77 @@
+// The faults of a cluster run (--cluster=N): a schedule of actions against a ClusterUnderTest
+// (tests/support/test_launcher.h), played on a thread of its own while the fleet runs.
+//
+//   --cluster-chaos=ACTION@SECONDS[+SECONDS],...   e.g. kill:owner@3+2,stop-etcd@8+3
+//
+//   kill:S@T[+D]      kill -9 of server S at T; with +D, restarted (same port) D seconds later
+//   stop:S@T+D        SIGSTOP of server S at T, SIGCONT D seconds later
+//   restart:S@T       start server S again (it must not be running)
+//   kill-etcd-leader@T   kill -9 of the etcd leader (the others elect anew)
+//   stop-etcd@T[+D]   kill -9 of every etcd member; with +D, all started again D seconds later
+//
+// S is a server index (0-based) or `owner`: the owner of the run's tenant when the action is due
+// (read from etcd). Each action is recorded with its time and what it hit.
+//
+//   absl::StatusOr<std::vector<ClusterAction>> plan = ParseClusterChaos(flag);
+//   ClusterChaos chaos(*cluster, *plan, tenant, run_start);
+//   ... the fleet runs ...
+//   std::vector<std::string> events = chaos.Finish();  // "3.002 kill -9 server 1 (owner)", ...
+#ifndef RETRYBUDGET_TOOLS_FLEET_CLUSTER_CHAOS_H_
+#define RETRYBUDGET_TOOLS_FLEET_CLUSTER_CHAOS_H_
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "tests/support/test_launcher.h"
+
+namespace retrybudget::fleet {
+
+struct ClusterAction {
+  enum class Kind { kKill, kStop, kRestart, kKillEtcdLeader, kStopEtcd };
+  Kind kind = Kind::kKill;
+  int server = -1;                         // the server's index; -1: the owner of the run's tenant
+  double at = 0;                           // seconds from the run's start
+  std::optional<double> for_seconds = {};  // the +D: undone that much later
+
+  bool operator==(const ClusterAction&) const = default;
+};
+
+// The actions of --cluster-chaos, in the order given. INVALID_ARGUMENT naming the action for an
+// unknown one, a bad server or time, a stop of a server without +D, or a server index not below
+// `servers`.
+absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers);
+
+// Not copyable. Finish() from the thread that created it; `cluster` must outlive it and must not
+// be used by anyone else until Finish() returned.
+class ClusterChaos {
+ public:
+  ClusterChaos(testing::ClusterUnderTest& cluster, std::vector<ClusterAction> plan,
+               std::string tenant, std::chrono::steady_clock::time_point start);
+  ~ClusterChaos();  // Finish()
+
+  // Stops the actions not yet due, undoes a pause still in force (SIGCONT, etcd started again:
+  // the final Syncs need a cluster), joins the thread and returns what happened, one line per
+  // action: "<seconds> <what>". Idempotent.
+  std::vector<std::string> Finish();
+
+ private:
+  void Play(std::stop_token stop);
+  double Now() const;
+  void Record(const std::string& what);
+
+  testing::ClusterUnderTest& cluster_;
+  const std::vector<ClusterAction> plan_;
+  const std::string tenant_;
+  const std::chrono::steady_clock::time_point start_;
+  std::vector<std::string> events_;  // written by thread_ until it is joined
+  std::jthread thread_;
+};
+
+}  // namespace retrybudget::fleet
+
+#endif  // RETRYBUDGET_TOOLS_FLEET_CLUSTER_CHAOS_H_
