@@ -259,8 +259,7 @@ TEST_F(ServerClusterTest, NonOwnerAnswersFailedPreconditionWithTheOwnerAndChange
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(s.error_message(), ::testing::HasSubstr(servers_[owner].address));
   }
-  // The owner grants, once its first reservation is in etcd (the first Sync of a budget gets
-  // nothing and comes back at the shortest hint, as with a data directory).
+  // The owner grants (from the first Sync, or the next once the first reservation is in etcd).
   uint64_t seq = 1;
   EXPECT_TRUE(WaitFor(
       [&] {
