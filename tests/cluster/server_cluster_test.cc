@@ -4,6 +4,7 @@
 // 2 s, 8 shards; every wait is bounded; no speed is asserted (takeover times are printed).
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -424,7 +425,7 @@ TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
               absl::FormatDuration(handover).c_str());
   EXPECT_TRUE(moved) << "not handed over within the lease TTL";
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << ReadFile(servers_[owner].log);
+  EXPECT_TRUE(WIFEXITED(*code) && WEXITSTATUS(*code) == 0) << ReadFile(servers_[owner].log);
   EXPECT_TRUE(granted_again);
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   EXPECT_LE(static_cast<double>(worker.granted_total()), kCapacity + kRefill * elapsed);
@@ -523,6 +524,35 @@ TEST_F(ServerClusterTest, AllEtcdStoppedStopsGrantingWithinTheTtlAndServiceResum
   std::printf("etcd back: granting again after %s\n",
               absl::FormatDuration(absl::Now() - back).c_str());
   EXPECT_TRUE(resumed);
+}
+
+}  // namespace
+}  // namespace retrybudget::testing
+
+namespace retrybudget::testing {
+namespace {
+
+// Bad combinations of the cluster flags: a message naming the flag, and exit code 2.
+TEST(ServerClusterFlagsTest, BadCombinationsExitWithCode2) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--advertise=10.0.0.1:50051"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--data_dir=/nonexistent"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--shards=0"},
+      {"--etcd_endpoints=not-an-endpoint"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--etcd_lease_ttl=1500ms"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--etcd_cert=cert.pem"},
+  };
+  for (const auto& flags : cases) {
+    std::vector<std::string> argv = {RETRYBUDGET_SERVER_BIN, "--listen=127.0.0.1:0",
+                                     "--metrics_listen="};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<std::unique_ptr<Subprocess>> p =
+        Subprocess::Spawn(argv, {.output_file = "/dev/null"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<int> code = (*p)->Wait(absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_TRUE(WIFEXITED(*code) && WEXITSTATUS(*code) == 2) << flags.back() << ": " << *code;
+  }
 }
 
 }  // namespace
