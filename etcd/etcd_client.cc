@@ -135,8 +135,13 @@ struct Connection {
 // channel connects at once.) Thread-safe.
 class Endpoint {
  public:
-  Endpoint(std::string address, grpc::ChannelArguments args, absl::Duration renew_after)
-      : address_(std::move(address)), args_(std::move(args)), renew_after_(renew_after) {
+  Endpoint(std::string address, grpc::ChannelArguments args, absl::Duration renew_after,
+           std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : address_(std::move(address)),
+        args_(std::move(args)),
+        renew_after_(renew_after),
+        credentials_(credentials != nullptr ? std::move(credentials)
+                                            : grpc::InsecureChannelCredentials()) {
     connection_ = Connect();
   }
 
@@ -164,8 +169,7 @@ class Endpoint {
   std::shared_ptr<const Connection> Connect() {
     auto connection = std::make_shared<Connection>();
     connection->address = address_;
-    connection->channel = grpc::CreateCustomChannel(ChannelTarget(address_),
-                                                    grpc::InsecureChannelCredentials(), args_);
+    connection->channel = grpc::CreateCustomChannel(ChannelTarget(address_), credentials_, args_);
     connection->kv = etcdserverpb::KV::NewStub(connection->channel);
     connection->lease = etcdserverpb::Lease::NewStub(connection->channel);
     connection->watch = etcdserverpb::Watch::NewStub(connection->channel);
@@ -176,6 +180,7 @@ class Endpoint {
   const std::string address_;
   const grpc::ChannelArguments args_;
   const absl::Duration renew_after_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   Mutex mu_;
   std::shared_ptr<const Connection> connection_ ABSL_GUARDED_BY(mu_);
   absl::Time last_success_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -631,7 +636,8 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdClientOptions
     // default of every 30 s, so a restarted member is found again within a second.
     args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, backoff_ms);
     endpoints.push_back(
-        std::make_unique<Endpoint>(address, std::move(args), 2 * options.max_reconnect_backoff));
+        std::make_unique<Endpoint>(address, std::move(args), 2 * options.max_reconnect_backoff,
+                                   options.credentials));
   }
   auto ring = std::make_shared<EndpointRing>(std::move(endpoints));
   return std::make_unique<EtcdClientImpl>(std::move(options), std::move(addresses),

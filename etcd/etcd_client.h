@@ -43,13 +43,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "retrybudget/clock.h"
 
 namespace retrybudget::etcd {
 
 struct EtcdClientOptions {
-  // "HOST:PORT,HOST:PORT,...": the members' client URLs without scheme (plaintext).
+  // "HOST:PORT,HOST:PORT,...": the members' client URLs without scheme.
   std::string endpoints;
+  // The channels' credentials (e.g. grpc::SslCredentials for etcd's TLS); null for plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr;
   // Deadline of every unary call (per attempt), and of a keep-alive round unless the
   // keep-alive interval is shorter.
   absl::Duration call_timeout = absl::Seconds(2);

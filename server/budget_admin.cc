@@ -71,8 +71,19 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   return s;
 }
 
+absl::Status BudgetCore::CheckOwned(absl::string_view tenant) {
+  if (options_.router == nullptr) return absl::OkStatus();
+  const absl::Time now = clock_->Now();
+  if (options_.router->MayServe(tenant, now)) return absl::OkStatus();
+  TenantRefusal refusal = options_.router->Refusal(tenant, now);
+  if (refusal.owner.empty()) return absl::UnavailableError(refusal.message);
+  // The owner's address is the last word of the message: budgetctl and people read it there.
+  return absl::FailedPreconditionError(refusal.message);
+}
+
 absl::StatusOr<v1::BudgetStatus> BudgetCore::GetBudget(absl::string_view tenant) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  if (auto s = CheckOwned(tenant); !s.ok()) return s;
   auto t = FindTenant(tenant);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
@@ -107,6 +118,13 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
   auto resolved = ResolvePolicy(policy, "policy");
   if (!resolved.ok()) return resolved.status();
+  if (auto s = CheckOwned(tenant); !s.ok()) return s;
+  return ApplyAdminPolicy(tenant, *resolved);
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view tenant,
+                                                              const ResolvedPolicy& policy) {
+  const ResolvedPolicy* resolved = &policy;
   const absl::Time now = clock_->Now();
   std::shared_ptr<Tenant> t;
   {
@@ -137,6 +155,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
 
 absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
+  if (auto s = CheckOwned(tenant); !s.ok()) return s;
   std::shared_ptr<Tenant> t;
   {
     MutexLock lock(&tenants_mu_);

@@ -43,6 +43,7 @@ BudgetCore::BudgetCore(CoreOptions options)
 BudgetCore::~BudgetCore() {
   // The store thread's callbacks (ReserveDurably) use this core.
   if (options_.store != nullptr) options_.store->WaitIdle();
+  if (options_.router != nullptr) options_.router->WaitIdle();
 }
 
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
@@ -56,7 +57,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   if (auto t = FindTenant(name)) return t;
   bool created = false;
   std::shared_ptr<Tenant> tenant = CreateTenant(name, error, &created);
-  if (created && options_.store != nullptr) {
+  if (created && (options_.store != nullptr || options_.router != nullptr)) {
     uint64_t block = 0;
     {
       MutexLock lock(&tenant->mu);
@@ -75,7 +76,18 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
   ResolvedPolicy policy = default_policy_;
   v1::PolicySource source = v1::POLICY_SOURCE_DEFAULT;
   bool listed = false;
+  // Cluster mode: an admin policy in etcd wins over the file.
+  if (options_.router != nullptr) {
+    if (std::optional<v1::BudgetPolicy> admin = options_.router->AdminPolicy(name)) {
+      if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(*admin); p.ok()) {
+        policy = *p;
+        source = v1::POLICY_SOURCE_ADMIN;
+        listed = true;
+      }
+    }
+  }
   for (const auto& t : policy_.tenants()) {
+    if (listed) break;
     if (t.tenant() == name) {
       // Validated by ReplacePolicy.
       policy = *ResolvePolicy(t.policy());
@@ -329,6 +341,12 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   out.tenant = sent.tenant();
   out.error_code = 0;
   out.error_message.clear();
+  out.error_owner.clear();
+  // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
+  if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
+    Refuse(sent.tenant(), now, out);
+    return;
+  }
   std::shared_ptr<Tenant> found;
   Tenant* tenant = BudgetOf(instance, sent, &found, out);
   if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
@@ -350,6 +368,14 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     // new record (an empty one would later pass for a known history).
     out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
     out.error_message = kDeletedMeanwhile;
+    keep_alive = std::move(rec.tenant);
+    if (new_record) instance.tenants.erase(rec_it);
+    return;
+  }
+  // Again under the lock: a shard lost (its budgets dropped) or not loaded yet since the check
+  // above leaves no budget here to grant from.
+  if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
+    Refuse(sent.tenant(), now, out);
     keep_alive = std::move(rec.tenant);
     if (new_record) instance.tenants.erase(rec_it);
     return;
@@ -413,7 +439,8 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
-    granted = options_.store != nullptr ? ReserveDurably(tb, sized) : sized;
+    granted = options_.store != nullptr || options_.router != nullptr ? ReserveDurably(tb, sized)
+                                                                       : sized;
     // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
     // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
     const bool waiting_for_disk = granted < sized;
@@ -464,7 +491,14 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
   // another grant as large plus half a block, the limit for this grant, one more as large and a
   // block is asked for. A crash forfeits at most that reservation ahead per tenant: the safe
   // direction.
-  const uint64_t block = ReservationBlock(t.policy.capacity);
+  // In cluster mode a block is also at least a second of refill: each write is an etcd
+  // transaction (a Raft round), so a busy tenant costs about one a second.
+  const uint64_t block =
+      options_.router != nullptr
+          ? std::max(ReservationBlock(t.policy.capacity),
+                     std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.refill_per_second), 8,
+                                          1'000'000))
+          : ReservationBlock(t.policy.capacity);
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
@@ -476,8 +510,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
 
 void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
                               std::function<void()> done) {
-  options_.store->ReserveAhead(
-      tenant, limit,
+  DurableStore::ReservedCallback callback =
       [this, done = std::move(done)](const std::string& name, uint64_t limit,
                                      const absl::Status& status) {
         if (!status.ok()) {
@@ -492,7 +525,20 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
           }
         }
         if (done) done();
-      });
+      };
+  // The journal on disk, or (cluster mode) the tenant's state in etcd.
+  if (options_.store != nullptr) {
+    options_.store->ReserveAhead(tenant, limit, std::move(callback));
+  } else {
+    options_.router->ReserveAhead(tenant, limit, std::move(callback));
+  }
+}
+
+void BudgetCore::Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out) {
+  TenantRefusal refusal = options_.router->Refusal(tenant, now);
+  out.error_code = refusal.code;
+  out.error_message = std::move(refusal.message);
+  out.error_owner = std::move(refusal.owner);
 }
 
 size_t BudgetCore::tenant_count() {

@@ -40,6 +40,7 @@
 #include "server/durable_store.h"
 #include "server/instance_state.h"
 #include "server/policy.h"
+#include "server/tenant_router.h"
 
 namespace retrybudget {
 
@@ -67,6 +68,9 @@ struct CoreOptions {
   // With a store, no token is granted beyond a limit the store has on disk, so a crash cannot
   // create tokens (DESIGN.md "Persistence").
   DurableStore* store = nullptr;
+  // Cluster mode: which tenants this server may grant from, and where reservations are made
+  // durable (in etcd) when `store` is null. Null for a single server. Not owned.
+  TenantRouter* router = nullptr;
   // With a store: how long the request that creates a tenant waits for the tenant's first
   // reservation to reach the disk (with no lock held) before it is answered with what is durable.
   absl::Duration first_reservation_wait = absl::Seconds(1);
@@ -110,6 +114,9 @@ class BudgetCore {
                                              const v1::BudgetPolicy& policy);
   // NOT_FOUND if the tenant has no budget.
   absl::Status DeleteBudget(absl::string_view tenant);
+  // PutPolicy without the owner check (cluster mode: a policy from etcd, on the owner).
+  absl::StatusOr<v1::BudgetStatus> ApplyAdminPolicy(absl::string_view tenant,
+                                                    const ResolvedPolicy& policy);
 
   // Replaces the default policy, strict flag and explicit tenants (a policy reload). Existing
   // buckets keep their level; a tenant no longer listed falls back to the default policy.
@@ -130,6 +137,16 @@ class BudgetCore {
 
   // Counts of store errors (reservations that could not be made durable; grants were cut).
   uint64_t store_errors() const { return store_errors_.load(std::memory_order_relaxed); }
+
+  // Cluster mode (cluster_state_io.cc). The state of every tenant `pick` selects by name, as a
+  // snapshot records it (levels brought up to now).
+  std::vector<v1::TenantState> ExportTenants(const std::function<bool(absl::string_view)>& pick);
+  // Takes over tenants another server owned: each replaces any budget of its name here. Every
+  // reserved token (grant_limit) counts as granted; the level refills from `now` on (the time
+  // since the state was written earns nothing). Instances are all unknown: baselines.
+  void AdoptTenants(const std::vector<v1::TenantState>& states, absl::Time now);
+  // Forgets every budget `pick` selects (a shard lost): no grant is made from them afterwards.
+  void DropTenants(const std::function<bool(absl::string_view)>& pick);
 
   size_t tenant_count();
   size_t instance_count();
@@ -179,6 +196,11 @@ class BudgetCore {
              uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
+  // Admin calls in cluster mode: OK on the tenant's owner; FAILED_PRECONDITION naming the
+  // owner's address on another server; UNAVAILABLE while the shard has no owner that can serve.
+  absl::Status CheckOwned(absl::string_view tenant);
+  // Fills `out`'s error with the router's refusal of `tenant`.
+  void Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out);
   // Cuts `granted` to what the tenant's durable limit allows, and asks the store thread to
   // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
   // Requires tenant.mu held.

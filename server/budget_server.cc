@@ -98,6 +98,12 @@ absl::Status BudgetServer::Init() {
   return absl::OkStatus();
 }
 
+void BudgetServer::SetServing(bool serving) {
+  MutexLock lock(&mu_);
+  if (shut_down_ || server_ == nullptr) return;
+  SetHealth(*server_, serving);
+}
+
 BudgetServer::~BudgetServer() { Shutdown(absl::ZeroDuration()); }
 
 void BudgetServer::Shutdown(absl::Duration grace) {

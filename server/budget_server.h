@@ -55,6 +55,10 @@ class BudgetServer {
   // False when the server runs without TLS.
   bool secure() const { return secure_; }
 
+  // Sets the grpc.health.v1 status (cluster mode: NOT_SERVING until the server has joined, and
+  // while it cannot be sure of its etcd lease). No effect after Shutdown().
+  void SetServing(bool serving);
+
   // Refuses new RPCs (UNAVAILABLE), lets in-flight ones finish until now + `grace`, then
   // cancels the rest, closes every connection and returns once every handler has finished.
   // Returns as soon as nothing is in flight: idle client connections do not hold it up.

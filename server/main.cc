@@ -31,6 +31,8 @@
 #include "server/budget_core.h"
 #include "server/bearer_authorizer.h"
 #include "server/budget_server.h"
+#include "server/cluster_metrics.h"
+#include "server/cluster_mode.h"
 #include "server/metrics.h"
 #include "server/durable_store.h"
 #include "server/policy.h"
@@ -89,6 +91,21 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(int32_t, metrics_max_tenants, 1000,
           "most distinct `tenant` label values in the metrics; budgets past it share "
           "tenant=\"_other\"");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "HOST:PORT,... of etcd members: cluster mode (tenants sharded over every server on the "
+          "same etcd; DESIGN.md \"Many servers (etcd)\"). Empty: a single in-memory server");
+ABSL_FLAG(std::string, advertise, "",
+          "cluster mode: HOST:PORT clients reach this server at (also its server id); empty: "
+          "the --listen host with the bound port");
+ABSL_FLAG(std::string, etcd_prefix, "/retry-budget", "cluster mode: the deployment's etcd prefix");
+ABSL_FLAG(int32_t, shards, 64,
+          "cluster mode: number of shards; stored in etcd by the first server, checked by others");
+ABSL_FLAG(absl::Duration, etcd_lease_ttl, absl::Seconds(5),
+          "cluster mode: TTL of this server's etcd lease (whole seconds): a dead server's shards "
+          "move after about this long");
+ABSL_FLAG(std::string, etcd_ca, "", "cluster mode: PEM CA that signs etcd's certificates (TLS)");
+ABSL_FLAG(std::string, etcd_cert, "", "cluster mode: PEM client certificate for etcd (mTLS)");
+ABSL_FLAG(std::string, etcd_key, "", "cluster mode: PEM key of --etcd_cert");
 ABSL_FLAG(std::string, log_level, "info",
           "least severe log level printed: trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(absl::Duration, testonly_sync_response_delay, absl::ZeroDuration(),
@@ -124,6 +141,8 @@ struct ServerConfig {
   std::string metrics_listen;
   std::string metrics_port_file;
   size_t metrics_max_tenants = 1000;
+  // Cluster mode when etcd_endpoints is set.
+  ClusterFlags cluster;
 };
 
 // A positive int64 flag as a size_t; INVALID_ARGUMENT naming the flag otherwise.
@@ -211,6 +230,21 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
         absl::StrCat("--metrics_max_tenants=", metrics_max_tenants, " must be >= 1"));
   }
   config.metrics_max_tenants = static_cast<size_t>(metrics_max_tenants);
+
+  config.cluster = {.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
+                    .advertise = absl::GetFlag(FLAGS_advertise),
+                    .etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix),
+                    .shards = absl::GetFlag(FLAGS_shards),
+                    .lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl),
+                    .etcd_ca = absl::GetFlag(FLAGS_etcd_ca),
+                    .etcd_cert = absl::GetFlag(FLAGS_etcd_cert),
+                    .etcd_key = absl::GetFlag(FLAGS_etcd_key)};
+  if (auto s = ValidateClusterFlags(config.cluster); !s.ok()) return s;
+  if (config.cluster.enabled() && !config.data_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_dir and --etcd_endpoints exclude each other: in cluster mode the budgets' state "
+        "is kept in etcd");
+  }
   return config;
 }
 
@@ -309,7 +343,23 @@ int Run(ServerConfig config) {
     store = *std::move(opened);
   }
 
+  std::unique_ptr<ClusterMode> cluster;
+  if (config.cluster.enabled()) {
+    absl::StatusOr<std::unique_ptr<ClusterMode>> connected = ClusterMode::Connect(
+        config.cluster, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
+    if (!connected.ok()) {
+      spdlog::error("cluster mode (--etcd_endpoints={}): {}", config.cluster.etcd_endpoints,
+                    std::string(connected.status().message()));
+      return absl::IsInvalidArgument(connected.status()) ||
+                     absl::IsFailedPrecondition(connected.status())
+                 ? kExitBadConfig
+                 : kExitCannotServe;
+    }
+    cluster = *std::move(connected);
+  }
+
   CoreOptions core_options = config.core;
+  core_options.router = cluster != nullptr ? cluster->router() : nullptr;
   core_options.policy = config.policy;
   core_options.clock = Clock::Real();
   core_options.store = store.get();
@@ -320,6 +370,13 @@ int Run(ServerConfig config) {
     return kExitBadConfig;
   }
   config.server.service.core = core->get();
+  if (cluster != nullptr) {
+    config.server.service.list_shards = [c = cluster.get()] { return c->ListShards(); };
+    config.server.service.put_policy = [c = cluster.get()](absl::string_view tenant,
+                                                           const v1::BudgetPolicy& policy) {
+      return c->PutPolicy(tenant, policy);
+    };
+  }
   config.server.service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
 
   // Recovery happens before the port is opened: no RPC sees the state half restored.
@@ -344,7 +401,7 @@ int Run(ServerConfig config) {
     spdlog::info("data dir {}: {} budget(s) recovered; snapshot every {} and at shutdown",
                  config.data_dir, (*core)->tenant_count(),
                  absl::FormatDuration(config.snapshot_interval));
-  } else {
+  } else if (cluster == nullptr) {
     spdlog::warn("no --data_dir: budgets are kept in memory only and a restart loses them");
   }
 
@@ -355,10 +412,17 @@ int Run(ServerConfig config) {
       BudgetMetricsOptions{.core = core->get(),
                            .snapshotter = snapshotter.get(),
                            .max_tenants = config.metrics_max_tenants});
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {rpc_metrics,
+                                                                         budget_metrics};
+  if (cluster != nullptr) {
+    auto cluster_metrics = std::make_shared<ClusterMetrics>(cluster.get());
+    cluster->set_latency_observer([m = cluster_metrics.get()](double s) { m->Observe(s); });
+    collectables.push_back(std::move(cluster_metrics));
+  }
   std::unique_ptr<prometheus::Exposer> metrics_endpoint;
   if (!config.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<prometheus::Exposer>> endpoint =
-        StartMetricsEndpoint(config.metrics_listen, {rpc_metrics, budget_metrics});
+        StartMetricsEndpoint(config.metrics_listen, collectables);
     if (!endpoint.ok()) {
       spdlog::error("--metrics_listen: {}", std::string(endpoint.status().message()));
       return absl::IsInvalidArgument(endpoint.status()) ? kExitBadConfig : kExitCannotServe;
@@ -396,6 +460,20 @@ int Run(ServerConfig config) {
     }
   }
 
+  if (cluster != nullptr) {
+    const std::string advertise =
+        !config.cluster.advertise.empty() ? config.cluster.advertise : (*server)->address();
+    if (absl::Status s = cluster->Join(core->get(), server->get(), advertise); !s.ok()) {
+      spdlog::error("cannot join the cluster on etcd {}: {}", config.cluster.etcd_endpoints,
+                    std::string(s.message()));
+      (*server)->Shutdown(absl::ZeroDuration());
+      return kExitCannotServe;
+    }
+    spdlog::info("cluster mode: joined as {} ({} shards, lease TTL {}, etcd prefix {})", advertise,
+                 cluster->map().shards(), absl::FormatDuration(config.cluster.lease_ttl),
+                 config.cluster.etcd_prefix);
+  }
+
   int signo = 0;
   while ((signo = (*signals)->Wait()) == SIGHUP) {
     ReloadPolicy(config, **core, **authorizer);
@@ -404,6 +482,10 @@ int Run(ServerConfig config) {
                signo == SIGINT ? "SIGINT" : "SIGTERM",
                absl::FormatDuration(config.shutdown_grace));
   (*server)->Shutdown(config.shutdown_grace);
+  if (cluster != nullptr) {
+    cluster->Leave();  // no Sync runs any more: the shards' state written is final
+    spdlog::info("cluster mode: shards' state written and handed over");
+  }
   // Only now, with no Sync running any more, is the final snapshot exact.
   if (snapshotter != nullptr) {
     if (absl::Status s = snapshotter->Stop(); !s.ok()) {

@@ -18,7 +18,7 @@ using prometheus::MetricFamily;
 using prometheus::MetricType;
 
 constexpr Rpc kAllRpcs[] = {Rpc::kSync, Rpc::kGetBudget, Rpc::kListBudgets, Rpc::kPutPolicy,
-                            Rpc::kDeleteBudget};
+                            Rpc::kDeleteBudget, Rpc::kListShards};
 
 MetricFamily Family(std::string name, std::string help, MetricType type) {
   MetricFamily family;

@@ -85,7 +85,7 @@ class RpcMetrics final : public ServiceMetrics, public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  static constexpr size_t kRpcs = 5;    // enum Rpc
+  static constexpr size_t kRpcs = 6;    // enum Rpc
   static constexpr size_t kCodes = 17;  // google.rpc.Code 0..16
 
   std::array<std::array<std::atomic<uint64_t>, kCodes>, kRpcs> requests_{};

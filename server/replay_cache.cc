@@ -54,6 +54,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     if (r.error_code != 0) {
       out->mutable_error()->set_code(r.error_code);
       out->mutable_error()->set_message(r.error_message);
+      if (!r.error_owner.empty()) out->mutable_error()->set_owner(r.error_owner);
       continue;
     }
     out->set_granted(r.granted);
@@ -82,6 +83,7 @@ void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* re
     r.active_instances = g.active_instances();
     r.error_code = g.error().code();
     r.error_message = g.error().message();
+    r.error_owner = g.error().owner();
   }
 }
 

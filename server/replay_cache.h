@@ -54,6 +54,7 @@ struct GrantRecord {
   // Non-zero when the entry was refused on its own (google.rpc.Code), with its message.
   int32_t error_code = 0;
   std::string error_message;
+  std::string error_owner;  // TenantError.owner
 };
 
 // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.

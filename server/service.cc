@@ -197,6 +197,8 @@ absl::string_view RpcName(Rpc rpc) {
       return "PutPolicy";
     case Rpc::kDeleteBudget:
       return "DeleteBudget";
+    case Rpc::kListShards:
+      return "ListShards";
   }
   return "unknown";
 }
@@ -297,13 +299,24 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListBudgets(
   return call.Finish(result.status());
 }
 
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListShards(
+    grpc::CallbackServerContext* context, const v1::ListShardsRequest*,
+    v1::ListShardsResponse* response) {
+  Call call(options_, context, Rpc::kListShards);
+  if (absl::Status s = call.Admit({}); !s.ok()) return call.Finish(s);
+  if (options_.list_shards) *response = options_.list_shards();
+  return call.Finish(absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServerContext* context,
                                                             const v1::PutPolicyRequest* request,
                                                             v1::PutPolicyResponse* response) {
   Call call(options_, context, Rpc::kPutPolicy);
   const absl::string_view tenant = request->tenant();
   if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  absl::StatusOr<v1::BudgetStatus> result = options_.core->PutPolicy(tenant, request->policy());
+  absl::StatusOr<v1::BudgetStatus> result =
+      options_.put_policy ? options_.put_policy(tenant, request->policy())
+                          : options_.core->PutPolicy(tenant, request->policy());
   if (result.ok() && options_.log) {
     const v1::BudgetPolicy& p = result->policy();
     options_.log(absl::StrFormat(

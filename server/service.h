@@ -36,7 +36,7 @@
 namespace retrybudget {
 
 // The RPCs of the server, for hooks and metrics labels.
-enum class Rpc { kSync, kGetBudget, kListBudgets, kPutPolicy, kDeleteBudget };
+enum class Rpc { kSync, kGetBudget, kListBudgets, kPutPolicy, kDeleteBudget, kListShards };
 
 // "Sync", "GetBudget", ...: the method name as in budget.proto.
 absl::string_view RpcName(Rpc rpc);
@@ -121,6 +121,12 @@ struct ServiceOptions {
   // alarm, no thread blocked), which holds RPCs in flight for shutdown tests. Zero in
   // production.
   absl::Duration testonly_sync_response_delay = absl::ZeroDuration();
+  // Cluster mode: the shards and their owners for ListShards. Null: not in cluster mode.
+  std::function<v1::ListShardsResponse()> list_shards = nullptr;
+  // Cluster mode: PutPolicy goes here (stores the policy in etcd for every server) instead of
+  // to the core. Null: the core.
+  std::function<absl::StatusOr<v1::BudgetStatus>(absl::string_view, const v1::BudgetPolicy&)>
+      put_policy = nullptr;
 };
 
 // The absl::Status as a grpc::Status with the same code and message.
@@ -166,6 +172,9 @@ class BudgetAdminServiceImpl final : public v1::BudgetAdminService::CallbackServ
   grpc::ServerUnaryReactor* DeleteBudget(grpc::CallbackServerContext* context,
                                          const v1::DeleteBudgetRequest* request,
                                          v1::DeleteBudgetResponse* response) override;
+  grpc::ServerUnaryReactor* ListShards(grpc::CallbackServerContext* context,
+                                       const v1::ListShardsRequest* request,
+                                       v1::ListShardsResponse* response) override;
 
  private:
   const ServiceOptions options_;

@@ -158,6 +158,8 @@ int Commands::Run(const Invocation& inv, const std::atomic<bool>& stop) {
       return Delete(inv);
     case Command::kWatch:
       return Watch(inv, stop);
+    case Command::kShards:
+      return Shards(inv);
     case Command::kHelp:
       out_ << Usage();
       return kExitOk;
@@ -181,6 +183,30 @@ int Commands::List(const Invocation& inv) {
     out_ << ToJson(all) << "\n";
   } else {
     out_ << FormatTable({all.budgets().begin(), all.budgets().end()});
+  }
+  return kExitOk;
+}
+
+int Commands::Shards(const Invocation& inv) {
+  v1::ListShardsResponse response;
+  const grpc::Status status =
+      stub_.ListShards(NewContext().get(), v1::ListShardsRequest(), &response);
+  if (!status.ok()) return Failed("ListShards", status);
+  if (inv.json) {
+    out_ << ToJson(response) << "\n";
+    return kExitOk;
+  }
+  if (!response.cluster_mode()) {
+    out_ << "not in cluster mode (a single server holds every budget)\n";
+    return kExitOk;
+  }
+  out_ << absl::StrFormat("%-6s %-24s %s\n", "SHARD", "OWNER", "");
+  for (const v1::ShardInfo& s : response.shards()) {
+    out_ << absl::StrFormat("%-6d %-24s %s\n", s.shard(),
+                            s.owner_address().empty()
+                                ? (s.owner_id().empty() ? "-" : s.owner_id())
+                                : s.owner_address(),
+                            s.owned_here() ? "(this server)" : "");
   }
   return kExitOk;
 }

@@ -46,6 +46,7 @@ class Commands {
 
  private:
   int List(const Invocation& inv);
+  int Shards(const Invocation& inv);
   int Get(const Invocation& inv);
   int Put(const Invocation& inv);
   int Delete(const Invocation& inv);

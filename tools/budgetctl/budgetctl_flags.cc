@@ -38,6 +38,7 @@ std::set<std::string> CommandFlags(Command c) {
   switch (c) {
     case Command::kList:
     case Command::kGet:
+    case Command::kShards:
       return {"json"};
     case Command::kPut:
       return {"json", "capacity", "refill", "credit", "initial", "lease-ttl-ms"};
@@ -92,9 +93,10 @@ absl::StatusOr<Command> ParseCommand(absl::string_view word) {
   if (word == "put") return Command::kPut;
   if (word == "delete") return Command::kDelete;
   if (word == "watch") return Command::kWatch;
+  if (word == "shards") return Command::kShards;
   if (word == "help") return Command::kHelp;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown command \"", word, "\" (commands: list, get, put, delete, watch, help)"));
+      "unknown command \"", word, "\" (commands: list, get, put, delete, watch, shards, help)"));
 }
 
 }  // namespace
@@ -113,6 +115,8 @@ Commands:
   watch TENANT                print the level live, one line per sample, until Ctrl-C
       --interval=1s           time between samples
       --count=N               stop after N samples
+  shards                      cluster mode: each shard and its owner, as the server sees them
+                              (--json: JSON)
 
 Connection flags (any command):
   --server=HOST:PORT          budget server (default 127.0.0.1:50051, or $RETRY_BUDGET_SERVER)
@@ -198,7 +202,7 @@ absl::StatusOr<Invocation> ParseInvocation(
     return inv;
   }
 
-  const bool takes_tenant = inv.command != Command::kList;
+  const bool takes_tenant = inv.command != Command::kList && inv.command != Command::kShards;
   const size_t want_args = takes_tenant ? 2 : 1;
   if (positional.size() < want_args) {
     return absl::InvalidArgumentError(

@@ -21,7 +21,7 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitRpcFailed = 1;  // the server refused the request or was unreachable
 inline constexpr int kExitUsage = 2;      // bad command line (nothing was sent)
 
-enum class Command { kHelp, kList, kGet, kPut, kDelete, kWatch };
+enum class Command { kHelp, kList, kGet, kPut, kDelete, kWatch, kShards };
 
 // How to reach the server.
 struct Connection {

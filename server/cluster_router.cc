@@ -1,0 +1,455 @@
+#include "server/cluster_router.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cluster/cluster_keys.h"
+
+namespace retrybudget {
+namespace {
+
+// Most puts in one transaction (etcd's default --max-txn-ops is 128).
+constexpr size_t kMaxOps = 100;
+
+std::string Comparable(v1::TenantState state) {
+  state.clear_level_at_unix_nanos();
+  return state.SerializeAsString();
+}
+
+}  // namespace
+
+ClusterRouter::ClusterRouter(etcd::EtcdClient* etcd, cluster::ShardMap map,
+                             ClusterRouterOptions options)
+    : etcd_(etcd),
+      map_(map),
+      options_(std::move(options)),
+      ready_(new std::atomic<int64_t>[static_cast<size_t>(map.shards())]) {
+  for (int s = 0; s < map_.shards(); ++s) ready_[s].store(0, std::memory_order_relaxed);
+}
+
+ClusterRouter::~ClusterRouter() { Stop(); }
+
+std::function<void()> ClusterRouter::OnChangeCallback() {
+  return [this] { OnChange(); };
+}
+
+std::function<void(int, int64_t)> ClusterRouter::BeforeReleaseCallback() {
+  return [this](int shard, int64_t token) { BeforeRelease(shard, token); };
+}
+
+std::optional<v1::BudgetPolicy> ClusterRouter::AdminPolicy(absl::string_view tenant) const {
+  MutexLock lock(&policies_mu_);
+  auto it = policies_.find(tenant);
+  if (it == policies_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<v1::BudgetStatus> ClusterRouter::PutPolicy(absl::string_view tenant,
+                                                          const v1::BudgetPolicy& policy) {
+  absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
+  if (!resolved.ok()) return resolved.status();
+  if (tenant.empty() || tenant.size() > 256) {
+    return absl::InvalidArgumentError("tenant must be 1 to 256 bytes");
+  }
+  absl::StatusOr<int64_t> put = etcd_->Put(PolicyKey(tenant), policy.SerializeAsString());
+  if (!put.ok()) {
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    return put.status();
+  }
+  {
+    MutexLock lock(&policies_mu_);
+    policies_[tenant] = policy;
+  }
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+    return core->ApplyAdminPolicy(tenant, *resolved);
+  }
+  v1::BudgetStatus status;
+  status.set_tenant(std::string(tenant));
+  *status.mutable_policy() = resolved->ToProto();
+  return status;
+}
+
+void ClusterRouter::OnPolicies(const etcd::WatchBatch& batch) {
+  const std::string prefix = PolicyKey("");
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  for (const etcd::WatchEvent& e : batch.events) {
+    if (e.kv.key.size() <= prefix.size()) continue;
+    const std::string tenant = e.kv.key.substr(prefix.size());
+    if (e.type == etcd::WatchEvent::Type::kDelete) {
+      MutexLock lock(&policies_mu_);
+      policies_.erase(tenant);
+      continue;
+    }
+    v1::BudgetPolicy policy;
+    if (!policy.ParseFromString(e.kv.value)) continue;
+    absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
+    if (!resolved.ok()) continue;
+    {
+      MutexLock lock(&policies_mu_);
+      policies_[tenant] = policy;
+    }
+    if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+      (void)core->ApplyAdminPolicy(tenant, *resolved);
+    }
+  }
+}
+
+void ClusterRouter::Start(BudgetCore* core, cluster::OwnershipManager* ownership) {
+  core_.store(core, std::memory_order_release);
+  // The admin policies: read them all, then watch from the next revision.
+  absl::StatusOr<etcd::RangeResult> policies = etcd_->GetPrefix(PolicyKey(""));
+  int64_t from = 0;
+  if (policies.ok()) {
+    etcd::WatchBatch initial;
+    for (const etcd::KeyValue& kv : policies->kvs) {
+      initial.events.push_back({.type = etcd::WatchEvent::Type::kPut, .kv = kv});
+    }
+    OnPolicies(initial);
+    from = policies->revision + 1;
+  } else {
+    Log(absl::StrCat("cannot read the admin policies yet: ", policies.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<etcd::Watch>> watch = etcd_->WatchPrefix(
+      PolicyKey(""), from, [this](const etcd::WatchBatch& b) { OnPolicies(b); });
+  if (watch.ok()) {
+    policy_watch_ = *std::move(watch);
+  } else {
+    Log(absl::StrCat("cannot watch the admin policies: ", watch.status().message()));
+  }
+  ownership_.store(ownership, std::memory_order_release);
+  writer_ = std::jthread([this](std::stop_token stop) { Run(stop); });
+  OnChange();
+}
+
+void ClusterRouter::Stop() {
+  policy_watch_.reset();
+  if (!writer_.joinable()) return;
+  writer_.request_stop();
+  {
+    MutexLock lock(&queue_mu_);
+    wake_ = true;
+  }
+  queue_cv_.notify_all();
+  writer_.join();
+}
+
+bool ClusterRouter::MayServe(absl::string_view tenant, absl::Time now) const {
+  const cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (ownership == nullptr) return false;
+  return ready_[map_.ShardOf(tenant)].load(std::memory_order_acquire) != 0 &&
+         ownership->SurelyAlive(now);
+}
+
+TenantRefusal ClusterRouter::Refusal(absl::string_view tenant, absl::Time) const {
+  TenantRefusal r;
+  r.code = static_cast<int32_t>(absl::StatusCode::kUnavailable);
+  const int shard = map_.ShardOf(tenant);
+  const cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (ownership == nullptr) {
+    r.message = "this server has not joined the cluster yet";
+    return r;
+  }
+  if (ready_[shard].load(std::memory_order_acquire) != 0) {
+    r.message = absl::StrFormat(
+        "this server owns shard %d but cannot be sure its etcd lease is alive; nothing applied",
+        shard);
+    return r;
+  }
+  std::optional<cluster::ShardOwner> owner = ownership->OwnerOf(shard);
+  if (owner.has_value() && owner->server_id != ownership->options().server_id &&
+      !owner->address.empty()) {
+    r.code = static_cast<int32_t>(absl::StatusCode::kFailedPrecondition);
+    r.owner = owner->address;
+    r.message = absl::StrFormat("shard %d of tenant %s is owned by %s", shard, tenant,
+                                owner->address);
+    return r;
+  }
+  r.message = owner.has_value()
+                  ? absl::StrFormat("shard %d is being taken over; nothing applied", shard)
+                  : absl::StrFormat("shard %d has no owner right now; nothing applied", shard);
+  return r;
+}
+
+void ClusterRouter::ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
+                                 DurableStore::ReservedCallback done) {
+  {
+    MutexLock lock(&queue_mu_);
+    Pending& p = pending_[tenant];
+    p.grant_limit = std::max(p.grant_limit, grant_limit);
+    p.done.push_back(std::move(done));
+    wake_ = true;
+  }
+  queue_cv_.notify_all();
+}
+
+void ClusterRouter::WaitIdle() {
+  MutexLock lock(&queue_mu_);
+  const int64_t target = flushes_started_ + (pending_.empty() ? 0 : 1);
+  while (flushes_done_ < target && writer_.joinable()) {
+    queue_cv_.wait_for(queue_mu_, std::chrono::milliseconds(50));
+  }
+}
+
+ClusterRouterStats ClusterRouter::stats() const {
+  ClusterRouterStats s;
+  for (int i = 0; i < map_.shards(); ++i) {
+    s.shards_ready += ready_[i].load(std::memory_order_relaxed) != 0 ? 1 : 0;
+  }
+  s.etcd_writes = etcd_writes_.load(std::memory_order_relaxed);
+  s.etcd_errors = etcd_errors_.load(std::memory_order_relaxed);
+  s.reservation_writes = reservation_writes_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void ClusterRouter::OnChange() {
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (ownership == nullptr) return;
+  // Synchronously: a shard that is not ours under the same token any more is not served from
+  // this instant (the lease may be replaced right after this returns).
+  const std::map<int, int64_t> owned = ownership->OwnedShards();
+  for (int s = 0; s < map_.shards(); ++s) {
+    const int64_t token = ready_[s].load(std::memory_order_acquire);
+    if (token == 0) continue;
+    auto it = owned.find(s);
+    if (it == owned.end() || it->second != token) ready_[s].store(0, std::memory_order_release);
+  }
+  {
+    MutexLock lock(&queue_mu_);
+    wake_ = true;
+  }
+  queue_cv_.notify_all();
+}
+
+void ClusterRouter::BeforeRelease(int shard, int64_t token) {
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  if (core == nullptr) return;
+  ready_[shard].store(0, std::memory_order_release);
+  MutexLock lock(&write_mu_);
+  auto pick = [&](absl::string_view name) { return map_.ShardOf(name) == shard; };
+  // Exported under each tenant's lock: a grant that passed MayServe before the store above has
+  // finished, and none starts after it.
+  const std::vector<v1::TenantState> states = core->ExportTenants(pick);
+  if (absl::Status s = WriteStates(shard, token, states); !s.ok()) {
+    Log(absl::StrCat("shard ", shard, ": final state not written before release: ", s.message()));
+  }
+  core->DropTenants(pick);
+}
+
+std::string ClusterRouter::PolicyKey(absl::string_view tenant) const {
+  return absl::StrCat(options_.prefix, "/policies/", tenant);
+}
+
+std::string ClusterRouter::TenantKey(int shard, absl::string_view tenant) const {
+  return absl::StrCat(cluster::ShardStatePrefix(options_.prefix, shard), "t/", tenant);
+}
+
+absl::Status ClusterRouter::WriteStates(int shard, int64_t token,
+                                        const std::vector<v1::TenantState>& states) {
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  std::vector<etcd::Op> ops;
+  std::vector<std::pair<std::string, std::string>> written;
+  const absl::Time now = options_.clock->Now();
+  auto send = [&]() -> absl::Status {
+    if (ops.empty()) return absl::OkStatus();
+    const absl::Time start = absl::Now();
+    absl::StatusOr<etcd::TxnResult> r = ownership->FencedTxn(shard, token, ops);
+    if (latency_observer_) latency_observer_(absl::ToDoubleSeconds(absl::Now() - start));
+    etcd_writes_.fetch_add(1, std::memory_order_relaxed);
+    ops.clear();
+    if (!r.ok()) {
+      etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+      written.clear();
+      return r.status();
+    }
+    for (auto& [k, v] : written) written_[k] = Written{std::move(v), now};
+    written.clear();
+    return absl::OkStatus();
+  };
+  for (const v1::TenantState& ts : states) {
+    std::string key = TenantKey(shard, ts.tenant());
+    written.emplace_back(key, Comparable(ts));
+    ops.push_back(etcd::Op::Put(std::move(key), ts.SerializeAsString()));
+    if (ops.size() >= kMaxOps) {
+      if (absl::Status s = send(); !s.ok()) return s;
+    }
+  }
+  return send();
+}
+
+void ClusterRouter::Lose(int shard, absl::string_view why) {
+  ready_[shard].store(0, std::memory_order_release);
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  core->DropTenants([&](absl::string_view name) { return map_.ShardOf(name) == shard; });
+  Log(absl::StrCat("shard ", shard, " not served here any more: ", why));
+}
+
+void ClusterRouter::Load(int shard, int64_t token) {
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  auto pick = [&](absl::string_view name) { return map_.ShardOf(name) == shard; };
+  // Budgets of this shard made here while it was not served (none granted) go first.
+  core->DropTenants(pick);
+  const std::string prefix = absl::StrCat(cluster::ShardStatePrefix(options_.prefix, shard), "t/");
+  const absl::Time start = absl::Now();
+  absl::StatusOr<etcd::RangeResult> range = etcd_->GetPrefix(prefix);
+  if (latency_observer_) latency_observer_(absl::ToDoubleSeconds(absl::Now() - start));
+  if (!range.ok()) {
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    Log(absl::StrCat("shard ", shard, ": cannot load its state yet: ", range.status().message()));
+    return;
+  }
+  std::vector<v1::TenantState> states;
+  for (const etcd::KeyValue& kv : range->kvs) {
+    v1::TenantState ts;
+    if (!ts.ParseFromString(kv.value) || ts.tenant().empty() || map_.ShardOf(ts.tenant()) != shard) {
+      Log(absl::StrCat("shard ", shard, ": ignoring unreadable state at ", kv.key));
+      continue;
+    }
+    written_[kv.key] = Written{Comparable(ts), options_.clock->Now()};
+    states.push_back(std::move(ts));
+  }
+  // The ownership may have moved on while reading: serve only under the token still held.
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (ownership->FencingToken(shard) != token) return;
+  core->AdoptTenants(states, options_.clock->Now());
+  // An admin policy in etcd wins over the one stored with the state.
+  std::vector<std::pair<std::string, v1::BudgetPolicy>> policies;
+  {
+    MutexLock lock(&policies_mu_);
+    for (const auto& [tenant, policy] : policies_) {
+      if (map_.ShardOf(tenant) == shard) policies.emplace_back(tenant, policy);
+    }
+  }
+  for (const auto& [tenant, policy] : policies) {
+    if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(policy, "policy"); p.ok()) {
+      (void)core->ApplyAdminPolicy(tenant, *p);
+    }
+  }
+  ready_[shard].store(token, std::memory_order_release);
+  if (ownership->FencingToken(shard) != token) {  // lost meanwhile: OnChange may have missed it
+    Lose(shard, "lost while loading");
+    return;
+  }
+  Log(absl::StrFormat("shard %d: serving, %d tenant(s) taken over", shard, states.size()));
+}
+
+void ClusterRouter::Reconcile() {
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  const std::map<int, int64_t> owned = ownership->OwnedShards();
+  MutexLock lock(&write_mu_);
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  // Budgets of shards not served here (lost, or created by a request racing a loss) go.
+  core->DropTenants([&](absl::string_view name) {
+    const int s = map_.ShardOf(name);
+    return ready_[s].load(std::memory_order_acquire) == 0 && !owned.contains(s);
+  });
+  for (const auto& [shard, token] : owned) {
+    if (ready_[shard].load(std::memory_order_acquire) == token) continue;
+    Load(shard, token);
+  }
+}
+
+void ClusterRouter::FlushReservations() {
+  absl::flat_hash_map<std::string, Pending> batch;
+  {
+    MutexLock lock(&queue_mu_);
+    if (pending_.empty()) return;
+    batch.swap(pending_);
+    ++flushes_started_;
+  }
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  std::map<int, std::vector<std::string>> by_shard;
+  for (const auto& [name, p] : batch) by_shard[map_.ShardOf(name)].push_back(name);
+  {
+    MutexLock lock(&write_mu_);
+    for (auto& [shard, names] : by_shard) {
+      const int64_t token = ready_[shard].load(std::memory_order_acquire);
+      absl::Status status;
+      if (token == 0) {
+        status = absl::UnavailableError(absl::StrCat("shard ", shard, " is not served here"));
+      } else {
+        absl::flat_hash_map<std::string, bool> wanted;
+        for (const std::string& n : names) wanted[n] = true;
+        std::vector<v1::TenantState> states =
+            core->ExportTenants([&](absl::string_view name) { return wanted.contains(name); });
+        for (v1::TenantState& ts : states) {
+          ts.set_grant_limit(std::max(ts.grant_limit(), batch[ts.tenant()].grant_limit));
+        }
+        reservation_writes_.fetch_add(1, std::memory_order_relaxed);
+        status = WriteStates(shard, token, states);
+        if (absl::IsFailedPrecondition(status)) Lose(shard, status.message());
+      }
+      for (const std::string& n : names) {
+        Pending& p = batch[n];
+        for (auto& done : p.done) done(n, p.grant_limit, status);
+      }
+    }
+  }
+  {
+    MutexLock lock(&queue_mu_);
+    ++flushes_done_;
+  }
+  queue_cv_.notify_all();
+}
+
+void ClusterRouter::WriteChangedStates() {
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  MutexLock lock(&write_mu_);
+  const absl::Time now = options_.clock->Now();
+  std::map<int, std::vector<v1::TenantState>> by_shard;
+  for (v1::TenantState& ts : core->ExportTenants([](absl::string_view) { return true; })) {
+    const int shard = map_.ShardOf(ts.tenant());
+    if (ready_[shard].load(std::memory_order_acquire) == 0) continue;
+    // Unchanged, or written (by a reservation) within the interval: not now.
+    auto it = written_.find(TenantKey(shard, ts.tenant()));
+    if (it != written_.end() && (it->second.value == Comparable(ts) ||
+                                 now - it->second.at < options_.state_interval)) {
+      continue;
+    }
+    by_shard[shard].push_back(std::move(ts));
+  }
+  for (auto& [shard, states] : by_shard) {
+    const int64_t token = ready_[shard].load(std::memory_order_acquire);
+    if (token == 0) continue;
+    absl::Status s = WriteStates(shard, token, states);
+    if (absl::IsFailedPrecondition(s)) Lose(shard, s.message());
+  }
+}
+
+void ClusterRouter::Run(std::stop_token stop) {
+  absl::Time next_state = options_.clock->Now() + options_.state_interval;
+  while (!stop.stop_requested()) {
+    {
+      MutexLock lock(&queue_mu_);
+      if (!wake_ && pending_.empty()) {
+        queue_cv_.wait_for(queue_mu_, std::chrono::milliseconds(100));
+      }
+      wake_ = false;
+    }
+    if (stop.stop_requested()) break;
+    Reconcile();
+    FlushReservations();
+    if (options_.clock->Now() >= next_state) {
+      WriteChangedStates();
+      next_state = options_.clock->Now() + options_.state_interval;
+    }
+  }
+  // Reservations asked for after the last flush fail: nothing is granted on them.
+  absl::flat_hash_map<std::string, Pending> left;
+  {
+    MutexLock lock(&queue_mu_);
+    left.swap(pending_);
+  }
+  for (auto& [n, p] : left) {
+    for (auto& done : p.done) done(n, p.grant_limit, absl::CancelledError("server stopping"));
+  }
+  MutexLock lock(&queue_mu_);
+  ++flushes_started_;
+  ++flushes_done_;
+  queue_cv_.notify_all();
+}
+
+}  // namespace retrybudget

@@ -1,0 +1,165 @@
+// The TenantRouter of cluster mode: the tenants of the shards this server owns (OwnershipManager),
+// their state kept in etcd under P/shards/<NNNN>/t/<tenant> (one v1.TenantState per tenant), and
+// every etcd write of it fenced by the shard's token (DESIGN.md "Many servers (etcd)").
+//
+//   ClusterRouter router(etcd.get(), map, {.prefix = "/retry-budget"});
+//   core options: .router = &router
+//   ownership options: .before_release = router.BeforeReleaseCallback(),
+//                      .on_change = router.OnChangeCallback()
+//   router.Start(core.get(), ownership.get());
+//   ...
+//   ownership->Shutdown();  // before_release writes each shard's final state
+//   router.Stop();
+//
+// - A shard is granted from only once its tenants are loaded (acquired -> the writer thread reads
+//   P/shards/<NNNN>/ and BudgetCore::AdoptTenants them: every reserved token counts as granted,
+//   refill from the load on) and while the server is SurelyAlive.
+// - Reservations (ReserveAhead from the core, in blocks ahead of need) are written by one
+//   writer thread: the tenant's whole state with its new grant_limit, one fenced Txn per shard
+//   per batch. A refused fence (another owner) drops the shard's tenants at once.
+// - Every `state_interval` the writer writes the state of every tenant that changed.
+// - Losing a shard (not owned any more: on_change, synchronously) stops MayServe at once; the
+//   writer thread then drops its tenants from the core.
+// Thread-safe. Owns the writer thread.
+#ifndef RETRYBUDGET_SERVER_CLUSTER_ROUTER_H_
+#define RETRYBUDGET_SERVER_CLUSTER_ROUTER_H_
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "cluster/ownership_manager.h"
+#include "cluster/shard_map.h"
+#include "etcd/etcd_client.h"
+#include "retrybudget/clock.h"
+#include "retrybudget/mutex.h"
+#include "server/budget_core.h"
+#include "server/tenant_router.h"
+
+namespace retrybudget {
+
+struct ClusterRouterOptions {
+  std::string prefix;  // as OwnershipOptions::prefix
+  Clock* clock = Clock::Real();
+  // Between two writes of the tenants' state (levels, policies, totals) that changed.
+  absl::Duration state_interval = absl::Seconds(1);
+  // One line per significant event (a shard loaded, lost, a refused write). Null: silent.
+  std::function<void(absl::string_view)> log = nullptr;
+};
+
+// Counters for the metrics endpoint.
+struct ClusterRouterStats {
+  int64_t shards_ready = 0;     // owned and loaded
+  int64_t etcd_writes = 0;      // fenced transactions sent
+  int64_t etcd_errors = 0;      // etcd calls that failed (refused fences included)
+  int64_t reservation_writes = 0;
+};
+
+class ClusterRouter : public TenantRouter {
+ public:
+  ClusterRouter(etcd::EtcdClient* etcd, cluster::ShardMap map, ClusterRouterOptions options);
+  ~ClusterRouter() override;
+
+  // The callbacks to give OwnershipOptions (they work before Start: they find nothing to do).
+  std::function<void()> OnChangeCallback();
+  std::function<void(int, int64_t)> BeforeReleaseCallback();
+
+  // Starts the writer thread. `core` and `ownership` must outlive Stop().
+  void Start(BudgetCore* core, cluster::OwnershipManager* ownership);
+  // Stops the writer thread (after OwnershipManager::Shutdown, which writes the final states).
+  void Stop();
+
+  bool MayServe(absl::string_view tenant, absl::Time now) const override;
+  TenantRefusal Refusal(absl::string_view tenant, absl::Time now) const override;
+  void ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
+                    DurableStore::ReservedCallback done) override;
+  void WaitIdle() override;
+  std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view tenant) const override;
+
+  // Stores `policy` as `tenant`'s admin policy in etcd (P/policies/<tenant>), where every server
+  // sees it; applies it at once when this server owns the tenant. INVALID_ARGUMENT for a bad
+  // policy, etcd's error when it cannot be stored.
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
+                                             const v1::BudgetPolicy& policy);
+
+  ClusterRouterStats stats() const;
+  // Observes one etcd call's duration (seconds), for the latency histogram; may be null.
+  void set_latency_observer(std::function<void(double)> observer) {
+    latency_observer_ = std::move(observer);
+  }
+
+ private:
+  struct Pending {
+    uint64_t grant_limit = 0;
+    std::vector<DurableStore::ReservedCallback> done;
+  };
+
+  void OnChange();
+  void BeforeRelease(int shard, int64_t token);
+  void Run(std::stop_token stop);
+  // Loads acquired shards, drops lost ones.
+  void Reconcile();
+  void Load(int shard, int64_t token);
+  void Lose(int shard, absl::string_view why);
+  // Writes `states` of `shard` under `token` (chunks of at most kMaxOps). False when a fence was
+  // refused (the shard is lost) or etcd failed.
+  absl::Status WriteStates(int shard, int64_t token, const std::vector<v1::TenantState>& states)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  void FlushReservations();
+  void WriteChangedStates();
+  std::string TenantKey(int shard, absl::string_view tenant) const;
+  std::string PolicyKey(absl::string_view tenant) const;
+  void Log(absl::string_view line) const {
+    if (options_.log) options_.log(line);
+  }
+
+  etcd::EtcdClient* const etcd_;
+  const cluster::ShardMap map_;
+  const ClusterRouterOptions options_;
+  std::function<void(double)> latency_observer_;
+
+  std::atomic<BudgetCore*> core_{nullptr};
+  std::atomic<cluster::OwnershipManager*> ownership_{nullptr};
+  // Per shard: the fencing token its tenants were loaded under; 0 when not served here.
+  std::unique_ptr<std::atomic<int64_t>[]> ready_;
+
+  std::atomic<int64_t> etcd_writes_{0};
+  std::atomic<int64_t> etcd_errors_{0};
+  std::atomic<int64_t> reservation_writes_{0};
+
+  Mutex queue_mu_;  // a leaf: taken under the core's tenant locks
+  std::condition_variable_any queue_cv_;
+  absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(queue_mu_);
+  bool wake_ ABSL_GUARDED_BY(queue_mu_) = false;
+  int64_t flushes_started_ ABSL_GUARDED_BY(queue_mu_) = 0;
+  int64_t flushes_done_ ABSL_GUARDED_BY(queue_mu_) = 0;
+
+  // Serialises the writes of the tenants' state (a later export never lands before an earlier
+  // one) and the loads and drops.
+  Mutex write_mu_;
+  // The last value written per key (its level time cleared), to skip unchanged tenants.
+  struct Written {
+    std::string value;
+    absl::Time at;
+  };
+  absl::flat_hash_map<std::string, Written> written_ ABSL_GUARDED_BY(write_mu_);
+
+  // The admin policies in etcd (P/policies/), kept by a watch.
+  mutable Mutex policies_mu_;
+  absl::flat_hash_map<std::string, v1::BudgetPolicy> policies_ ABSL_GUARDED_BY(policies_mu_);
+  std::unique_ptr<etcd::Watch> policy_watch_;
+  void OnPolicies(const etcd::WatchBatch& batch);
+
+  std::jthread writer_;
+};
+
+}  // namespace retrybudget
+
+#endif  // RETRYBUDGET_SERVER_CLUSTER_ROUTER_H_

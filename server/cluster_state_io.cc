@@ -1,0 +1,128 @@
+// BudgetCore's side of cluster mode: the tenants' state as the owner of their shard writes it to
+// etcd, taken over by the next owner, and dropped when a shard is lost (DESIGN.md "Many servers
+// (etcd)"). The etcd side is cluster/cluster_router.cc.
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/budget_core.h"
+#include "server/tenant_state.h"
+
+namespace retrybudget {
+
+std::vector<v1::TenantState> BudgetCore::ExportTenants(
+    const std::function<bool(absl::string_view)>& pick) {
+  const absl::Time now = clock_->Now();
+  std::vector<std::shared_ptr<Tenant>> tenants;
+  {
+    ReaderMutexLock lock(&tenants_mu_);
+    for (const auto& [name, t] : tenants_) {
+      if (pick(name)) tenants.push_back(t);
+    }
+  }
+  std::vector<v1::TenantState> out;
+  out.reserve(tenants.size());
+  for (auto& t : tenants) {
+    MutexLock lock(&t->mu);
+    if (t->deleted.load(std::memory_order_relaxed)) continue;
+    t->Advance(now);
+    v1::TenantState& ts = out.emplace_back();
+    ts.set_tenant(t->name);
+    *ts.mutable_policy() = t->policy.ToProto();
+    ts.set_policy_source(t->source);
+    ts.set_level(t->bucket.tokens());
+    ts.set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
+    ts.set_granted_total(t->totals.granted);
+    ts.set_grant_limit(std::max(t->grant_limit, t->totals.granted));
+    ts.set_wanted_total(t->totals.wanted);
+    ts.set_successes_total(t->totals.successes);
+    ts.set_retries_total(t->totals.retries);
+    ts.set_retries_denied_total(t->totals.retries_denied);
+    ts.set_returned_total(t->totals.returned);
+    ts.set_reclaimed_total(t->totals.reclaimed);
+    ts.set_fallback_retries_total(t->totals.fallback_retries);
+    ts.set_uncredited_total(t->totals.uncredited);
+  }
+  return out;
+}
+
+void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::Time now) {
+  std::vector<std::shared_ptr<Tenant>> adopted;
+  {
+    MutexLock policy_lock(&policy_mu_);
+    for (const v1::TenantState& ts : states) {
+      v1::PolicySource source = v1::POLICY_SOURCE_DEFAULT;
+      ResolvedPolicy policy = default_policy_;
+      if (ts.policy_source() == v1::POLICY_SOURCE_ADMIN) {
+        auto p = ResolvePolicy(ts.policy(), absl::StrCat("tenant ", ts.tenant()));
+        if (p.ok()) {
+          policy = *p;
+          source = v1::POLICY_SOURCE_ADMIN;
+        }
+      }
+      if (source != v1::POLICY_SOURCE_ADMIN) {
+        for (const auto& t : policy_.tenants()) {
+          if (t.tenant() == ts.tenant()) {
+            policy = *ResolvePolicy(t.policy());  // validated by ReplacePolicy
+            source = v1::POLICY_SOURCE_FILE;
+            break;
+          }
+        }
+      }
+      auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, now);
+      MutexLock lock(&t->mu);
+      // Every token up to the reserved limit may have been granted by the last owner, after
+      // the level was written; refill starts now.
+      const uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
+      t->bucket.Restore(ts.level() - static_cast<double>(limit - ts.granted_total()), now);
+      t->grant_limit = limit;
+      t->totals = BudgetTotals{.granted = limit,
+                               .wanted = ts.wanted_total(),
+                               .successes = ts.successes_total(),
+                               .retries = ts.retries_total(),
+                               .retries_denied = ts.retries_denied_total(),
+                               .returned = ts.returned_total(),
+                               .reclaimed = ts.reclaimed_total(),
+                               .fallback_retries = ts.fallback_retries_total(),
+                               .uncredited = ts.uncredited_total()};
+      adopted.push_back(std::move(t));
+    }
+  }
+  std::vector<std::shared_ptr<Tenant>> replaced;
+  {
+    MutexLock lock(&tenants_mu_);
+    for (auto& t : adopted) {
+      auto [it, inserted] = tenants_.try_emplace(t->name, t);
+      if (!inserted) {
+        replaced.push_back(std::move(it->second));
+        it->second = t;
+      }
+    }
+  }
+  for (auto& t : replaced) {
+    MutexLock lock(&t->mu);
+    t->deleted.store(true, std::memory_order_release);
+  }
+}
+
+void BudgetCore::DropTenants(const std::function<bool(absl::string_view)>& pick) {
+  std::vector<std::shared_ptr<Tenant>> dropped;
+  {
+    MutexLock lock(&tenants_mu_);
+    for (auto it = tenants_.begin(); it != tenants_.end();) {
+      if (pick(it->first)) {
+        dropped.push_back(std::move(it->second));
+        tenants_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& t : dropped) {
+    MutexLock lock(&t->mu);
+    t->deleted.store(true, std::memory_order_release);
+  }
+}
+
+}  // namespace retrybudget

@@ -1,0 +1,559 @@
+// Real retry-budget-server processes in cluster mode (--etcd_endpoints) on a real 3-node etcd
+// cluster on loopback: the shards are shared, a non-owner redirects, and a kill -9, a SIGSTOP or
+// an etcd outage never lets the servers together grant more than the budget allows. Lease TTL
+// 2 s, 8 shards; every wait is bounded; no speed is asserted (takeover times are printed).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cluster/cluster_keys.h"
+#include "cluster/shard_map.h"
+#include "etcd/etcd_client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "common/subprocess.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "tests/support/test_cluster.h"
+#include "tests/cluster/wait_for.h"
+
+namespace retrybudget::testing {
+namespace {
+
+constexpr int kShards = 8;
+constexpr absl::Duration kLeaseTtl = absl::Seconds(2);
+constexpr char kPrefix[] = "/retry-budget";
+// The budget every tenant gets (no success credit: the bound is initial + refill * elapsed).
+constexpr double kCapacity = 50;
+constexpr double kRefill = 20;
+
+struct Server {
+  std::unique_ptr<Subprocess> process;
+  std::string address;  // 127.0.0.1:PORT, also its server id
+  std::string log;
+  std::unique_ptr<v1::RetryBudgetService::Stub> budget;
+  std::unique_ptr<v1::BudgetAdminService::Stub> admin;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+class ServerClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
+        TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    auto etcd = etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()});
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = *std::move(etcd);
+    policy_ = cluster_->dir() + "/policy.textproto";
+    std::ofstream(policy_) << "default_policy { capacity: " << kCapacity
+                           << " refill_per_second: " << kRefill
+                           << " success_credit: 0 lease_ttl_ms: 2000 }\n";
+    for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartServer(i));
+    ASSERT_NO_FATAL_FAILURE(WaitBalanced());
+  }
+
+  void StartServer(int i) {
+    if (servers_.size() <= static_cast<size_t>(i)) servers_.resize(i + 1);
+    Server& s = servers_[i];
+    const std::string port_file = absl::StrCat(cluster_->dir(), "/server", i, ".port");
+    std::remove(port_file.c_str());
+    s.log = absl::StrCat(cluster_->dir(), "/server", i, ".log");
+    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
+        {RETRYBUDGET_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
+         "--etcd_endpoints=" + cluster_->etcd_endpoints(), "--etcd_lease_ttl=2s",
+         absl::StrCat("--shards=", kShards), "--policy=" + policy_, "--metrics_listen=",
+         "--shutdown_grace=0s"},
+        {.output_file = s.log});
+    ASSERT_TRUE(p.ok()) << p.status();
+    s.process = *std::move(p);
+    std::string port;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          port = ReadFile(port_file);
+          return !port.empty() && port.back() == '\n';
+        },
+        absl::Seconds(10)))
+        << ReadFile(s.log);
+    while (!port.empty() && (port.back() == '\n')) port.pop_back();
+    s.address = "127.0.0.1:" + port;
+    auto channel = grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials());
+    s.budget = v1::RetryBudgetService::NewStub(channel);
+    s.admin = v1::BudgetAdminService::NewStub(channel);
+  }
+
+  // Shard -> owner's server id, as etcd has it.
+  std::map<int, std::string> Owners() {
+    std::map<int, std::string> owners;
+    auto range = etcd_->GetPrefix(cluster::OwnersPrefix(kPrefix));
+    if (!range.ok()) return owners;
+    for (const auto& kv : range->kvs) {
+      if (auto shard = cluster::ShardOfOwnerKey(kPrefix, kv.key)) owners[*shard] = kv.value;
+    }
+    return owners;
+  }
+
+  // Every shard owned, each of the running servers owning at least 2.
+  void WaitBalanced() {
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          std::map<int, std::string> owners = Owners();
+          if (owners.size() != kShards) return false;
+          for (const Server& s : servers_) {
+            if (s.process == nullptr) continue;
+            int n = 0;
+            for (const auto& [shard, id] : owners) n += id == s.address ? 1 : 0;
+            if (n < 2) return false;
+          }
+          return true;
+        },
+        absl::Seconds(15)));
+  }
+
+  int IndexOf(const std::string& address) {
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      if (servers_[i].address == address) return static_cast<int>(i);
+    }
+    return -1;
+  }
+  int OwnerIndex(const std::string& tenant) {
+    std::map<int, std::string> owners = Owners();
+    auto it = owners.find(cluster::ShardMap(kShards).ShardOf(tenant));
+    return it == owners.end() ? -1 : IndexOf(it->second);
+  }
+
+  grpc::Status Sync(int server, const v1::SyncRequest& request, v1::SyncResponse* response,
+                    absl::Duration timeout = absl::Milliseconds(500)) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    return servers_[server].budget->Sync(&context, request, response);
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<etcd::EtcdClient> etcd_;
+  std::string policy_;
+  std::vector<Server> servers_;
+};
+
+// A worker syncing one tenant as fast as the hints allow, following redirects, spending every
+// token it gets. Counts every token any server granted.
+class Worker {
+ public:
+  Worker(std::string tenant, std::vector<Server>* servers)
+      : tenant_(std::move(tenant)), servers_(servers) {}
+
+  // One Sync round; true when the owner granted (or answered without error).
+  bool Round() {
+    v1::SyncRequest request;
+    request.set_instance_id("worker-1");
+    request.set_seq(++seq_);
+    v1::TenantSync* t = request.add_tenants();
+    t->set_tenant(tenant_);
+    t->set_want(10);
+    t->set_tokens_received(received_);
+    t->set_retries_spent(received_);
+    v1::SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
+    grpc::Status status = (*servers_)[current_].budget->Sync(&context, request, &response);
+    if (!status.ok() || response.tenants_size() != 1) {
+      current_ = (current_ + 1) % static_cast<int>(servers_->size());
+      return false;
+    }
+    const v1::TenantGrant& g = response.tenants(0);
+    if (g.has_error() && g.error().code() != 0) {
+      if (g.error().code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {
+        const int owner = IndexOfAddress(g.error().owner());
+        if (owner >= 0) current_ = owner;
+      }
+      return false;
+    }
+    received_ += g.granted();
+    granted_total_.fetch_add(g.granted());
+    if (g.granted() > 0) last_grant_ = absl::Now();
+    return true;
+  }
+
+  void RunFor(absl::Duration d, const std::atomic<bool>* stop = nullptr) {
+    const absl::Time end = absl::Now() + d;
+    while (absl::Now() < end && (stop == nullptr || !stop->load())) {
+      if (!Round()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      else std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ++rounds_;
+    }
+  }
+
+  uint64_t granted_total() const { return granted_total_.load(); }
+  int64_t rounds() const { return rounds_; }
+  int current() const { return current_; }
+
+ private:
+  int IndexOfAddress(const std::string& a) {
+    for (size_t i = 0; i < servers_->size(); ++i) {
+      if ((*servers_)[i].address == a) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  std::string tenant_;
+  std::vector<Server>* servers_;
+  int current_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t received_ = 0;
+  std::atomic<uint64_t> granted_total_{0};
+  std::atomic<int64_t> rounds_{0};
+  absl::Time last_grant_;
+};
+
+TEST_F(ServerClusterTest, NonOwnerAnswersFailedPreconditionWithTheOwnerAndChangesNothing) {
+  const std::string tenant = "payments";
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const int other = (owner + 1) % 3;
+
+  v1::SyncRequest request;
+  request.set_instance_id("i-1");
+  request.set_seq(1);
+  request.add_tenants()->set_tenant(tenant);
+  request.mutable_tenants(0)->set_want(5);
+  v1::SyncResponse response;
+  ASSERT_TRUE(Sync(other, request, &response).ok());
+  ASSERT_EQ(response.tenants_size(), 1);
+  EXPECT_EQ(response.tenants(0).granted(), 0u);
+  EXPECT_EQ(response.tenants(0).error().code(),
+            static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_EQ(response.tenants(0).error().owner(), servers_[owner].address);
+
+  // Nothing was applied anywhere: the owner has no budget for the tenant yet.
+  {
+    grpc::ClientContext context;
+    v1::GetBudgetRequest get;
+    get.set_tenant(tenant);
+    v1::GetBudgetResponse got;
+    EXPECT_EQ(servers_[owner].admin->GetBudget(&context, get, &got).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  // An admin read on a non-owner names the owner.
+  {
+    grpc::ClientContext context;
+    v1::GetBudgetRequest get;
+    get.set_tenant(tenant);
+    v1::GetBudgetResponse got;
+    grpc::Status s = servers_[other].admin->GetBudget(&context, get, &got);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(servers_[owner].address));
+  }
+  // The owner grants (from the first Sync, or the next once the first reservation is in etcd).
+  uint64_t seq = 1;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        request.set_seq(++seq);
+        v1::SyncResponse granted;
+        if (!Sync(owner, request, &granted).ok() || granted.tenants_size() != 1) return false;
+        EXPECT_FALSE(granted.tenants(0).has_error());
+        return granted.tenants(0).granted() == 5u;
+      },
+      absl::Seconds(2)));
+}
+
+TEST_F(ServerClusterTest, ListShardsNamesEveryShardsOwner) {
+  const std::map<int, std::string> owners = Owners();
+  for (int i = 0; i < 3; ++i) {
+    v1::ListShardsResponse response;
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          grpc::ClientContext context;
+          response.Clear();
+          if (!servers_[i].admin->ListShards(&context, v1::ListShardsRequest(), &response).ok()) {
+            return false;
+          }
+          for (const v1::ShardInfo& s : response.shards()) {
+            if (s.owner_id() != owners.at(s.shard())) return false;
+          }
+          return response.shards_size() == kShards;
+        },
+        absl::Seconds(2)))
+        << response.DebugString();
+    EXPECT_TRUE(response.cluster_mode());
+    for (const v1::ShardInfo& s : response.shards()) {
+      EXPECT_EQ(s.owner_address(), s.owner_id());
+      EXPECT_EQ(s.owned_here(), s.owner_id() == servers_[i].address) << s.shard();
+    }
+  }
+}
+
+TEST_F(ServerClusterTest, PolicyPutThroughAnyServerReachesTheOwnerWithinASecond) {
+  const std::string tenant = "reports";
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const int other = (owner + 1) % 3;
+  {
+    grpc::ClientContext context;
+    v1::PutPolicyRequest put;
+    put.set_tenant(tenant);
+    put.mutable_policy()->set_capacity(7);
+    put.mutable_policy()->set_refill_per_second(1);
+    v1::PutPolicyResponse response;
+    grpc::Status s = servers_[other].admin->PutPolicy(&context, put, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const absl::Time put_at = absl::Now();
+  v1::GetBudgetResponse got;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        grpc::ClientContext context;
+        v1::GetBudgetRequest get;
+        get.set_tenant(tenant);
+        return servers_[owner].admin->GetBudget(&context, get, &got).ok() &&
+               got.budget().policy().capacity() == 7;
+      },
+      absl::Seconds(1)))
+      << got.DebugString();
+  std::printf("policy put through a non-owner applied on the owner after %s\n",
+              absl::FormatDuration(absl::Now() - put_at).c_str());
+  // A Sync on the owner grants from the new budget.
+  v1::SyncRequest request;
+  request.set_instance_id("p-1");
+  request.add_tenants()->set_tenant(tenant);
+  request.mutable_tenants(0)->set_want(100);
+  uint64_t seq = 0;
+  v1::SyncResponse response;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        request.set_seq(++seq);
+        response.Clear();
+        return Sync(owner, request, &response).ok() && response.tenants_size() == 1 &&
+               response.tenants(0).granted() > 0;
+      },
+      absl::Seconds(2)));
+  EXPECT_LE(response.tenants(0).granted(), 7u);
+  EXPECT_EQ(response.tenants(0).capacity(), 7);
+}
+
+TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
+  const std::string tenant = "checkout";
+  const absl::Time start = absl::Now();
+  Worker worker(tenant, &servers_);
+  worker.RunFor(absl::Seconds(3));
+  ASSERT_GT(worker.granted_total(), 0u);
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+
+  // etcd writes per 1,000 Syncs in steady state (one busy tenant): the revision counts writes.
+  const int64_t rev0 = etcd_->Get("/none")->revision;
+  const int64_t rounds0 = worker.rounds();
+  worker.RunFor(absl::Seconds(2));
+  const int64_t rev1 = etcd_->Get("/none")->revision;
+  std::printf("etcd writes per 1000 Syncs (steady, 1 tenant): %.1f (%lld writes, %lld Syncs)\n",
+              1000.0 * static_cast<double>(rev1 - rev0) /
+                  static_cast<double>(worker.rounds() - rounds0),
+              static_cast<long long>(rev1 - rev0),
+              static_cast<long long>(worker.rounds() - rounds0));
+
+  const absl::Time killed = absl::Now();
+  servers_[owner].process->Signal(SIGKILL);
+  std::atomic<bool> stop{false};
+  std::thread run([&] { worker.RunFor(absl::Seconds(20), &stop); });
+  int new_owner = -1;
+  const bool moved = WaitFor(
+      [&] {
+        new_owner = OwnerIndex(tenant);
+        return new_owner >= 0 && new_owner != owner;
+      },
+      kLeaseTtl + absl::Seconds(2));
+  const absl::Duration takeover = absl::Now() - killed;
+  const uint64_t granted_at_takeover = worker.granted_total();
+  const bool granted_again = WaitFor(
+      [&] { return worker.granted_total() > granted_at_takeover; }, absl::Seconds(3));
+  const absl::Duration regrant = absl::Now() - killed;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  stop = true;
+  run.join();
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  std::printf("kill -9 of the owner: new owner after %s, granting again after %s\n",
+              absl::FormatDuration(takeover).c_str(), absl::FormatDuration(regrant).c_str());
+  EXPECT_TRUE(moved) << "shard still owned by the killed server after " << takeover;
+  EXPECT_TRUE(granted_again);
+  const double bound = kCapacity + kRefill * elapsed;
+  std::printf("granted %llu of a bound of %.0f over %.1f s\n",
+              static_cast<unsigned long long>(worker.granted_total()), bound, elapsed);
+  EXPECT_LE(static_cast<double>(worker.granted_total()), bound);
+}
+
+TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
+  const std::string tenant = "inventory";
+  const absl::Time start = absl::Now();
+  Worker worker(tenant, &servers_);
+  worker.RunFor(absl::Seconds(2));
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const absl::Time term = absl::Now();
+  servers_[owner].process->Signal(SIGTERM);
+  std::atomic<bool> stop{false};
+  std::thread run([&] { worker.RunFor(absl::Seconds(20), &stop); });
+  const bool moved = WaitFor(
+      [&] {
+        const int o = OwnerIndex(tenant);
+        return o >= 0 && o != owner;
+      },
+      kLeaseTtl);
+  const absl::Duration handover = absl::Now() - term;
+  absl::StatusOr<int> code = servers_[owner].process->Wait(absl::Now() + absl::Seconds(5));
+  const uint64_t before = worker.granted_total();
+  const bool granted_again =
+      WaitFor([&] { return worker.granted_total() > before; }, absl::Seconds(3));
+  stop = true;
+  run.join();
+  std::printf("SIGTERM of the owner: new owner after %s\n",
+              absl::FormatDuration(handover).c_str());
+  EXPECT_TRUE(moved) << "not handed over within the lease TTL";
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_TRUE(WIFEXITED(*code) && WEXITSTATUS(*code) == 0) << ReadFile(servers_[owner].log);
+  EXPECT_TRUE(granted_again);
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_LE(static_cast<double>(worker.granted_total()), kCapacity + kRefill * elapsed);
+}
+
+TEST_F(ServerClusterTest, StoppedOwnerGrantsNothingAfterItsLeaseRanOut) {
+  const std::string tenant = "search";
+  const absl::Time start = absl::Now();
+  Worker worker(tenant, &servers_);
+  worker.RunFor(absl::Seconds(2));
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+
+  servers_[owner].process->Signal(SIGSTOP);
+  const absl::Time stopped = absl::Now();
+  // A request that reaches the stopped server and waits in its socket.
+  v1::SyncRequest late;
+  late.set_instance_id("late-instance");
+  late.set_seq(1);
+  late.add_tenants()->set_tenant(tenant);
+  late.mutable_tenants(0)->set_want(10);
+  v1::SyncResponse late_response;
+  grpc::Status late_status;
+  std::thread late_sync([&] { late_status = Sync(owner, late, &late_response, absl::Seconds(10)); });
+
+  std::atomic<bool> stop{false};
+  std::thread run([&] { worker.RunFor(absl::Seconds(20), &stop); });
+  const bool moved = WaitFor(
+      [&] {
+        const int o = OwnerIndex(tenant);
+        return o >= 0 && o != owner;
+      },
+      kLeaseTtl + absl::Seconds(2));
+  std::this_thread::sleep_for(absl::ToChronoMilliseconds(stopped + 2 * kLeaseTtl - absl::Now()));
+  servers_[owner].process->Signal(SIGCONT);
+  late_sync.join();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  stop = true;
+  run.join();
+  EXPECT_TRUE(moved);
+  ASSERT_TRUE(late_status.ok()) << late_status.error_message();
+  ASSERT_EQ(late_response.tenants_size(), 1);
+  EXPECT_EQ(late_response.tenants(0).granted(), 0u);
+  // Refused (UNAVAILABLE: not surely alive; FAILED_PRECONDITION: another owner), or, when the
+  // server has meanwhile taken a new lease and the shard back, cut to the reservation it has
+  // just loaded: either way nothing.
+  // Right after waking up, it grants nothing either (a new request to it).
+  v1::SyncRequest again = late;
+  again.set_seq(2);
+  v1::SyncResponse again_response;
+  ASSERT_TRUE(Sync(owner, again, &again_response).ok());
+  EXPECT_EQ(again_response.tenants(0).granted(), 0u);
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  EXPECT_LE(static_cast<double>(worker.granted_total()), kCapacity + kRefill * elapsed);
+}
+
+TEST_F(ServerClusterTest, AllEtcdStoppedStopsGrantingWithinTheTtlAndServiceResumes) {
+  const std::string tenant = "ledger";
+  Worker worker(tenant, &servers_);
+  worker.RunFor(absl::Seconds(1));
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  ASSERT_TRUE(cluster_->StopAllEtcd().ok());
+  const absl::Time stopped = absl::Now();
+  v1::SyncRequest request;
+  request.set_instance_id("probe");
+  uint64_t seq = 0;
+  bool refused = false;
+  const bool stopped_granting = WaitFor(
+      [&] {
+        request.Clear();
+        request.set_instance_id("probe");
+        request.set_seq(++seq);
+        request.add_tenants()->set_tenant(tenant);
+        request.mutable_tenants(0)->set_want(1);
+        v1::SyncResponse response;
+        if (!Sync(owner, request, &response).ok() || response.tenants_size() != 1) return false;
+        refused = response.tenants(0).error().code() ==
+                  static_cast<int>(grpc::StatusCode::UNAVAILABLE);
+        return refused && response.tenants(0).granted() == 0;
+      },
+      kLeaseTtl + absl::Seconds(1));
+  std::printf("all etcd stopped: granting stopped after %s\n",
+              absl::FormatDuration(absl::Now() - stopped).c_str());
+  EXPECT_TRUE(stopped_granting);
+  EXPECT_LE(absl::Now() - stopped, kLeaseTtl + absl::Milliseconds(200));
+
+  ASSERT_TRUE(cluster_->StartAllEtcd().ok());
+  const absl::Time back = absl::Now();
+  const uint64_t before = worker.granted_total();
+  std::atomic<bool> stop{false};
+  std::thread run([&] { worker.RunFor(absl::Seconds(15), &stop); });
+  const bool resumed = WaitFor([&] { return worker.granted_total() > before; }, absl::Seconds(12));
+  stop = true;
+  run.join();
+  std::printf("etcd back: granting again after %s\n",
+              absl::FormatDuration(absl::Now() - back).c_str());
+  EXPECT_TRUE(resumed);
+}
+
+}  // namespace
+}  // namespace retrybudget::testing
+
+namespace retrybudget::testing {
+namespace {
+
+// Bad combinations of the cluster flags: a message naming the flag, and exit code 2.
+TEST(ServerClusterFlagsTest, BadCombinationsExitWithCode2) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--advertise=10.0.0.1:50051"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--data_dir=/nonexistent"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--shards=0"},
+      {"--etcd_endpoints=not-an-endpoint"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--etcd_lease_ttl=1500ms"},
+      {"--etcd_endpoints=127.0.0.1:2379", "--etcd_cert=cert.pem"},
+  };
+  for (const auto& flags : cases) {
+    std::vector<std::string> argv = {RETRYBUDGET_SERVER_BIN, "--listen=127.0.0.1:0",
+                                     "--metrics_listen="};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<std::unique_ptr<Subprocess>> p =
+        Subprocess::Spawn(argv, {.output_file = "/dev/null"});
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<int> code = (*p)->Wait(absl::Now() + absl::Seconds(10));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_TRUE(WIFEXITED(*code) && WEXITSTATUS(*code) == 2) << flags.back() << ": " << *code;
+  }
+}
+
+}  // namespace
+}  // namespace retrybudget::testing
