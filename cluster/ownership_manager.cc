@@ -173,8 +173,9 @@ void OwnershipManager::RunReconciler(std::stop_token stop) {
     const absl::Duration pause = status.ok()
                                      ? options_.reconcile_interval
                                      : std::min(options_.reconcile_interval, kRetryAfterError);
-    std::unique_lock<Mutex> lock(mu_);
-    wake_cv_.wait_for(lock, stop, absl::ToChronoNanoseconds(pause), [this] { return wake_; });
+    CondVarLock lock(&mu_);
+    wake_cv_.wait_for(lock, stop, absl::ToChronoNanoseconds(pause),
+                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_; });
     wake_ = false;
   }
 }

@@ -253,7 +253,7 @@ absl::Status ClusterRouter::WriteStates(int shard, int64_t token,
   std::vector<etcd::Op> ops;
   std::vector<std::pair<std::string, std::string>> written;
   const absl::Time now = options_.clock->Now();
-  auto send = [&]() -> absl::Status {
+  auto send = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) -> absl::Status {
     if (ops.empty()) return absl::OkStatus();
     const absl::Time start = absl::Now();
     absl::StatusOr<etcd::TxnResult> r = ownership->FencedTxn(shard, token, ops);

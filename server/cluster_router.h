@@ -106,7 +106,7 @@ class ClusterRouter : public TenantRouter {
   void Run(std::stop_token stop);
   // Loads acquired shards, drops lost ones.
   void Reconcile();
-  void Load(int shard, int64_t token);
+  void Load(int shard, int64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   void Lose(int shard, absl::string_view why);
   // Writes `states` of `shard` under `token` (chunks of at most kMaxOps). False when a fence was
   // refused (the shard is lost) or etcd failed.
