@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/client.h"
 #include "retrybudget/client_testing.h"
@@ -72,6 +74,14 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     absl::StatusOr<TenantBudget*> tenant = client->Tenant(options.tenant);
     if (!tenant.ok()) return tenant.status();
     budget = *tenant;
+    // The tenant's first Sync is the server's baseline for this instance: what is counted
+    // before it reaches the server is not credited (docs/DESIGN.md "Accounting"). Calls start
+    // once it was answered, so the server's totals match the workers' counts; bounded, so a
+    // server that is down does not hold the run.
+    const absl::Time first_sync_by = absl::Now() + absl::Seconds(2);
+    while (observer->syncs_ok() == 0 && absl::Now() < first_sync_by) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
   }
 
   std::unique_ptr<FallbackMonitor> monitor;
