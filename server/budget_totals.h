@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "retrybudget/v1/state.pb.h"
+
 namespace retrybudget {
 
 struct BudgetTotals {
@@ -19,6 +21,20 @@ struct BudgetTotals {
   // Of returned + reclaimed, the tokens beyond what this server had outstanding for the
   // instance: recorded, credited nothing.
   uint64_t uncredited = 0;
+
+  // The totals a snapshot or a shard's state in etcd recorded, with `granted` as the reader
+  // counts it (after a crash or a takeover: everything up to the reserved limit).
+  static BudgetTotals FromState(const v1::TenantState& ts, uint64_t granted) {
+    return BudgetTotals{.granted = granted,
+                        .wanted = ts.wanted_total(),
+                        .successes = ts.successes_total(),
+                        .retries = ts.retries_total(),
+                        .retries_denied = ts.retries_denied_total(),
+                        .returned = ts.returned_total(),
+                        .reclaimed = ts.reclaimed_total(),
+                        .fallback_retries = ts.fallback_retries_total(),
+                        .uncredited = ts.uncredited_total()};
+  }
 };
 
 }  // namespace retrybudget

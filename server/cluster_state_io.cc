@@ -77,15 +77,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
       const uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
       t->bucket.Restore(ts.level() - static_cast<double>(limit - ts.granted_total()), now);
       t->grant_limit = limit;
-      t->totals = BudgetTotals{.granted = limit,
-                               .wanted = ts.wanted_total(),
-                               .successes = ts.successes_total(),
-                               .retries = ts.retries_total(),
-                               .retries_denied = ts.retries_denied_total(),
-                               .returned = ts.returned_total(),
-                               .reclaimed = ts.reclaimed_total(),
-                               .fallback_retries = ts.fallback_retries_total(),
-                               .uncredited = ts.uncredited_total()};
+      t->totals = BudgetTotals::FromState(ts, limit);
       adopted.push_back(std::move(t));
     }
   }

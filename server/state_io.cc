@@ -119,15 +119,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       const uint64_t granted = clean ? ts.granted_total() : limit;
       t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()), at);
       t->grant_limit = limit;
-      t->totals = BudgetTotals{.granted = granted,
-                               .wanted = ts.wanted_total(),
-                               .successes = ts.successes_total(),
-                               .retries = ts.retries_total(),
-                               .retries_denied = ts.retries_denied_total(),
-                               .returned = ts.returned_total(),
-                               .reclaimed = ts.reclaimed_total(),
-                               .fallback_retries = ts.fallback_retries_total(),
-                               .uncredited = ts.uncredited_total()};
+      t->totals = BudgetTotals::FromState(ts, granted);
       restored.emplace(ts.tenant(), std::move(t));
     }
   }
