@@ -33,6 +33,7 @@
 #include "server/budget_server.h"
 #include "server/cluster_metrics.h"
 #include "server/cluster_mode.h"
+#include "server/log_rate_limit.h"
 #include "server/metrics.h"
 #include "server/durable_store.h"
 #include "server/policy.h"
@@ -526,6 +527,16 @@ int main(int argc, char** argv) {
     return retrybudget::kExitBadConfig;
   }
   spdlog::set_level(level);
+  // Protobuf logs a line for every malformed request it parses; a client must not be able to
+  // fill our log with them.
+  retrybudget::RouteProtobufLogs(absl::Seconds(10), [](absl::string_view level,
+                                                       absl::string_view line) {
+    if (level == "FATAL" || level == "ERROR") {
+      spdlog::error("{}", std::string(line));
+    } else {
+      spdlog::warn("{}", std::string(line));
+    }
+  });
 
   if (positional.size() > 1) {
     spdlog::error("unexpected argument \"{}\" (flags are --name=value)", positional[1]);

@@ -357,6 +357,18 @@ TEST(HostileAccountingTest, UnparseableBytesAreInvalidArgumentNamingWhatIsWrong)
         << k.name;
     EXPECT_THAT(s.error_message(), HasSubstr(k.message)) << k.name;
   }
+  // The protobuf library logs each invalid UTF-8 string it parses; the server lets one such line
+  // through per 10 s, so a client cannot fill the log.
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_EQ(SendRaw(*server, bad_tenant).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  const std::string log = server->Output();
+  int utf8_lines = 0;
+  for (size_t at = log.find("UTF-8"); at != std::string::npos; at = log.find("UTF-8", at + 1)) {
+    ++utf8_lines;
+  }
+  EXPECT_GE(utf8_lines, 1) << log;  // the first one is written
+  EXPECT_LE(utf8_lines, 2) << log;  // not one per request
   // A well-formed request through the same path works.
   const grpc::Status ok = SendRaw(*server, SyncOf("fine", 1, "t", 1).SerializeAsString());
   EXPECT_TRUE(ok.ok()) << ok.error_message();
