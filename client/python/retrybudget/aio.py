@@ -14,11 +14,10 @@ import threading
 
 import grpc
 
-from ._bucket_math import BucketShape, FINAL_SYNC_ATTEMPTS, RefreshPolicy, retry_backoff
+from ._bucket_math import FINAL_SYNC_ATTEMPTS, retry_backoff
 from ._proto import budget_pb2_grpc
-from ._registry import TenantRegistry
-from ._sync_engine import Outcome, SyncEngine
-from .client import make_channel, make_metrics
+from ._sync_engine import Outcome
+from .client import make_channel, make_tenants_and_engine
 from .options import ClientOptions, validate_and_default
 from .tenant_budget import TenantBudget
 
@@ -39,12 +38,7 @@ class AsyncBudgetClient:
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
         # Owner address -> (channel, stub), for the tenants a cluster redirected.
         self._owner_channels = {}
-        self._tenants = TenantRegistry(
-            o.clock, self._wake, o.fallback,
-            BucketShape(o.fallback_capacity, o.fallback_refill_per_second))
-        self._engine = SyncEngine(
-            o.instance_id, RefreshPolicy(o.refresh_period, o.min_sync_interval, o.lease_burst),
-            o.sync_timeout, o.bearer_token, o.clock, self._tenants, make_metrics(o))
+        self._tenants, self._engine = make_tenants_and_engine(o, self._wake)
         self._clock = o.clock
         self._wake_event = asyncio.Event()
         self._waiting_call = None

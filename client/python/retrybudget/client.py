@@ -41,6 +41,17 @@ def make_metrics(o: ClientOptions):
     return PrometheusClientMetrics(o.metrics_registry)
 
 
+def make_tenants_and_engine(o: ClientOptions, wake):
+    """The tenant registry and the Sync engine over it, as both clients (threads, asyncio) use
+    them; `wake` is called when a tenant needs the refresher sooner."""
+    tenants = TenantRegistry(o.clock, wake, o.fallback,
+                             BucketShape(o.fallback_capacity, o.fallback_refill_per_second))
+    engine = SyncEngine(
+        o.instance_id, RefreshPolicy(o.refresh_period, o.min_sync_interval, o.lease_burst),
+        o.sync_timeout, o.bearer_token, o.clock, tenants, make_metrics(o))
+    return tenants, engine
+
+
 class BudgetClient:
     """Thread-safe. Creating it starts the refresher and does not wait for the server: until a
     lease arrives, try_acquire() denies. close() (or leaving a `with` block) sends a final Sync
@@ -57,12 +68,7 @@ class BudgetClient:
         self._owner_channels = {}
         self._owner_channel_factory = _owner_channel_factory
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
-        self._tenants = TenantRegistry(
-            o.clock, self._wake, o.fallback,
-            BucketShape(o.fallback_capacity, o.fallback_refill_per_second))
-        self._engine = SyncEngine(
-            o.instance_id, RefreshPolicy(o.refresh_period, o.min_sync_interval, o.lease_burst),
-            o.sync_timeout, o.bearer_token, o.clock, self._tenants, make_metrics(o))
+        self._tenants, self._engine = make_tenants_and_engine(o, self._wake)
         self._clock = o.clock
         self._wake_mu = threading.Lock()
         self._wake_event = threading.Event()
