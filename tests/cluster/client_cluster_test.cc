@@ -12,6 +12,9 @@
 //
 // Real processes, wall-clock time: every wait is bounded and generous; no speed is asserted
 // (the failover times are printed).
+#include <grpcpp/grpcpp.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -27,10 +30,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
-#include <prometheus/metric_family.h>
-#include <prometheus/registry.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -61,8 +60,7 @@ struct Budget {
 };
 
 std::string PolicyText(const Budget& b) {
-  return absl::StrCat("default_policy { capacity: ", b.capacity,
-                      " refill_per_second: ", b.refill,
+  return absl::StrCat("default_policy { capacity: ", b.capacity, " refill_per_second: ", b.refill,
                       " success_credit: 0 lease_ttl_ms: ", b.lease_ttl_ms, " }\n");
 }
 
@@ -155,12 +153,12 @@ class ClusterFixture : public ::testing::Test {
   }
 
   std::unique_ptr<v1::RetryBudgetService::Stub> BudgetStub(int server) {
-    return v1::RetryBudgetService::NewStub(grpc::CreateChannel(
-        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+    return v1::RetryBudgetService::NewStub(grpc::CreateChannel(cluster_->server(server).address(),
+                                                               grpc::InsecureChannelCredentials()));
   }
   std::unique_ptr<v1::BudgetAdminService::Stub> AdminStub(int server) {
-    return v1::BudgetAdminService::NewStub(grpc::CreateChannel(
-        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+    return v1::BudgetAdminService::NewStub(grpc::CreateChannel(cluster_->server(server).address(),
+                                                               grpc::InsecureChannelCredentials()));
   }
 
   std::unique_ptr<TempDir> dir_;
@@ -330,16 +328,14 @@ TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantW
   ASSERT_TRUE(new_owner_at.has_value()) << "the killed server's shard has no new owner";
   ASSERT_TRUE(fell_back_at.has_value()) << "the victim's tenant never fell back";
   ASSERT_TRUE(leased_again_at.has_value()) << "the victim's tenant is not on a lease again";
-  std::printf("kill -9 of server %d: %s fell back after %s (its lease ran to expiry); new owner "
-              "(server %d) in etcd after %s; on a lease from it %s after that, first tokens %s "
-              "after that\n",
-              victim, victim_tenant.c_str(),
-              absl::FormatDuration(*fell_back_at - killed).c_str(), new_owner,
-              absl::FormatDuration(*new_owner_at - killed).c_str(),
-              absl::FormatDuration(*leased_again_at - *new_owner_at).c_str(),
-              tokens_again_at
-                  ? absl::FormatDuration(*tokens_again_at - *new_owner_at).c_str()
-                  : "never");
+  std::printf(
+      "kill -9 of server %d: %s fell back after %s (its lease ran to expiry); new owner "
+      "(server %d) in etcd after %s; on a lease from it %s after that, first tokens %s "
+      "after that\n",
+      victim, victim_tenant.c_str(), absl::FormatDuration(*fell_back_at - killed).c_str(),
+      new_owner, absl::FormatDuration(*new_owner_at - killed).c_str(),
+      absl::FormatDuration(*leased_again_at - *new_owner_at).c_str(),
+      tokens_again_at ? absl::FormatDuration(*tokens_again_at - *new_owner_at).c_str() : "never");
   EXPECT_LT(*leased_again_at - *new_owner_at, absl::Seconds(10));
   EXPECT_TRUE(recovered) << "no tokens from the new owner within 30 s of the kill";
 
@@ -356,14 +352,14 @@ TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantW
     // The fallback share of one instance: the whole capacity and refill.
     const double fallback_bound =
         budget.capacity + budget.refill * absl::ToDoubleSeconds(outage) + 1;
-    std::printf("%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
-                "(bound %.0f); modes after the kill: lease %d, no_lease %d, fallback %d\n",
-                tenant.c_str(), first_owner_[tenant],
-                tenant == victim_tenant ? ", killed" : "",
-                static_cast<unsigned long long>(leased), LeaseBound(budget),
-                static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
-                modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
-                modes[tenant].Of(BudgetMode::kFallback));
+    std::printf(
+        "%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
+        "(bound %.0f); modes after the kill: lease %d, no_lease %d, fallback %d\n",
+        tenant.c_str(), first_owner_[tenant], tenant == victim_tenant ? ", killed" : "",
+        static_cast<unsigned long long>(leased), LeaseBound(budget),
+        static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
+        modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
+        modes[tenant].Of(BudgetMode::kFallback));
     EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
     if (tenant == victim_tenant) {
       EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
@@ -469,14 +465,14 @@ TEST_F(ClientClusterTest, SigstoppedOwnerGrantsNothingLateAndEveryTenantStaysWit
     const uint64_t leased = spender->allowed.load() - stats.fallback_allowed;
     const double fallback_bound =
         budget.capacity + budget.refill * absl::ToDoubleSeconds(outage) + 1;
-    std::printf("%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
-                "(bound %.0f); modes while stopped: lease %d, no_lease %d, fallback %d\n",
-                tenant.c_str(), first_owner_[tenant],
-                tenant == victim_tenant ? ", stopped" : "",
-                static_cast<unsigned long long>(leased), LeaseBound(budget),
-                static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
-                modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
-                modes[tenant].Of(BudgetMode::kFallback));
+    std::printf(
+        "%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
+        "(bound %.0f); modes while stopped: lease %d, no_lease %d, fallback %d\n",
+        tenant.c_str(), first_owner_[tenant], tenant == victim_tenant ? ", stopped" : "",
+        static_cast<unsigned long long>(leased), LeaseBound(budget),
+        static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
+        modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
+        modes[tenant].Of(BudgetMode::kFallback));
     EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
     EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
   }
@@ -508,7 +504,8 @@ class ReplayClusterTest : public ClusterFixture {
     request.set_tenant(tenant);
     v1::GetBudgetResponse response;
     const grpc::Status s = admin->GetBudget(&context, request, &response);
-    if (!s.ok()) return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+    if (!s.ok())
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
     return response.budget();
   }
 
@@ -649,18 +646,19 @@ TEST_F(ReplayClusterTest, OldSyncReplayedToTheNewOwnerAfterAKillIsAFirstContact)
       kEtcdLeaseTtl + absl::Seconds(5)));
   absl::StatusOr<v1::BudgetStatus> adopted = WaitForBudget(new_owner, tenant);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
-  std::printf("kill -9: server %d took the shard over after %s, level %.1f (the old owner's: "
-              "%.1f at the kill; in etcd: level %.1f, granted_total %llu, grant_limit %llu)\n",
-              new_owner, absl::FormatDuration(absl::Now() - killed).c_str(), adopted->tokens(),
-              before->tokens() - static_cast<double>(burst_granted), last_written->level(),
-              static_cast<unsigned long long>(last_written->granted_total()),
-              static_cast<unsigned long long>(last_written->grant_limit()));
+  std::printf(
+      "kill -9: server %d took the shard over after %s, level %.1f (the old owner's: "
+      "%.1f at the kill; in etcd: level %.1f, granted_total %llu, grant_limit %llu)\n",
+      new_owner, absl::FormatDuration(absl::Now() - killed).c_str(), adopted->tokens(),
+      before->tokens() - static_cast<double>(burst_granted), last_written->level(),
+      static_cast<unsigned long long>(last_written->granted_total()),
+      static_cast<unsigned long long>(last_written->grant_limit()));
   // The new owner counts every reserved token as granted (the old owner may have granted up to
   // grant_limit after it wrote the level): never more than the old owner's level at the kill
   // (no refill).
   EXPECT_LE(adopted->tokens(),
-            last_written->level() - static_cast<double>(last_written->grant_limit() -
-                                                        last_written->granted_total()));
+            last_written->level() -
+                static_cast<double>(last_written->grant_limit() - last_written->granted_total()));
   EXPECT_LE(adopted->tokens(), before->tokens() - static_cast<double>(burst_granted));
 
   // The second request replayed to the new owner: a baseline. Its return of g1 credits nothing,
@@ -685,12 +683,13 @@ TEST_F(ReplayClusterTest, OldSyncReplayedToTheNewOwnerAfterAKillIsAFirstContact)
   // Everything left goes to a fresh instance: over the whole sequence, what was granted and not
   // given back is at most the capacity (no refill).
   const uint64_t drained = Drain(new_owner, tenant, "drainer");
-  std::printf("granted %llu (returned and credited %llu; burst before the kill %llu, replay "
-              "granted %llu, drained %llu) of a bound of %.0f\n",
-              static_cast<unsigned long long>(granted_), static_cast<unsigned long long>(returned_),
-              static_cast<unsigned long long>(burst_granted),
-              static_cast<unsigned long long>(replay_granted),
-              static_cast<unsigned long long>(drained), kReplayBudget.capacity);
+  std::printf(
+      "granted %llu (returned and credited %llu; burst before the kill %llu, replay "
+      "granted %llu, drained %llu) of a bound of %.0f\n",
+      static_cast<unsigned long long>(granted_), static_cast<unsigned long long>(returned_),
+      static_cast<unsigned long long>(burst_granted),
+      static_cast<unsigned long long>(replay_granted), static_cast<unsigned long long>(drained),
+      kReplayBudget.capacity);
   EXPECT_LE(static_cast<double>(granted_ - returned_), kReplayBudget.capacity);
 }
 
@@ -752,8 +751,7 @@ TEST_F(ReplayClusterTest, ShardThatMovesAwayAndBackCreditsAReplayedRequestOnlyOn
   ASSERT_TRUE(cluster_->RestartServer(a).ok());
   ASSERT_TRUE(cluster_->WaitUntilJoined(a, absl::Seconds(10)).ok());
   ASSERT_TRUE(WaitFor([&] { return OwnerIndex(tenant) == a; }, absl::Seconds(15)))
-      << "the shard did not move back to server " << a << " (owner: " << OwnerIndex(tenant)
-      << ")";
+      << "the shard did not move back to server " << a << " (owner: " << OwnerIndex(tenant) << ")";
   absl::StatusOr<v1::BudgetStatus> back = WaitForBudget(a, tenant);
   ASSERT_TRUE(back.ok()) << back.status();
 
@@ -782,13 +780,14 @@ TEST_F(ReplayClusterTest, ShardThatMovesAwayAndBackCreditsAReplayedRequestOnlyOn
       << "holdings came back with the replay";
 
   const uint64_t drained = Drain(a, tenant, "drainer");
-  std::printf("moved away and back: granted %llu (returned and credited %llu; on B %llu + "
-              "replay %llu, replays on A %llu, drained %llu) of a bound of %.0f\n",
-              static_cast<unsigned long long>(granted_), static_cast<unsigned long long>(returned_),
-              static_cast<unsigned long long>(g3),
-              static_cast<unsigned long long>(on_b.tenants(0).granted()),
-              static_cast<unsigned long long>(replay_granted),
-              static_cast<unsigned long long>(drained), kReplayBudget.capacity);
+  std::printf(
+      "moved away and back: granted %llu (returned and credited %llu; on B %llu + "
+      "replay %llu, replays on A %llu, drained %llu) of a bound of %.0f\n",
+      static_cast<unsigned long long>(granted_), static_cast<unsigned long long>(returned_),
+      static_cast<unsigned long long>(g3),
+      static_cast<unsigned long long>(on_b.tenants(0).granted()),
+      static_cast<unsigned long long>(replay_granted), static_cast<unsigned long long>(drained),
+      kReplayBudget.capacity);
   EXPECT_LE(static_cast<double>(granted_ - returned_), kReplayBudget.capacity);
 }
 
