@@ -1,8 +1,9 @@
 // Real retry-budget-server processes in cluster mode (--etcd_endpoints) on a real 3-node etcd
 // cluster on loopback: the shards are shared, a non-owner redirects, and a kill -9, a SIGSTOP or
-// an etcd outage never lets the servers together grant more than the budget allows. Lease TTL
-// 2 s, 8 shards; every wait is bounded; no speed is asserted (takeover times are printed).
-#include <fcntl.h>
+// an etcd outage never lets the servers together grant more than the budget allows. The cluster
+// is a ClusterUnderTest (tests/support/test_launcher.h); the tests talk to each server through raw
+// Sync and admin stubs. Lease TTL 2 s, 8 shards; every wait is bounded; no speed is asserted
+// (takeover times are printed).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -10,7 +11,9 @@
 #include <atomic>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -26,7 +29,7 @@
 #include "gtest/gtest.h"
 #include "common/subprocess.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tests/support/test_cluster.h"
+#include "tests/support/test_launcher.h"
 #include "tests/cluster/wait_for.h"
 
 namespace retrybudget::testing {
@@ -39,70 +42,49 @@ constexpr char kPrefix[] = "/retry-budget";
 constexpr double kCapacity = 50;
 constexpr double kRefill = 20;
 
-struct Server {
-  std::unique_ptr<Subprocess> process;
+// Stubs of one server of the cluster.
+struct ServerStubs {
   std::string address;  // 127.0.0.1:PORT, also its server id
-  std::string log;
   std::unique_ptr<v1::RetryBudgetService::Stub> budget;
   std::unique_ptr<v1::BudgetAdminService::Stub> admin;
 };
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 class ServerClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
-        TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Make();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *std::move(dir);
+    const std::string policy = dir_->path() + "/policy.textproto";
+    std::ofstream(policy) << "default_policy { capacity: " << kCapacity
+                          << " refill_per_second: " << kRefill
+                          << " success_credit: 0 lease_ttl_ms: 2000 }\n";
+    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
+        {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
+         .servers = 3,
+         .server_binary = RETRYBUDGET_SERVER_BIN,
+         .server_flags = {"--policy=" + policy, "--shutdown_grace=0s"},
+         .etcd_prefix = kPrefix,
+         .shards = kShards,
+         .lease_ttl = kLeaseTtl});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
-    auto etcd = etcd::EtcdClient::Create({.endpoints = cluster_->etcd_endpoints()});
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    policy_ = cluster_->dir() + "/policy.textproto";
-    std::ofstream(policy_) << "default_policy { capacity: " << kCapacity
-                           << " refill_per_second: " << kRefill
-                           << " success_credit: 0 lease_ttl_ms: 2000 }\n";
-    for (int i = 0; i < 3; ++i) ASSERT_NO_FATAL_FAILURE(StartServer(i));
+    for (int i = 0; i < cluster_->server_count(); ++i) {
+      ServerStubs& s = servers_.emplace_back();
+      s.address = cluster_->server(i).address();
+      auto channel = grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials());
+      s.budget = v1::RetryBudgetService::NewStub(channel);
+      s.admin = v1::BudgetAdminService::NewStub(channel);
+    }
     ASSERT_NO_FATAL_FAILURE(WaitBalanced());
   }
 
-  void StartServer(int i) {
-    if (servers_.size() <= static_cast<size_t>(i)) servers_.resize(i + 1);
-    Server& s = servers_[i];
-    const std::string port_file = absl::StrCat(cluster_->dir(), "/server", i, ".port");
-    std::remove(port_file.c_str());
-    s.log = absl::StrCat(cluster_->dir(), "/server", i, ".log");
-    absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
-        {RETRYBUDGET_SERVER_BIN, "--listen=127.0.0.1:0", "--port_file=" + port_file,
-         "--etcd_endpoints=" + cluster_->etcd_endpoints(), "--etcd_lease_ttl=2s",
-         absl::StrCat("--shards=", kShards), "--policy=" + policy_, "--metrics_listen=",
-         "--shutdown_grace=0s"},
-        {.output_file = s.log});
-    ASSERT_TRUE(p.ok()) << p.status();
-    s.process = *std::move(p);
-    std::string port;
-    ASSERT_TRUE(WaitFor(
-        [&] {
-          port = ReadFile(port_file);
-          return !port.empty() && port.back() == '\n';
-        },
-        absl::Seconds(10)))
-        << ReadFile(s.log);
-    while (!port.empty() && (port.back() == '\n')) port.pop_back();
-    s.address = "127.0.0.1:" + port;
-    auto channel = grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials());
-    s.budget = v1::RetryBudgetService::NewStub(channel);
-    s.admin = v1::BudgetAdminService::NewStub(channel);
-  }
+  etcd::EtcdClient& etcd() { return cluster_->etcd_client(); }
 
   // Shard -> owner's server id, as etcd has it.
   std::map<int, std::string> Owners() {
     std::map<int, std::string> owners;
-    auto range = etcd_->GetPrefix(cluster::OwnersPrefix(kPrefix));
+    auto range = etcd().GetPrefix(cluster::OwnersPrefix(kPrefix));
     if (!range.ok()) return owners;
     for (const auto& kv : range->kvs) {
       if (auto shard = cluster::ShardOfOwnerKey(kPrefix, kv.key)) owners[*shard] = kv.value;
@@ -116,10 +98,10 @@ class ServerClusterTest : public ::testing::Test {
         [&] {
           std::map<int, std::string> owners = Owners();
           if (owners.size() != kShards) return false;
-          for (const Server& s : servers_) {
-            if (s.process == nullptr) continue;
+          for (int i = 0; i < cluster_->server_count(); ++i) {
+            if (!cluster_->server(i).running()) continue;
             int n = 0;
-            for (const auto& [shard, id] : owners) n += id == s.address ? 1 : 0;
+            for (const auto& [shard, id] : owners) n += id == servers_[i].address ? 1 : 0;
             if (n < 2) return false;
           }
           return true;
@@ -146,17 +128,16 @@ class ServerClusterTest : public ::testing::Test {
     return servers_[server].budget->Sync(&context, request, response);
   }
 
-  std::unique_ptr<TestCluster> cluster_;
-  std::unique_ptr<etcd::EtcdClient> etcd_;
-  std::string policy_;
-  std::vector<Server> servers_;
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<ClusterUnderTest> cluster_;
+  std::vector<ServerStubs> servers_;
 };
 
 // A worker syncing one tenant as fast as the hints allow, following redirects, spending every
 // token it gets. Counts every token any server granted.
 class Worker {
  public:
-  Worker(std::string tenant, std::vector<Server>* servers)
+  Worker(std::string tenant, std::vector<ServerStubs>* servers)
       : tenant_(std::move(tenant)), servers_(servers) {}
 
   // One Sync round; true when the owner granted (or answered without error).
@@ -213,7 +194,7 @@ class Worker {
   }
 
   std::string tenant_;
-  std::vector<Server>* servers_;
+  std::vector<ServerStubs>* servers_;
   int current_ = 0;
   uint64_t seq_ = 0;
   uint64_t received_ = 0;
@@ -357,10 +338,10 @@ TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   ASSERT_GE(owner, 0);
 
   // etcd writes per 1,000 Syncs in steady state (one busy tenant): the revision counts writes.
-  const int64_t rev0 = etcd_->Get("/none")->revision;
+  const int64_t rev0 = etcd().Get("/none")->revision;
   const int64_t rounds0 = worker.rounds();
   worker.RunFor(absl::Seconds(2));
-  const int64_t rev1 = etcd_->Get("/none")->revision;
+  const int64_t rev1 = etcd().Get("/none")->revision;
   std::printf("etcd writes per 1000 Syncs (steady, 1 tenant): %.1f (%lld writes, %lld Syncs)\n",
               1000.0 * static_cast<double>(rev1 - rev0) /
                   static_cast<double>(worker.rounds() - rounds0),
@@ -368,7 +349,7 @@ TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
               static_cast<long long>(worker.rounds() - rounds0));
 
   const absl::Time killed = absl::Now();
-  servers_[owner].process->Signal(SIGKILL);
+  ASSERT_TRUE(cluster_->KillServer(owner).ok());
   std::atomic<bool> stop{false};
   std::thread run([&] { worker.RunFor(absl::Seconds(20), &stop); });
   int new_owner = -1;
@@ -405,7 +386,7 @@ TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
   const int owner = OwnerIndex(tenant);
   ASSERT_GE(owner, 0);
   const absl::Time term = absl::Now();
-  servers_[owner].process->Signal(SIGTERM);
+  cluster_->server(owner).Signal(SIGTERM);
   std::atomic<bool> stop{false};
   std::thread run([&] { worker.RunFor(absl::Seconds(20), &stop); });
   const bool moved = WaitFor(
@@ -415,7 +396,7 @@ TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
       },
       kLeaseTtl);
   const absl::Duration handover = absl::Now() - term;
-  absl::StatusOr<int> code = servers_[owner].process->Wait(absl::Now() + absl::Seconds(5));
+  const std::optional<int> code = cluster_->server(owner).WaitForExit(absl::Seconds(5));
   const uint64_t before = worker.granted_total();
   const bool granted_again =
       WaitFor([&] { return worker.granted_total() > before; }, absl::Seconds(3));
@@ -424,8 +405,8 @@ TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
   std::printf("SIGTERM of the owner: new owner after %s\n",
               absl::FormatDuration(handover).c_str());
   EXPECT_TRUE(moved) << "not handed over within the lease TTL";
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_TRUE(WIFEXITED(*code) && WEXITSTATUS(*code) == 0) << ReadFile(servers_[owner].log);
+  ASSERT_TRUE(code.has_value()) << "still running 5 s after SIGTERM";
+  EXPECT_EQ(*code, 0) << cluster_->server(owner).LogTail(40);
   EXPECT_TRUE(granted_again);
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
   EXPECT_LE(static_cast<double>(worker.granted_total()), kCapacity + kRefill * elapsed);
@@ -439,7 +420,7 @@ TEST_F(ServerClusterTest, StoppedOwnerGrantsNothingAfterItsLeaseRanOut) {
   const int owner = OwnerIndex(tenant);
   ASSERT_GE(owner, 0);
 
-  servers_[owner].process->Signal(SIGSTOP);
+  ASSERT_TRUE(cluster_->PauseServer(owner).ok());
   const absl::Time stopped = absl::Now();
   // A request that reaches the stopped server and waits in its socket.
   v1::SyncRequest late;
@@ -460,7 +441,7 @@ TEST_F(ServerClusterTest, StoppedOwnerGrantsNothingAfterItsLeaseRanOut) {
       },
       kLeaseTtl + absl::Seconds(2));
   std::this_thread::sleep_for(absl::ToChronoMilliseconds(stopped + 2 * kLeaseTtl - absl::Now()));
-  servers_[owner].process->Signal(SIGCONT);
+  ASSERT_TRUE(cluster_->ResumeServer(owner).ok());
   late_sync.join();
   std::this_thread::sleep_for(std::chrono::seconds(1));
   stop = true;
