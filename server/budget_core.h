@@ -203,7 +203,7 @@ class BudgetCore {
   void Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out);
   // Cuts `granted` to what the tenant's durable limit allows, and asks the store thread to
   // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
-  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted)
+  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // Asks the store thread to make `limit` durable for the tenant named `tenant`; when it is, the
   // limit of whichever tenant holds that name then is raised, and `done` (if any) runs.
