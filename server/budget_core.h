@@ -110,9 +110,12 @@ class BudgetCore {
   absl::StatusOr<v1::BudgetStatus> GetBudget(absl::string_view tenant);
   absl::StatusOr<v1::ListBudgetsResponse> ListBudgets(const v1::ListBudgetsRequest& request);
   // Creates the budget or changes its policy, keeping the level (capped at the new capacity).
+  // A budget created here (with a store or a router) has its first block reserved at once.
   absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
                                              const v1::BudgetPolicy& policy);
-  // NOT_FOUND if the tenant has no budget.
+  // NOT_FOUND if the tenant has no budget. Cluster mode: also deletes its state and its admin
+  // policy in etcd (TenantRouter::DeleteDurably); UNAVAILABLE, with the budget gone from this
+  // server, when etcd refused or failed (a next owner may bring it back).
   absl::Status DeleteBudget(absl::string_view tenant);
   // PutPolicy without the owner check (cluster mode: a policy from etcd, on the owner).
   absl::StatusOr<v1::BudgetStatus> ApplyAdminPolicy(absl::string_view tenant,
