@@ -199,7 +199,6 @@ class ChildGroup {
     Adopt(*std::move(child));
     return absl::OkStatus();
   }
-  // Takes over a child started elsewhere (the budget server).
   void Adopt(Child child) {
     Track(child.pid());
     children_.push_back(std::move(child));
@@ -642,15 +641,13 @@ int RunDriverIn(const std::string& dir) {
                         sweep_sites, sweep_cps));
   }
 
-  int port = 0;
-  ChildGroup server;
-  {
-    absl::StatusOr<Child> started =
-        StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, /*policy=*/"", &port);
-    if (!started.ok()) return Fail(std::string(started.status().message()));
-    server.Adopt(*std::move(started));
-  }
-  const std::string address = absl::StrCat("127.0.0.1:", port);
+  absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> server =
+      StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, /*policy=*/"");
+  if (!server.ok()) return Fail(std::string(server.status().message()));
+  // The signal handler kills it too; the launcher kills it on every return.
+  const pid_t server_pid = (*server)->pid();
+  Track(server_pid);
+  const std::string address = (*server)->address();
   int index = 0;
   auto run = [&](const RunConfig& config, std::map<std::string, RunResult>& into,
                  const std::string& key) -> bool {
@@ -705,7 +702,8 @@ int RunDriverIn(const std::string& dir) {
       }
     }
   }
-  server.Stop(0, SIGTERM, absl::Seconds(5));
+  Untrack(server_pid);
+  (void)(*server)->Stop(SIGTERM, absl::Seconds(5));
 
   // Summary, part 1: each strategy against per_call_cap in the same regime.
   std::vector<std::string> fields;

@@ -152,34 +152,18 @@ std::string SelfExe() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("/proc/self/exe");
 }
 
-absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std::string& dir,
-                                        const std::string& policy, int* port,
-                                        const std::vector<std::string>& extra_args) {
-  const std::string port_file = dir + "/port";
-  std::remove(port_file.c_str());
-  std::vector<std::string> argv = {server_bin, "--listen=127.0.0.1:0",
-                                   absl::StrCat("--port_file=", port_file),
-                                   "--metrics_listen="};
+absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartBudgetServer(
+    const std::string& server_bin, const std::string& dir, const std::string& policy,
+    const std::vector<std::string>& extra_args) {
+  std::vector<std::string> flags;
   if (!policy.empty()) {
     const std::string policy_file = dir + "/policy.txtpb";
     std::ofstream(policy_file) << policy;
-    argv.push_back(absl::StrCat("--policy=", policy_file));
+    flags.push_back(absl::StrCat("--policy=", policy_file));
   }
-  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
-  absl::StatusOr<Child> child = Child::Spawn(argv);
-  if (!child.ok()) return child.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    if (in >> *port && *port > 0) return child;
-    if (std::optional<std::string> how = child->Exited(); how.has_value()) {
-      // A bad flag or policy: say so now rather than after the 10 s wait (its stderr has why).
-      return absl::UnavailableError(
-          absl::StrCat(server_bin, " ", *how, " before writing its port file"));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::UnavailableError("retry-budget-server did not write its port file");
+  flags.insert(flags.end(), extra_args.begin(), extra_args.end());
+  return testing::ServerUnderTest::Start(
+      {.binary = server_bin, .flags = std::move(flags), .dir = dir});
 }
 
 }  // namespace retrybudget::bench

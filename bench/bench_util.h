@@ -1,5 +1,6 @@
 // Small helpers the benchmarks share: latency percentiles, free loopback ports, child processes
-// (the budget server binary, redis-server, worker processes), memory readings. No gRPC here.
+// (redis-server, worker processes), the budget server through the tests' launcher, memory
+// readings.
 #ifndef RETRYBUDGET_BENCH_BENCH_UTIL_H_
 #define RETRYBUDGET_BENCH_BENCH_UTIL_H_
 
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/subprocess.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget::bench {
 
@@ -67,12 +69,14 @@ inline constexpr char kUnlimitedPolicy[] =
     "default_policy { capacity: 1e9 refill_per_second: 1e9 success_credit: 0.1 "
     "lease_ttl_ms: 5000 }\n";
 
-// Starts the retry-budget-server binary `server_bin` on 127.0.0.1:0 with its port file (and,
-// when `policy` is not empty, a policy file with that content) in `dir`, and waits up to 10 s
-// for the port. `extra_args` are passed on as they are. UNAVAILABLE when it does not come up.
-absl::StatusOr<Child> StartBudgetServer(const std::string& server_bin, const std::string& dir,
-                                        const std::string& policy, int* port,
-                                        const std::vector<std::string>& extra_args = {});
+// Starts the retry-budget-server binary `server_bin` through the one launcher of servers under
+// test (tests/support/test_launcher.h) on 127.0.0.1:0, with its port file and log in `dir` (which
+// must exist) and, when `policy` is not empty, a policy file with that content there; waits until
+// it serves. `extra_args` are passed on as they are (after the launcher's own flags). The
+// launcher's status (naming the server and its log's tail) when it does not come up.
+absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartBudgetServer(
+    const std::string& server_bin, const std::string& dir, const std::string& policy,
+    const std::vector<std::string>& extra_args = {});
 
 // Resident set size of process `pid` (0: this process) in bytes, from /proc/PID/statm; -1 on
 // error.

@@ -5,19 +5,23 @@
 //      server, same load: --threads threads, each one instance syncing --tenants_per_thread
 //      tenants (want 10, every token returned) back to back. In the cluster each thread syncs
 //      with the owner of its tenants (tenants are picked so that each thread's all have one
-//      owner, and the threads cover every server). Target: ratio >= 0.8 (all share the cores).
+//      owner, and the threads cover every server). Both are up at once and measured in turn,
+//      --rounds times each; the medians are compared. Target: ratio >= 0.8 (all share the cores).
 //   2. etcd writes per 1,000 Syncs in steady state: etcd's revision (every write bumps it by one)
-//      read before and after the cluster's timed window, over the Syncs in it. Target: <= 10.
+//      read before and after each cluster run, over the Syncs answered in it; and for one tenant
+//      drained at its refill rate, synced every 5 ms (the hard case), the writes of its state
+//      (its key's version). Target: <= 10.
 //   3. Failover time, --kills times: kill -9 of the owner of a busy tenant, then how long until
 //      a surviving server grants that tenant again (a Sync with granted > 0); the killed server
 //      is restarted and has rejoined before the next kill. p50 / p99.
 //
-// Until the server has cluster mode it stops at once with "the server has no cluster mode:
+// A server binary without cluster mode stops it at once with "the server has no cluster mode:
 // --etcd_endpoints unknown" (exit 2).
 //
 // Output: {"bench":"cluster", ...} on stdout; progress on stderr.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +40,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "cluster/cluster_keys.h"
+#include "cluster/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/support/test_launcher.h"
@@ -44,10 +50,11 @@ ABSL_FLAG(int, servers, 3, "servers in the cluster");
 ABSL_FLAG(int, etcd_nodes, 3, "etcd members");
 ABSL_FLAG(int, shards, 64, "shards of the deployment");
 ABSL_FLAG(absl::Duration, lease_ttl, absl::Seconds(3), "the servers' etcd lease TTL");
-ABSL_FLAG(int, threads, 6, "load threads (each one instance)");
+ABSL_FLAG(int, threads, 12, "load threads (each one instance; 4 per server of 3)");
 ABSL_FLAG(int, tenants_per_thread, 1, "tenants in each thread's Sync");
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "untimed load before each timed window");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(5), "timed window of each throughput run");
+ABSL_FLAG(int, rounds, 3, "alternating single-server and cluster throughput runs");
 ABSL_FLAG(int, kills, 10, "kill -9 of an owner, for the failover times");
 ABSL_FLAG(std::string, server_bin, RETRYBUDGET_SERVER_BIN, "retry-budget-server binary");
 ABSL_FLAG(std::string, etcd_bin, "/usr/bin/etcd", "etcd binary");
@@ -64,11 +71,14 @@ std::unique_ptr<v1::RetryBudgetService::Stub> StubFor(const std::string& address
 }
 
 // One instance syncing its tenants: cumulative counters that stay valid (every token received
-// is returned at the next Sync).
+// is returned at the next Sync, or, with `spend`, spent on retries).
 class Instance {
  public:
-  Instance(std::string id, std::vector<std::string> tenants)
-      : id_(std::move(id)), tenants_(std::move(tenants)), received_(tenants_.size(), 0) {}
+  Instance(std::string id, std::vector<std::string> tenants, bool spend = false)
+      : id_(std::move(id)),
+        tenants_(std::move(tenants)),
+        spend_(spend),
+        received_(tenants_.size(), 0) {}
 
   // One Sync; the tokens granted to `tenants_[0]`, or the RPC's error.
   absl::StatusOr<uint64_t> Sync(v1::RetryBudgetService::Stub& stub, absl::Duration timeout) {
@@ -80,7 +90,11 @@ class Instance {
       t->set_tenant(tenants_[i]);
       t->set_want(10);
       t->set_tokens_received(received_[i]);
-      t->set_tokens_returned(received_[i]);
+      if (spend_) {
+        t->set_retries_spent(received_[i]);
+      } else {
+        t->set_tokens_returned(received_[i]);
+      }
     }
     v1::SyncResponse response;
     grpc::ClientContext context;
@@ -104,30 +118,48 @@ class Instance {
  private:
   std::string id_;
   std::vector<std::string> tenants_;
+  bool spend_;
   std::vector<uint64_t> received_;
   uint64_t seq_ = 0;
 };
 
-// Syncs/s of `threads` instances, instance i syncing `tenants[i]` with `addresses[i]`.
-double SyncRate(const std::vector<std::string>& addresses,
-                const std::vector<std::vector<std::string>>& tenants) {
+// What one load run measured.
+struct LoadRun {
+  double syncs_per_second = 0;  // over the timed window
+  int64_t syncs = 0;            // answered Syncs of the whole run, warm-up included
+  double server_cpu_seconds = 0;  // CPU the servers used over the whole run
+};
+
+// Syncs/s of `threads` instances, instance i syncing `tenants[i]` with `addresses[i]`; `run` numbers
+// the instance ids, so that every run's instances are new to the servers.
+LoadRun SyncRate(const std::vector<std::string>& addresses,
+                 const std::vector<std::vector<std::string>>& tenants, int run,
+                 const std::vector<pid_t>& servers) {
+  auto cpu = [&] {
+    double sum = 0;
+    for (pid_t pid : servers) sum += ProcessCpuSeconds(pid);
+    return sum;
+  };
+  const double cpu_before = cpu();
   std::atomic<bool> timing{false};
   std::atomic<bool> done{false};
   std::atomic<int64_t> syncs{0};
+  std::atomic<int64_t> all{0};
   std::atomic<int64_t> errors{0};
   std::vector<std::thread> threads;
   for (size_t i = 0; i < addresses.size(); ++i) {
     threads.emplace_back([&, i] {
       auto stub = StubFor(addresses[i]);
-      Instance instance(absl::StrFormat("%032x", i + 1), tenants[i]);
+      Instance instance(absl::StrFormat("%016x%016x", run + 1, i + 1), tenants[i]);
       while (!done.load()) {
         const bool counted = timing.load();
         absl::StatusOr<uint64_t> granted = instance.Sync(*stub, absl::Seconds(2));
         if (!granted.ok()) {
           errors.fetch_add(1);
-        } else if (counted) {
-          syncs.fetch_add(1);
+          continue;
         }
+        all.fetch_add(1);
+        if (counted) syncs.fetch_add(1);
       }
     });
   }
@@ -140,7 +172,16 @@ double SyncRate(const std::vector<std::string>& addresses,
   done.store(true);
   for (std::thread& t : threads) t.join();
   if (errors.load() > 0) std::fprintf(stderr, "%ld Syncs failed\n", static_cast<long>(errors));
-  return static_cast<double>(syncs.load()) / seconds;
+  return {.syncs_per_second = static_cast<double>(syncs.load()) / seconds,
+          .syncs = all.load(),
+          .server_cpu_seconds = cpu() - cpu_before};
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 std::string PolicyFile(const std::string& dir) {
@@ -165,26 +206,21 @@ int Run() {
   const int threads = absl::GetFlag(FLAGS_threads);
   const int per_thread = absl::GetFlag(FLAGS_tenants_per_thread);
 
-  // 1a. The single in-memory server.
+  // 1. The single in-memory server and the cluster, both started first and measured in
+  // alternation (--rounds times each), so that a change of the box's load (it is shared) hits
+  // both alike; the medians are compared.
   std::vector<std::vector<std::string>> single_tenants;
   for (int i = 0; i < threads; ++i) {
     std::vector<std::string> mine;
     for (int j = 0; j < per_thread; ++j) mine.push_back(absl::StrCat("t-", i, "-", j));
     single_tenants.push_back(std::move(mine));
   }
-  double single_rate = 0;
-  {
-    absl::StatusOr<std::unique_ptr<ServerUnderTest>> single = ServerUnderTest::Start(
-        {.binary = server_bin, .flags = {absl::StrCat("--policy=", policy)}});
-    if (!single.ok()) {
-      std::fprintf(stderr, "single server: %s\n", single.status().ToString().c_str());
-      return 1;
-    }
-    single_rate = SyncRate(std::vector<std::string>(threads, (*single)->address()), single_tenants);
-    std::fprintf(stderr, "single server: %.0f Syncs/s\n", single_rate);
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> single = ServerUnderTest::Start(
+      {.binary = server_bin, .flags = {absl::StrCat("--policy=", policy)}});
+  if (!single.ok()) {
+    std::fprintf(stderr, "single server: %s\n", single.status().ToString().c_str());
+    return 1;
   }
-
-  // 1b. The cluster, the same load, each thread on the owner of its tenants.
   absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
       ClusterUnderTest::Start({.etcd = {.etcd_nodes = absl::GetFlag(FLAGS_etcd_nodes),
                                         .etcd_binary = absl::GetFlag(FLAGS_etcd_bin)},
@@ -218,22 +254,119 @@ int Run() {
       }
     }
   }
-  absl::StatusOr<int64_t> revision_before = c.EtcdRevision();
-  // SyncRate's timed window is inside this one; the writes of its warm-up are counted too, over
-  // the Syncs of the whole window at the timed rate.
-  const absl::Time window_start = absl::Now();
-  const double cluster_rate = SyncRate(addresses, cluster_tenants);
-  const double window = absl::ToDoubleSeconds(absl::Now() - window_start);
-  absl::StatusOr<int64_t> revision_after = c.EtcdRevision();
-  if (!revision_before.ok() || !revision_after.ok()) {
-    std::fprintf(stderr, "etcd revision unreadable\n");
-    return 1;
+  std::vector<pid_t> cluster_pids;
+  for (int i = 0; i < c.server_count(); ++i) cluster_pids.push_back(c.server(i).pid());
+  std::vector<double> single_rates;
+  std::vector<double> cluster_rates;
+  // Server CPU per Sync (the servers' processes only, not etcd's), less noisy than Syncs/s on a
+  // shared box.
+  std::vector<double> single_cpu_us;
+  std::vector<double> cluster_cpu_us;
+  // 2. etcd writes: the revision's advance over every cluster run (warm-ups included), over the
+  // Syncs answered in them.
+  int64_t cluster_writes = 0;
+  int64_t cluster_syncs = 0;
+  for (int r = 0; r < absl::GetFlag(FLAGS_rounds); ++r) {
+    const LoadRun one = SyncRate(std::vector<std::string>(threads, (*single)->address()),
+                                 single_tenants, 2 * r, {(*single)->pid()});
+    single_rates.push_back(one.syncs_per_second);
+    single_cpu_us.push_back(1e6 * one.server_cpu_seconds / static_cast<double>(one.syncs));
+    absl::StatusOr<int64_t> revision_before = c.EtcdRevision();
+    const LoadRun many = SyncRate(addresses, cluster_tenants, 2 * r + 1, cluster_pids);
+    absl::StatusOr<int64_t> revision_after = c.EtcdRevision();
+    if (!revision_before.ok() || !revision_after.ok()) {
+      std::fprintf(stderr, "etcd revision unreadable\n");
+      return 1;
+    }
+    cluster_rates.push_back(many.syncs_per_second);
+    cluster_cpu_us.push_back(1e6 * many.server_cpu_seconds / static_cast<double>(many.syncs));
+    cluster_writes += *revision_after - *revision_before;
+    cluster_syncs += many.syncs;
+    std::fprintf(stderr,
+                 "round %d: single server %.0f Syncs/s (%.1f us CPU each), cluster %.0f Syncs/s "
+                 "(%.1f us CPU each), %lld etcd writes over %lld cluster Syncs\n",
+                 r, one.syncs_per_second, single_cpu_us.back(), many.syncs_per_second,
+                 cluster_cpu_us.back(),
+                 static_cast<long long>(*revision_after - *revision_before),
+                 static_cast<long long>(many.syncs));
   }
-  const double syncs_in_window = cluster_rate * window;
+  single.value().reset();  // the failover part runs on the cluster alone
+  const double single_rate = Median(single_rates);
+  const double cluster_rate = Median(cluster_rates);
   const double writes_per_1000 =
-      1000.0 * static_cast<double>(*revision_after - *revision_before) / syncs_in_window;
-  std::fprintf(stderr, "cluster: %.0f Syncs/s, %.2f etcd writes per 1,000 Syncs\n", cluster_rate,
-               writes_per_1000);
+      cluster_syncs > 0 ? 1000.0 * static_cast<double>(cluster_writes) /
+                              static_cast<double>(cluster_syncs)
+                        : 0.0;
+  std::fprintf(stderr, "median: single %.0f, cluster %.0f Syncs/s; %.2f etcd writes per 1,000 "
+               "Syncs\n", single_rate, cluster_rate, writes_per_1000);
+
+  // 2b. The hard case of the writes: one tenant drained at its refill rate (an admin policy of
+  // capacity 50, refill 20/s), synced on a fixed schedule of one Sync every 5 ms by one instance
+  // that spends every token. Its writes follow its grants and time, not its Syncs.
+  double drained_per_1000 = 0;
+  {
+    const std::string drained = "drained-0";
+    auto put_stub = v1::BudgetAdminService::NewStub(
+        grpc::CreateChannel(c.server(0).address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::PutPolicyRequest put;
+    put.set_tenant(drained);
+    put.mutable_policy()->set_capacity(50);
+    put.mutable_policy()->set_refill_per_second(20);
+    v1::PutPolicyResponse put_response;
+    if (grpc::Status st = put_stub->PutPolicy(&context, put, &put_response); !st.ok()) {
+      std::fprintf(stderr, "PutPolicy %s: %s\n", drained.c_str(), st.error_message().c_str());
+      return 1;
+    }
+    absl::StatusOr<int> owner = c.WaitForOwner(drained, absl::Seconds(10));
+    if (!owner.ok()) {
+      std::fprintf(stderr, "%s: %s\n", drained.c_str(), owner.status().ToString().c_str());
+      return 1;
+    }
+    auto stub = StubFor(c.server(*owner).address());
+    Instance spender(absl::StrFormat("%032x", 9000), {drained}, /*spend=*/true);
+    absl::Time next = absl::Now();
+    auto run_for = [&](int syncs) {
+      int64_t failed = 0;
+      for (int i = 0; i < syncs; ++i) {
+        if (!spender.Sync(*stub, absl::Seconds(2)).ok()) ++failed;
+        next += absl::Milliseconds(5);
+        const absl::Time now = absl::Now();
+        if (next > now) absl::SleepFor(next - now);
+      }
+      return failed;
+    };
+    // Its own writes: the version of its state key counts the transactions that wrote it (the
+    // revision would also count the other tenants' last writes after the load above).
+    const std::string key =
+        absl::StrCat(cluster::ShardStatePrefix(c.etcd_prefix(),
+                                               cluster::ShardMap(absl::GetFlag(FLAGS_shards))
+                                                   .ShardOf(drained)),
+                     "t/", drained);
+    auto version = [&]() -> absl::StatusOr<int64_t> {
+      absl::StatusOr<etcd::RangeResult> r = c.etcd_client().Get(key);
+      if (!r.ok()) return r.status();
+      return r->kvs.empty() ? 0 : r->kvs[0].version;
+    };
+    (void)run_for(600);  // 3 s: the bucket drained, the reservation block sized
+    absl::StatusOr<int64_t> before = version();
+    absl::StatusOr<int64_t> revision_before = c.EtcdRevision();
+    const int64_t failed = run_for(1200);
+    absl::StatusOr<int64_t> after = version();
+    absl::StatusOr<int64_t> revision_after = c.EtcdRevision();
+    if (!before.ok() || !after.ok() || !revision_before.ok() || !revision_after.ok() ||
+        failed > 0) {
+      std::fprintf(stderr, "drained tenant: %lld Syncs failed or etcd unreadable\n",
+                   static_cast<long long>(failed));
+      return 1;
+    }
+    drained_per_1000 = 1000.0 * static_cast<double>(*after - *before) / 1200.0;
+    std::fprintf(stderr,
+                 "drained tenant: %lld etcd writes of its state over 1,200 Syncs (%.2f per "
+                 "1,000); all writes meanwhile: %lld\n",
+                 static_cast<long long>(*after - *before), drained_per_1000,
+                 static_cast<long long>(*revision_after - *revision_before));
+  }
 
   // 3. Failover: kill -9 of the owner of a busy tenant, until a survivor grants it again.
   std::vector<double> failover_seconds;
@@ -279,13 +412,17 @@ int Run() {
 
   std::printf(
       "{\"bench\":\"cluster\",\"servers\":%d,\"etcd_nodes\":%d,\"shards\":%d,"
-      "\"lease_ttl_s\":%.3f,\"threads\":%d,\"single_syncs_per_s\":%.0f,"
+      "\"lease_ttl_s\":%.3f,\"threads\":%d,\"rounds\":%d,\"single_syncs_per_s\":%.0f,"
       "\"cluster_syncs_per_s\":%.0f,\"cluster_vs_single\":%.3f,"
-      "\"etcd_writes_per_1000_syncs\":%.3f,\"kills\":%zu,\"failover_p50_s\":%.3f,"
+      "\"single_server_cpu_us_per_sync\":%.1f,\"cluster_server_cpu_us_per_sync\":%.1f,"
+      "\"etcd_writes_per_1000_syncs\":%.3f,\"drained_tenant_etcd_writes_per_1000_syncs\":%.3f,"
+      "\"kills\":%zu,\"failover_p50_s\":%.3f,"
       "\"failover_p99_s\":%.3f}\n",
       c.server_count(), absl::GetFlag(FLAGS_etcd_nodes), absl::GetFlag(FLAGS_shards),
-      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_lease_ttl)), threads, single_rate, cluster_rate,
-      single_rate > 0 ? cluster_rate / single_rate : 0.0, writes_per_1000, failover_seconds.size(),
+      absl::ToDoubleSeconds(absl::GetFlag(FLAGS_lease_ttl)), threads, absl::GetFlag(FLAGS_rounds),
+      single_rate, cluster_rate,
+      single_rate > 0 ? cluster_rate / single_rate : 0.0, Median(single_cpu_us),
+      Median(cluster_cpu_us), writes_per_1000, drained_per_1000, failover_seconds.size(),
       p50, p99);
   return 0;
 }

@@ -229,11 +229,10 @@ int Main() {
     freeReplyObject(reply);
   }
 
-  int budget_port = 0;
-  absl::StatusOr<Child> budget_server =
-      StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, kUnlimitedPolicy, &budget_port);
+  absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> budget_server =
+      StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, kUnlimitedPolicy);
   if (!budget_server.ok()) return Fail(budget_server.status());
-  const std::string target = absl::StrCat("127.0.0.1:", budget_port);
+  const std::string target = (*budget_server)->address();
   std::atomic<uint64_t> syncs{0};
   ClientOptions options;
   options.target = target;
@@ -359,7 +358,7 @@ int Main() {
   std::fflush(stdout);
 
   (void)(*client)->Shutdown();
-  budget_server->Stop(SIGTERM, absl::Seconds(5));
+  (void)(*budget_server)->Stop(SIGTERM, absl::Seconds(5));
   redis->Stop(SIGTERM, absl::Seconds(5));
   std::system(absl::StrCat("rm -rf ", dir).c_str());
   return 0;

@@ -317,14 +317,14 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index)
 }
 
 // One server being measured: a child process serving on `address`.
-struct ServerUnderTest {
+struct ServerInRun {
   std::string name;  // as in the JSON lines
   Target target = Target::kBudget;
   std::string address;
   pid_t pid = 0;
 };
 
-RunResult RunLoad(const ServerUnderTest& server, int tenants_per_request, int round,
+RunResult RunLoad(const ServerInRun& server, int tenants_per_request, int round,
                   const std::vector<std::string>& names) {
   const Target target = server.target;
   const std::string& address = server.address;
@@ -415,7 +415,7 @@ std::string ToJson(const RunResult& r) {
 
 // The real server binary on port 0 with a policy that never runs dry (grants are the common
 // case); `durable`: with a fresh --data_dir under /tmp.
-absl::StatusOr<Child> StartLoadServer(bool durable, int* port) {
+absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(bool durable) {
   const std::string dir =
       absl::StrCat("/tmp/retrybudget-bench-load-", getpid(), durable ? "-durable" : "");
   mkdir(dir.c_str(), 0755);
@@ -430,7 +430,7 @@ absl::StatusOr<Child> StartLoadServer(bool durable, int* port) {
                                 "success_credit: 0.1 lease_ttl_ms: 5000 }\n",
                                 absl::GetFlag(FLAGS_durable_capacity))
               : std::string(kUnlimitedPolicy);
-  return StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, policy, port, extra);
+  return StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, policy, extra);
 }
 
 // The median of `values` (-1 if empty).
@@ -473,7 +473,8 @@ int Main() {
       {"echo_cq", Target::kEcho},
       {"budget_cq", Target::kBudget}};
   std::vector<Child> children;
-  std::vector<ServerUnderTest> servers;
+  std::vector<std::unique_ptr<testing::ServerUnderTest>> budget_servers;
+  std::vector<ServerInRun> servers;
   for (absl::string_view name_view : absl::StrSplit(absl::GetFlag(FLAGS_servers), ',')) {
     const std::string name(name_view);
     auto known = kKnown.find(name);
@@ -482,21 +483,28 @@ int Main() {
       return 1;
     }
     const Target target = known->second;
-    ServerUnderTest server{.name = name, .target = target, .address = "", .pid = 0};
-    absl::StatusOr<Child> child = absl::InternalError("not started");
+    ServerInRun server{.name = name, .target = target, .address = "", .pid = 0};
     if (absl::StartsWith(name, "retry-budget-server")) {
-      int port = 0;
-      child = StartLoadServer(name == "retry-budget-server-durable", &port);
-      server.address = absl::StrCat("127.0.0.1:", port);
+      absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> budget =
+          StartLoadServer(name == "retry-budget-server-durable");
+      if (!budget.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(),
+                     std::string(budget.status().message()).c_str());
+        return 1;
+      }
+      server.address = (*budget)->address();
+      server.pid = (*budget)->pid();
+      budget_servers.push_back(*std::move(budget));
     } else {
-      child = StartOwnServer(name, &server.address);
+      absl::StatusOr<Child> child = StartOwnServer(name, &server.address);
+      if (!child.ok()) {
+        std::fprintf(stderr, "%s: %s\n", name.c_str(),
+                     std::string(child.status().message()).c_str());
+        return 1;
+      }
+      server.pid = child->pid();
+      children.push_back(*std::move(child));
     }
-    if (!child.ok()) {
-      std::fprintf(stderr, "%s: %s\n", name.c_str(), std::string(child.status().message()).c_str());
-      return 1;
-    }
-    server.pid = child->pid();
-    children.push_back(*std::move(child));
     servers.push_back(server);
   }
 
@@ -504,7 +512,7 @@ int Main() {
   std::map<int, std::map<std::string, std::vector<RunResult>>> results;
   for (int per_request : {1, 8}) {
     for (int round = 0; round < rounds; ++round) {
-      for (const ServerUnderTest& server : servers) {
+      for (const ServerInRun& server : servers) {
         const RunResult r = RunLoad(server, per_request, round, names);
         std::printf("%s\n", ToJson(r).c_str());
         std::fflush(stdout);
@@ -551,7 +559,7 @@ int Main() {
   };
   auto ran = [&](const std::string& name) {
     return std::any_of(servers.begin(), servers.end(),
-                       [&](const ServerUnderTest& s) { return s.name == name; });
+                       [&](const ServerInRun& s) { return s.name == name; });
   };
   std::vector<std::string> ratio_fields, target_fields, median_fields;
   for (int per_request : {1, 8}) {
@@ -568,7 +576,7 @@ int Main() {
                                               per_request,
                                               throughput_ratio >= 0.8 ? "true" : "false"));
     }
-    for (const ServerUnderTest& server : servers) {
+    for (const ServerInRun& server : servers) {
       median_fields.push_back(absl::StrFormat(
           "\"%s_%dt\":{\"calls_per_second\":%.0f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
           "\"p999_us\":%.1f,\"server_cpu_us_per_call\":%.2f}",
@@ -588,6 +596,7 @@ int Main() {
               absl::StrJoin(median_fields, ",").c_str());
   std::fflush(stdout);
   for (Child& child : children) child.Stop(SIGTERM, absl::Seconds(5));
+  for (auto& budget : budget_servers) (void)budget->Stop(SIGTERM, absl::Seconds(5));
   return 0;
 }
 

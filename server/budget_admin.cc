@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "retrybudget/names.h"
 #include "server/budget_core.h"
+#include "server/grant_math.h"
 #include "server/tenant_state.h"
 
 namespace retrybudget {
@@ -127,6 +128,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
   const ResolvedPolicy* resolved = &policy;
   const absl::Time now = clock_->Now();
   std::shared_ptr<Tenant> t;
+  bool created = false;
   {
     MutexLock lock(&tenants_mu_);
     auto it = tenants_.find(tenant);
@@ -140,8 +142,16 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
       }
       t = std::make_shared<Tenant>(std::string(tenant), *resolved, v1::POLICY_SOURCE_ADMIN, now);
       tenants_.emplace(t->name, t);
-      return StatusOf(*t, now);
+      created = true;
     }
+  }
+  if (created) {
+    // Its first block is reserved now, as for a budget a first Sync creates, so that its first
+    // grant is not cut to nothing; not waited for (this may run on the writer's own thread).
+    if (options_.store != nullptr || options_.router != nullptr) {
+      ReserveAhead(t->name, ReservationBlock(resolved->capacity));
+    }
+    return StatusOf(*t, now);
   }
   {
     MutexLock lock(&t->mu);
@@ -156,19 +166,25 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
 absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
   if (auto s = CheckOwned(tenant); !s.ok()) return s;
-  std::shared_ptr<Tenant> t;
-  {
-    MutexLock lock(&tenants_mu_);
-    auto it = tenants_.find(tenant);
-    if (it == tenants_.end()) {
-      return absl::NotFoundError(absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+  auto forget = [this, tenant]() -> absl::Status {
+    std::shared_ptr<Tenant> t;
+    {
+      MutexLock lock(&tenants_mu_);
+      auto it = tenants_.find(tenant);
+      if (it == tenants_.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
+      }
+      t = it->second;
+      tenants_.erase(it);
     }
-    t = it->second;
-    tenants_.erase(it);
-  }
-  MutexLock lock(&t->mu);
-  t->deleted.store(true, std::memory_order_release);
-  return absl::OkStatus();
+    MutexLock lock(&t->mu);
+    t->deleted.store(true, std::memory_order_release);
+    return absl::OkStatus();
+  };
+  // Cluster mode: its state in etcd goes too, or a next owner would take the budget over.
+  if (options_.router != nullptr) return options_.router->DeleteDurably(tenant, forget);
+  return forget();
 }
 
 std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {

@@ -439,8 +439,9 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
-    granted = options_.store != nullptr || options_.router != nullptr ? ReserveDurably(tb, sized)
-                                                                       : sized;
+    granted = options_.store != nullptr || options_.router != nullptr
+                  ? ReserveDurably(tb, sized, now)
+                  : sized;
     // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
     // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
     const bool waiting_for_disk = granted < sized;
@@ -484,25 +485,48 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   out.active_instances = active;
 }
 
-uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted) {
-  // A grant never exceeds the limit already on disk: it is cut, never made early. The store
-  // thread raises the limit ahead of need (one fdatasync per block of grants, not per grant, and
-  // never on this thread or under this lock): when what is left after this grant would not cover
-  // another grant as large plus half a block, the limit for this grant, one more as large and a
-  // block is asked for. A crash forfeits at most that reservation ahead per tenant: the safe
-  // direction.
-  // In cluster mode a block is also at least a second of refill: each write is an etcd
-  // transaction (a Raft round), so a busy tenant costs about one a second.
-  const uint64_t block =
-      options_.router != nullptr
-          ? std::max(ReservationBlock(t.policy.capacity),
-                     std::clamp<uint64_t>(static_cast<uint64_t>(t.policy.refill_per_second), 8,
-                                          1'000'000))
-          : ReservationBlock(t.policy.capacity);
+uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now) {
+  // A grant never exceeds the limit already durable: it is cut, never made early. The store
+  // thread (or the cluster router's writer) raises the limit ahead of need, never on this thread
+  // or under this lock: when what is left after this grant would not cover another grant as
+  // large plus a margin, the limit for this grant, one more as large and a block is asked for.
+  // A crash forfeits at most that reservation ahead per tenant: the safe direction.
+  //
+  // With the journal a block is an eighth of the capacity and the margin half a block (one
+  // fdatasync per block of grants). In cluster mode each write is an etcd transaction (a Raft
+  // round, counted against etcd's write rate): the block is sized from the tenant's observed
+  // grant rate to about kClusterReserveAhead of grants, and the margin is an eighth of a block
+  // (about 250 ms of grants: still far more than one etcd round trip takes), so a busy tenant
+  // costs about one write per 1.75 s. The rate is measured between two sizings at least
+  // kMinSizingInterval apart: a reservation on its way re-asks on every grant, and those few
+  // milliseconds say nothing.
+  constexpr absl::Duration kClusterReserveAhead = absl::Seconds(2);
+  constexpr absl::Duration kMinSizingInterval = absl::Milliseconds(500);
+  const bool cluster = options_.router != nullptr;
+  uint64_t block = ReservationBlock(t.policy.capacity);
+  if (cluster) {
+    if (t.reservation_block == 0) t.reservation_block = block;
+    block = t.reservation_block;
+  }
+  const uint64_t margin = cluster ? block / 8 : block / 2;
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
-  if (durable_left - allowed < granted + block / 2) {
+  if (durable_left - allowed < granted + margin) {
+    if (cluster && (t.block_sized_at == absl::InfinitePast() ||
+                    now - t.block_sized_at >= kMinSizingInterval)) {
+      if (t.block_sized_at != absl::InfinitePast()) {
+        const double rate = static_cast<double>(t.totals.granted - t.granted_when_sized) /
+                            absl::ToDoubleSeconds(now - t.block_sized_at);
+        t.reservation_block =
+            ClusterReservationBlock(t.policy.capacity, rate,
+                                    t.policy.refill_per_second + t.CreditRate(),
+                                    kClusterReserveAhead);
+        block = t.reservation_block;
+      }
+      t.block_sized_at = now;
+      t.granted_when_sized = t.totals.granted;
+    }
     ReserveAhead(t.name, t.totals.granted + allowed + granted + block);
   }
   return allowed;

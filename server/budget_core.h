@@ -110,9 +110,12 @@ class BudgetCore {
   absl::StatusOr<v1::BudgetStatus> GetBudget(absl::string_view tenant);
   absl::StatusOr<v1::ListBudgetsResponse> ListBudgets(const v1::ListBudgetsRequest& request);
   // Creates the budget or changes its policy, keeping the level (capped at the new capacity).
+  // A budget created here (with a store or a router) has its first block reserved at once.
   absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
                                              const v1::BudgetPolicy& policy);
-  // NOT_FOUND if the tenant has no budget.
+  // NOT_FOUND if the tenant has no budget. Cluster mode: also deletes its state and its admin
+  // policy in etcd (TenantRouter::DeleteDurably); UNAVAILABLE, with the budget gone from this
+  // server, when etcd refused or failed (a next owner may bring it back).
   absl::Status DeleteBudget(absl::string_view tenant);
   // PutPolicy without the owner check (cluster mode: a policy from etcd, on the owner).
   absl::StatusOr<v1::BudgetStatus> ApplyAdminPolicy(absl::string_view tenant,
@@ -203,7 +206,7 @@ class BudgetCore {
   void Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out);
   // Cuts `granted` to what the tenant's durable limit allows, and asks the store thread to
   // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
-  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted)
+  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // Asks the store thread to make `limit` durable for the tenant named `tenant`; when it is, the
   // limit of whichever tenant holds that name then is raised, and `done` (if any) runs.

@@ -194,6 +194,42 @@ void ClusterRouter::WaitIdle() {
   }
 }
 
+absl::Status ClusterRouter::DeleteDurably(absl::string_view tenant,
+                                          const std::function<absl::Status()>& forget) {
+  const int shard = map_.ShardOf(tenant);
+  // Under write_mu_: a state write that exported the budget before `forget` has landed, and the
+  // writer exports nothing more of it (a budget made again by a later Sync is written after).
+  MutexLock lock(&write_mu_);
+  if (absl::Status s = forget(); !s.ok()) return s;
+  const std::string key = TenantKey(shard, tenant);
+  written_.erase(key);
+  {
+    MutexLock policies_lock(&policies_mu_);
+    policies_.erase(tenant);
+  }
+  const int64_t token = ready_[shard].load(std::memory_order_acquire);
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (token == 0 || ownership == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "tenant %s was deleted here, but shard %d is not served here any more: its state in "
+        "etcd stays and its next owner may bring it back",
+        tenant, shard));
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<etcd::TxnResult> r = ownership->FencedTxn(
+      shard, token, {etcd::Op::Delete(key), etcd::Op::Delete(PolicyKey(tenant))});
+  if (latency_observer_) latency_observer_(absl::ToDoubleSeconds(absl::Now() - start));
+  etcd_writes_.fetch_add(1, std::memory_order_relaxed);
+  if (!r.ok()) {
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (absl::IsFailedPrecondition(r.status())) Lose(shard, r.status().message());
+    return absl::UnavailableError(absl::StrFormat(
+        "tenant %s was deleted here, but not in etcd (%s): its next owner may bring it back",
+        tenant, r.status().message()));
+  }
+  return absl::OkStatus();
+}
+
 ClusterRouterStats ClusterRouter::stats() const {
   ClusterRouterStats s;
   for (int i = 0; i < map_.shards(); ++i) {
@@ -420,7 +456,9 @@ void ClusterRouter::WriteChangedStates() {
 }
 
 void ClusterRouter::Run(std::stop_token stop) {
-  absl::Time next_state = options_.clock->Now() + options_.state_interval;
+  // Checked every second at most: a tenant is written once its last write is state_interval old.
+  const absl::Duration check_every = std::min(options_.state_interval, absl::Seconds(1));
+  absl::Time next_state = options_.clock->Now() + check_every;
   while (!stop.stop_requested()) {
     {
       MutexLock lock(&queue_mu_);
@@ -434,7 +472,7 @@ void ClusterRouter::Run(std::stop_token stop) {
     FlushReservations();
     if (options_.clock->Now() >= next_state) {
       WriteChangedStates();
-      next_state = options_.clock->Now() + options_.state_interval;
+      next_state = options_.clock->Now() + check_every;
     }
   }
   // Reservations asked for after the last flush fail: nothing is granted on them.

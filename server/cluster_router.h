@@ -17,7 +17,10 @@
 // - Reservations (ReserveAhead from the core, in blocks ahead of need) are written by one
 //   writer thread: the tenant's whole state with its new grant_limit, one fenced Txn per shard
 //   per batch. A refused fence (another owner) drops the shard's tenants at once.
-// - Every `state_interval` the writer writes the state of every tenant that changed.
+// - A reservation write carries the tenant's whole state; besides, the writer writes (checking
+//   every second) the state of every tenant that changed and was not written for
+//   `state_interval`. The state write keeps levels and totals fresh for a next owner; the bound
+//   does not rest on it (a next owner counts every reserved token as granted).
 // - Losing a shard (not owned any more: on_change, synchronously) stops MayServe at once; the
 //   writer thread then drops its tenants from the core.
 // Thread-safe. Owns the writer thread.
@@ -48,8 +51,10 @@ namespace retrybudget {
 struct ClusterRouterOptions {
   std::string prefix;  // as OwnershipOptions::prefix
   Clock* clock = Clock::Real();
-  // Between two writes of the tenants' state (levels, policies, totals) that changed.
-  absl::Duration state_interval = absl::Seconds(1);
+  // Most time between two writes of a changed tenant's state (levels, policies, totals) when no
+  // reservation carries it. Longer than a busy tenant's time between reservations (about 1.75 s,
+  // BudgetCore::ReserveDurably), so that a busy tenant costs only its reservation writes.
+  absl::Duration state_interval = absl::Seconds(3);
   // One line per significant event (a shard loaded, lost, a refused write). Null: silent.
   std::function<void(absl::string_view)> log = nullptr;
 };
@@ -81,6 +86,10 @@ class ClusterRouter : public TenantRouter {
   void ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
                     DurableStore::ReservedCallback done) override;
   void WaitIdle() override;
+  // Fenced by the shard's token: deletes P/shards/<NNNN>/t/<tenant> and the tenant's admin policy
+  // (P/policies/<tenant>) in one transaction, under the lock that orders the state writes.
+  absl::Status DeleteDurably(absl::string_view tenant,
+                             const std::function<absl::Status()>& forget) override;
   std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view tenant) const override;
 
   // Stores `policy` as `tenant`'s admin policy in etcd (P/policies/<tenant>), where every server

@@ -87,4 +87,13 @@ uint64_t ReservationBlock(double capacity) {
   return std::clamp<uint64_t>(static_cast<uint64_t>(capacity / 8), 8, 1'000'000);
 }
 
+uint64_t ClusterReservationBlock(double capacity, double grant_rate, double inflow,
+                                 absl::Duration ahead) {
+  const double rate = std::max(0.0, std::min(grant_rate, inflow));
+  const double sized = std::ceil(rate * absl::ToDoubleSeconds(ahead));
+  const uint64_t by_rate =
+      sized >= 1e6 ? 1'000'000 : static_cast<uint64_t>(std::max(0.0, sized));
+  return std::clamp<uint64_t>(std::max(ReservationBlock(capacity), by_rate), 8, 1'000'000);
+}
+
 }  // namespace retrybudget

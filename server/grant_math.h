@@ -36,6 +36,14 @@ SafeShareOf SafeShare(double capacity, double refill_per_second, uint64_t fleet)
 // it, within [8, 1e6]. A crash forfeits at most about one block per tenant.
 uint64_t ReservationBlock(double capacity);
 
+// Cluster mode, where each reservation is an etcd transaction (a Raft round): a block of about
+// `ahead` of grants at `grant_rate` (tokens/s, observed), counted at most at the tenant's
+// `inflow` (refill plus success credit, tokens/s: a burst out of a full bucket is not a rate it
+// can keep up), and at least ReservationBlock(capacity). Within [8, 1e6]. A takeover forfeits at
+// most about one block per tenant: at most `ahead` of inflow or an eighth of the capacity.
+uint64_t ClusterReservationBlock(double capacity, double grant_rate, double inflow,
+                                 absl::Duration ahead);
+
 // When an instance that got less than it wants should sync next: when the inflow (refill plus
 // success credit, tokens/s) has made about one token of its share (want / want_sum), within
 // [min_next_sync, min(normal, 250 ms)].

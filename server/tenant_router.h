@@ -7,9 +7,11 @@
 #define RETRYBUDGET_SERVER_TENANT_ROUTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "retrybudget/v1/budget.pb.h"
@@ -42,6 +44,13 @@ class TenantRouter {
                             DurableStore::ReservedCallback done) = 0;
   // Blocks until every ReserveAhead made before the call is done.
   virtual void WaitIdle() = 0;
+
+  // Deletes `tenant`'s budget for good: runs `forget` (which removes it from the core) and then
+  // removes what is durable of it, with no durable write of the budget in between, so that a next
+  // owner does not bring it back. Blocks until done. `forget`'s error (nothing removed then), or
+  // the error of the durable removal (the budget is gone here but may come back elsewhere).
+  virtual absl::Status DeleteDurably(absl::string_view tenant,
+                                     const std::function<absl::Status()>& forget) = 0;
 
   // The admin policy of `tenant` kept for the whole cluster (it wins over the policy file),
   // nullopt for none.

@@ -75,6 +75,11 @@ struct Tenant {
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
   uint64_t grant_limit ABSL_GUARDED_BY(mu) = 0;
+  // Cluster mode: the reservation block in force (0: none sized yet), and the grants total and
+  // time when the block was last sized, for the observed grant rate.
+  uint64_t reservation_block ABSL_GUARDED_BY(mu) = 0;
+  uint64_t granted_when_sized ABSL_GUARDED_BY(mu) = 0;
+  absl::Time block_sized_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
   // again. Atomic so that a cached pointer can be checked before taking `mu`.
   std::atomic<bool> deleted{false};

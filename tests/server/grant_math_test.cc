@@ -69,6 +69,26 @@ TEST(DryNextSyncTest, Table) {
   }
 }
 
+TEST(ClusterReservationBlockTest, Table) {
+  struct Row {
+    double capacity, grant_rate, inflow;
+    uint64_t block;
+  } rows[] = {
+      {800, 0, 20, 100},           // idle: an eighth of the capacity
+      {50, 20, 20, 40},            // busy: two seconds of grants
+      {50, 5000, 20, 40},          // a burst counts only at the inflow it can keep up
+      {50, 10, 0, 8},              // no inflow: the floor
+      {10, 1, 1, 8},               // at least 8
+      {8e6, 0, 0, 1'000'000},      // at most 1e6
+      {50, 1e9, 1e9, 1'000'000},   // at most 1e6
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(ClusterReservationBlock(r.capacity, r.grant_rate, r.inflow, absl::Seconds(2)),
+              r.block)
+        << r.capacity << " " << r.grant_rate << " " << r.inflow;
+  }
+}
+
 TEST(SaturatingAddTest, Table) {
   EXPECT_EQ(SaturatingAdd(1, 2), 3u);
   EXPECT_EQ(SaturatingAdd(kMax, 1), kMax);

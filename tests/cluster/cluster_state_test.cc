@@ -1,0 +1,273 @@
+// What the servers of a real cluster (3 etcd nodes, 3 retry-budget-server processes, started by
+// tests/support/test_launcher.h) keep in etcd: how few writes a busy tenant costs, and that a
+// budget deleted or created through the admin API is so in etcd too, for its next owner.
+// Every wait is bounded; no speed is asserted (the write rate is counted per Sync, and printed).
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cluster/cluster_keys.h"
+#include "cluster/shard_map.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
+#include "retrybudget/v1/state.pb.h"
+#include "tests/cluster/wait_for.h"
+#include "tests/support/test_launcher.h"
+
+namespace retrybudget::testing {
+namespace {
+
+constexpr int kShards = 8;
+constexpr double kCapacity = 50;
+constexpr double kRefill = 20;
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Make();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *std::move(dir);
+    const std::string policy = dir_->path() + "/policy.textproto";
+    std::ofstream(policy) << "default_policy { capacity: " << kCapacity
+                          << " refill_per_second: " << kRefill
+                          << " success_credit: 0 lease_ttl_ms: 2000 }\n";
+    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
+        {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
+         .servers = 3,
+         .server_binary = RETRYBUDGET_SERVER_BIN,
+         .server_flags = {"--policy=" + policy, "--shutdown_grace=0s"},
+         .shards = kShards,
+         .lease_ttl = absl::Seconds(2)});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    // Balanced: every shard owned, each server owning 2 or 3 (no ownership write is left).
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          int owned[3] = {0, 0, 0};
+          for (int s = 0; s < kShards; ++s) {
+            absl::StatusOr<int> owner = cluster_->OwnerOf(TenantOfShard(s));
+            if (!owner.ok()) return false;
+            ++owned[*owner];
+          }
+          for (int n : owned) {
+            if (n < kShards / 3) return false;
+          }
+          return true;
+        },
+        absl::Seconds(20)));
+  }
+
+  // A tenant name that falls into `shard`.
+  static std::string TenantOfShard(int shard) {
+    const cluster::ShardMap map(kShards);
+    for (int i = 0;; ++i) {
+      std::string name = absl::StrCat("shard-probe-", i);
+      if (map.ShardOf(name) == shard) return name;
+    }
+  }
+
+  std::string StateKey(const std::string& tenant) const {
+    return absl::StrCat(cluster::ShardStatePrefix(cluster_->etcd_prefix(),
+                                                  cluster::ShardMap(kShards).ShardOf(tenant)),
+                        "t/", tenant);
+  }
+  std::string PolicyKey(const std::string& tenant) const {
+    return absl::StrCat(cluster_->etcd_prefix(), "/policies/", tenant);
+  }
+
+  // The tenant's state as etcd has it; nullopt when there is no key.
+  std::optional<v1::TenantState> StoredState(const std::string& tenant) {
+    absl::StatusOr<etcd::RangeResult> r = cluster_->etcd_client().Get(StateKey(tenant));
+    if (!r.ok() || r->kvs.empty()) return std::nullopt;
+    v1::TenantState state;
+    if (!state.ParseFromString(r->kvs[0].value)) return std::nullopt;
+    return state;
+  }
+
+  std::unique_ptr<v1::RetryBudgetService::Stub> Budget(int server) {
+    return v1::RetryBudgetService::NewStub(grpc::CreateChannel(
+        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+  }
+  std::unique_ptr<v1::BudgetAdminService::Stub> Admin(int server) {
+    return v1::BudgetAdminService::NewStub(grpc::CreateChannel(
+        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::Status GetBudget(int server, const std::string& tenant, v1::GetBudgetResponse* got) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    v1::GetBudgetRequest get;
+    get.set_tenant(tenant);
+    return Admin(server)->GetBudget(&context, get, got);
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<ClusterUnderTest> cluster_;
+};
+
+// One instance syncing one tenant with its owner, spending every token it receives.
+class Spender {
+ public:
+  Spender(std::string tenant, v1::RetryBudgetService::Stub* stub)
+      : tenant_(std::move(tenant)), stub_(stub) {}
+
+  // One Sync; false when the RPC or the tenant's entry failed.
+  bool Sync() {
+    v1::SyncRequest request;
+    request.set_instance_id("spender-1");
+    request.set_seq(++seq_);
+    v1::TenantSync* t = request.add_tenants();
+    t->set_tenant(tenant_);
+    t->set_want(10);
+    t->set_tokens_received(received_);
+    t->set_retries_spent(received_);
+    v1::SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    if (!stub_->Sync(&context, request, &response).ok() || response.tenants_size() != 1) {
+      return false;
+    }
+    const v1::TenantGrant& g = response.tenants(0);
+    if (g.has_error() && g.error().code() != 0) return false;
+    received_ += g.granted();
+    return true;
+  }
+  uint64_t received() const { return received_; }
+
+ private:
+  std::string tenant_;
+  v1::RetryBudgetService::Stub* stub_;
+  uint64_t seq_ = 0;
+  uint64_t received_ = 0;
+};
+
+TEST_F(ClusterStateTest, BusyTenantCostsAtMostTenEtcdWritesPerThousandSyncs) {
+  const std::string tenant = "checkout";
+  absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto stub = Budget(*owner);
+  Spender spender(tenant, stub.get());
+  // Syncs on a fixed schedule, one every 5 ms (a tenant synced by a couple of busy workers); a
+  // late Sync is caught up at once, so that the Syncs over the window do not depend on how loaded
+  // the box is (unless a Sync takes more than 5 ms on average).
+  absl::Time next = absl::Now();
+  auto sync_on_schedule = [&] {
+    const bool ok = spender.Sync();
+    next += absl::Milliseconds(5);
+    const absl::Time now = absl::Now();
+    if (next > now) absl::SleepFor(next - now);
+    return ok;
+  };
+  // Steady state: the bucket drained, grants at the refill rate, reservations sized to it.
+  for (int i = 0; i < 600; ++i) ASSERT_TRUE(sync_on_schedule());
+  const uint64_t received0 = spender.received();
+
+  // The writes follow the grants (the refill, 20/s) and time, not the Syncs.
+  constexpr int kSyncs = 1200;
+  absl::StatusOr<int64_t> rev0 = cluster_->EtcdRevision();
+  ASSERT_TRUE(rev0.ok()) << rev0.status();
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < kSyncs; ++i) ASSERT_TRUE(sync_on_schedule()) << "Sync " << i;
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  absl::StatusOr<int64_t> rev1 = cluster_->EtcdRevision();
+  ASSERT_TRUE(rev1.ok()) << rev1.status();
+  const int64_t writes = *rev1 - *rev0;
+  const double per_1000 = 1000.0 * static_cast<double>(writes) / kSyncs;
+  std::printf("%d Syncs in %.1f s, %llu tokens granted: %lld etcd writes (%.2f per 1,000 Syncs, "
+              "%.2f per second)\n",
+              kSyncs, seconds, static_cast<unsigned long long>(spender.received() - received0),
+              static_cast<long long>(writes), per_1000, static_cast<double>(writes) / seconds);
+  EXPECT_GT(spender.received(), received0);  // busy: granted all along
+  EXPECT_LE(per_1000, 10.0);
+}
+
+TEST_F(ClusterStateTest, DeletedBudgetStaysDeletedAfterItsOwnerIsKilled) {
+  const std::string tenant = "ephemeral";
+  absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  {
+    grpc::ClientContext context;
+    v1::PutPolicyRequest put;
+    put.set_tenant(tenant);
+    put.mutable_policy()->set_capacity(7);
+    put.mutable_policy()->set_refill_per_second(1);
+    v1::PutPolicyResponse response;
+    grpc::Status s = Admin(*owner)->PutPolicy(&context, put, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  auto stub = Budget(*owner);
+  Spender spender(tenant, stub.get());
+  ASSERT_TRUE(WaitFor([&] { return spender.Sync() && spender.received() > 0; },
+                      absl::Seconds(2)));
+  ASSERT_TRUE(WaitFor([&] { return StoredState(tenant).has_value(); }, absl::Seconds(5)));
+
+  {
+    grpc::ClientContext context;
+    v1::DeleteBudgetRequest del;
+    del.set_tenant(tenant);
+    v1::DeleteBudgetResponse response;
+    grpc::Status s = Admin(*owner)->DeleteBudget(&context, del, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_FALSE(StoredState(tenant).has_value()) << "the state key outlived DeleteBudget";
+  absl::StatusOr<etcd::RangeResult> policy = cluster_->etcd_client().Get(PolicyKey(tenant));
+  ASSERT_TRUE(policy.ok()) << policy.status();
+  EXPECT_TRUE(policy->kvs.empty()) << "the admin policy outlived DeleteBudget";
+
+  ASSERT_TRUE(cluster_->KillServer(*owner).ok());
+  int next = -1;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<int> o = cluster_->OwnerOf(tenant);
+        if (!o.ok() || *o == *owner) return false;
+        next = *o;
+        return true;
+      },
+      absl::Seconds(10)));
+  // Once the new owner has loaded the shard it answers for the tenant: no budget.
+  grpc::Status got;
+  v1::GetBudgetResponse budget;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        budget.Clear();
+        got = GetBudget(next, tenant, &budget);
+        return got.error_code() != grpc::StatusCode::UNAVAILABLE &&
+               got.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
+      },
+      absl::Seconds(10)))
+      << got.error_message();
+  EXPECT_EQ(got.error_code(), grpc::StatusCode::NOT_FOUND)
+      << got.error_message() << " " << budget.DebugString();
+}
+
+TEST_F(ClusterStateTest, BudgetCreatedByPutPolicyHasItsFirstBlockReservedInEtcd) {
+  const std::string tenant = "new-by-policy";
+  absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  grpc::ClientContext context;
+  v1::PutPolicyRequest put;
+  put.set_tenant(tenant);
+  put.mutable_policy()->set_capacity(800);
+  put.mutable_policy()->set_refill_per_second(10);
+  v1::PutPolicyResponse response;
+  grpc::Status s = Admin(*owner)->PutPolicy(&context, put, &response);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // No Sync yet: the reservation of its first block (800 / 8) is in etcd all the same.
+  std::optional<v1::TenantState> state;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        state = StoredState(tenant);
+        return state.has_value() && state->grant_limit() >= 100;
+      },
+      absl::Seconds(5)))
+      << (state.has_value() ? state->DebugString() : "no state in etcd");
+}
+
+}  // namespace
+}  // namespace retrybudget::testing
