@@ -490,7 +490,11 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   // thread (or the cluster router's writer) raises the limit ahead of need, never on this thread
   // or under this lock: when what is left after this grant would not cover another grant as
   // large plus a margin, the limit for this grant, one more as large and a block is asked for.
-  // A crash forfeits at most that reservation ahead per tenant: the safe direction.
+  // "One more as large" is at most what the bucket holds after this grant: a burst out of a full
+  // bucket must not reserve a second burst that the bucket cannot give (a new owner, or the
+  // server after a crash, counts every reserved token as granted, so that would start the tenant
+  // that much in debt). A crash forfeits at most that reservation ahead per tenant: the safe
+  // direction.
   //
   // With the journal a block is an eighth of the capacity and the margin half a block (one
   // fdatasync per block of grants). In cluster mode each write is an etcd transaction (a Raft
@@ -512,7 +516,10 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
-  if (durable_left - allowed < granted + margin) {
+  const double left_after = t.bucket.tokens() - static_cast<double>(allowed);
+  const uint64_t another =
+      left_after <= 0 ? 0 : std::min(granted, static_cast<uint64_t>(std::ceil(left_after)));
+  if (durable_left - allowed < another + margin) {
     if (cluster && (t.block_sized_at == absl::InfinitePast() ||
                     now - t.block_sized_at >= kMinSizingInterval)) {
       if (t.block_sized_at != absl::InfinitePast()) {
@@ -527,7 +534,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
       t.block_sized_at = now;
       t.granted_when_sized = t.totals.granted;
     }
-    ReserveAhead(t.name, t.totals.granted + allowed + granted + block);
+    ReserveAhead(t.name, t.totals.granted + allowed + another + block);
   }
   return allowed;
 }

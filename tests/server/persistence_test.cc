@@ -276,6 +276,20 @@ TEST_F(PersistenceTest, CrashForfeitsAtMostTheUnusedReservation) {
   EXPECT_DOUBLE_EQ(Tokens(), 100 - 22);
 }
 
+TEST_F(PersistenceTest, BurstOutOfAFullBucketReservesNoSecondBurst) {
+  ASSERT_TRUE(Boot().ok());
+  Prime(90);
+  // The primer got 12 of 90 (cut), asking for 12 + 88 (what the bucket still held) + a block
+  // of 12 = 112; it gave its 12 back. "a" takes 90 of the 100: 10 are left, so it asks for
+  // 12 + 90 + 10 + 12 = 124, not for a second 90 the bucket could never give.
+  EXPECT_EQ(Grant("a", 1, 90), 90u);
+  Crash();
+  ASSERT_TRUE(Boot().ok());
+  // After a crash (or, in cluster mode, a takeover) every reserved token counts as granted: the
+  // tenant starts 24 in debt, not 104.
+  EXPECT_DOUBLE_EQ(Tokens(), 100 - 124);
+}
+
 TEST_F(PersistenceTest, CrashedInstancesComeBackAsABaseline) {
   ASSERT_TRUE(Boot().ok());
   Prime(20);
