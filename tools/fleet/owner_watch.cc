@@ -108,9 +108,14 @@ std::vector<OwnerLoss> OwnerLosses(const std::vector<OwnerSample>& samples,
     for (size_t t = 0; t < before->owners.size(); ++t) {
       if (before->owners[t] != hit.server) continue;
       ++loss.tenants;
+      // Another server, or the same one again after its owner key was gone (a restarted
+      // server that took the shard back).
       std::optional<double> found;
+      bool key_gone = false;
       for (const OwnerSample& s : samples) {
-        if (s.at > hit.at && s.owners[t] >= 0 && s.owners[t] != hit.server) {
+        if (s.at <= hit.at) continue;
+        if (s.owners[t] == kNoOwnerKey) key_gone = true;
+        if (s.owners[t] >= 0 && (s.owners[t] != hit.server || key_gone)) {
           found = s.at;
           break;
         }

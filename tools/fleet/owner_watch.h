@@ -64,7 +64,8 @@ class OwnerWatch {
 };
 
 // For each hit: the tenants its server owned at the hit (the last sample at or before it), the
-// longest wait of those for an owner other than that server, and the longest time from a
+// longest wait of those for a new owner (another server, or the same one after the owner key
+// was gone: a restarted server that took the shard back), and the longest time from a
 // tenant's new owner to `granted_again_at[tenant]` (the last client granted again).
 std::vector<OwnerLoss> OwnerLosses(const std::vector<OwnerSample>& samples,
                                    const std::vector<ServerHit>& hits,
