@@ -589,7 +589,7 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   run.elapsed_seconds = elapsed;
   run.totals = SumWorkers(counts);
   run.totals.worker = o.workers;
-  std::vector<double> granted_again_at(tenant_names.size(), 0);
+  std::vector<GrantGapView> grant_gaps(tenant_names.size());
   if (o.tenants > 1) {
     for (int i = 0; i < o.tenants; ++i) {
       std::vector<WorkerCounts> lines;
@@ -599,10 +599,12 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
       run.tenants.push_back({.tenant = tenant_names[i],
                              .policy = PolicyViewOf(start_statuses[i]),
                              .totals = SumWorkers(lines)});
-      granted_again_at[i] = run.tenants.back().totals.granted_again_at_seconds;
+      grant_gaps[i] = {.longest = run.tenants.back().totals.ungranted_gap_max_seconds,
+                       .ended_at = run.tenants.back().totals.granted_again_at_seconds};
     }
   } else {
-    granted_again_at[0] = run.totals.granted_again_at_seconds;
+    grant_gaps[0] = {.longest = run.totals.ungranted_gap_max_seconds,
+                     .ended_at = run.totals.granted_again_at_seconds};
   }
   run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
   if (cluster != nullptr) {
@@ -611,7 +613,7 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
                               .target = cluster->target(),
                               .events = std::move(cluster_events),
                               .owner_losses = OwnerLosses(owner_samples, server_hits,
-                                                          granted_again_at),
+                                                          grant_gaps),
                               .max_seconds_without_owner_key =
                                   MaxSecondsWithoutOwnerKey(owner_samples, elapsed)};
   }

@@ -89,7 +89,9 @@ void OwnerWatch::Poll(std::stop_token stop) {
 
 std::vector<OwnerLoss> OwnerLosses(const std::vector<OwnerSample>& samples,
                                    const std::vector<ServerHit>& hits,
-                                   const std::vector<double>& granted_again_at) {
+                                   const std::vector<GrantGapView>& gaps) {
+  // One poll of the watch: how far a gap's end may precede the owner the watch saw.
+  constexpr double kPollSlack = 0.2;
   std::vector<OwnerLoss> out;
   for (const ServerHit& hit : hits) {
     OwnerLoss loss{.at = hit.at, .server = hit.server, .what = hit.what};
@@ -125,8 +127,11 @@ std::vector<OwnerLoss> OwnerLosses(const std::vector<OwnerSample>& samples,
         continue;
       }
       longest = std::max(longest, *found - hit.at);
-      if (t < granted_again_at.size() && granted_again_at[t] > 0) {
-        const double back = granted_again_at[t] - *found;
+      if (t < gaps.size() && gaps[t].ended_at > 0) {
+        const GrantGapView& gap = gaps[t];
+        const bool spans = gap.ended_at - gap.longest <= *found &&
+                           gap.ended_at >= *found - kPollSlack;
+        const double back = spans ? gap.ended_at - *found : 0;
         leases_back = leases_back.has_value() ? std::max(*leases_back, back) : back;
       }
     }

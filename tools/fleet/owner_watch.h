@@ -63,13 +63,23 @@ class OwnerWatch {
   std::jthread thread_;
 };
 
+// A tenant's longest time without an answer of its owner, over all its clients, and when it
+// ended (seconds from the run's start): the report's ungranted_gap_max_seconds and
+// granted_again_at_seconds.
+struct GrantGapView {
+  double longest = 0;
+  double ended_at = 0;
+};
+
 // For each hit: the tenants its server owned at the hit (the last sample at or before it), the
 // longest wait of those for a new owner (another server, or the same one after the owner key
-// was gone: a restarted server that took the shard back), and the longest time from a
-// tenant's new owner to `granted_again_at[tenant]` (the last client granted again).
+// was gone: a restarted server that took the shard back), and the longest time from a tenant's
+// new owner to the end of its clients' gap around it: `gaps[tenant]` when that gap spans the
+// new owner's arrival (within one poll), else 0 (the tenant's clients were off the lease
+// protocol around this loss for at most its longest gap, which lies elsewhere).
 std::vector<OwnerLoss> OwnerLosses(const std::vector<OwnerSample>& samples,
                                    const std::vector<ServerHit>& hits,
-                                   const std::vector<double>& granted_again_at);
+                                   const std::vector<GrantGapView>& gaps);
 
 // The longest stretch any tenant's shard had no owner key (kNoOwnerKey), up to `end`.
 double MaxSecondsWithoutOwnerKey(const std::vector<OwnerSample>& samples, double end);
