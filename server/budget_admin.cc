@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "retrybudget/names.h"
+#include "retrybudget/owner_redirect.h"
 #include "server/budget_core.h"
 #include "server/grant_math.h"
 #include "server/tenant_state.h"
@@ -78,8 +79,9 @@ absl::Status BudgetCore::CheckOwned(absl::string_view tenant) {
   if (options_.router->MayServe(tenant, now)) return absl::OkStatus();
   TenantRefusal refusal = options_.router->Refusal(tenant, now);
   if (refusal.owner.empty()) return absl::UnavailableError(refusal.message);
-  // The owner's address is the last word of the message: budgetctl and people read it there.
-  return absl::FailedPreconditionError(refusal.message);
+  // The owner's address is the last word of the message (for people) and a payload the service
+  // layer sends as the trailing metadata `retry-budget-owner` (for tools: owner_redirect.h).
+  return WithOwnerAddress(absl::FailedPreconditionError(refusal.message), refusal.owner);
 }
 
 absl::StatusOr<v1::BudgetStatus> BudgetCore::GetBudget(absl::string_view tenant) {

@@ -278,11 +278,16 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   }
 
   // Phase 1: check the counters against what was applied. Nothing changes before all pass.
-  // A tenant without a record is a baseline: nothing to check, nothing credited.
+  // A tenant without a record is a baseline: nothing to check, nothing credited. So is one whose
+  // record was kept for a budget deleted since (a deleted budget, or a shard this server lost in
+  // cluster mode, whose next owner granted more than this record knows): the entry is refused
+  // or applied as a baseline below, never checked against that stale history.
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
     auto it = instance.tenants.find(t.tenant());
     if (it == instance.tenants.end()) continue;
+    const std::shared_ptr<Tenant>& kept_for = it->second.tenant;
+    if (kept_for != nullptr && kept_for->deleted.load(std::memory_order_acquire)) continue;
     if (auto s = CheckAgainstApplied(i, t, it->second.ledger); !s.ok()) {
       if (created) ForgetInstance(request.instance_id(), &instance, 0);
       return s;

@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "grpcpp/alarm.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "retrybudget/names.h"
+#include "retrybudget/owner_redirect.h"
 #include "server/arena_messages.h"
 
 namespace retrybudget {
@@ -77,6 +79,7 @@ class Call {
 
   grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
     options_.metrics->RpcFinished(rpc_, status.code(), options_.clock->Now() - start_);
+    AddOwnerTrailer(status);
     reactor_->Finish(ToGrpcStatus(status));
     return reactor_;
   }
@@ -84,6 +87,7 @@ class Call {
   // Finishes after `delay` without blocking this thread (tests only, see ServiceOptions).
   grpc::ServerUnaryReactor* FinishAfter(absl::Duration delay, const absl::Status& status) {
     options_.metrics->RpcFinished(rpc_, status.code(), options_.clock->Now() - start_);
+    AddOwnerTrailer(status);
     // The alarm owns itself until it fires; it fires (ok = false) at once on shutdown.
     auto* alarm = new grpc::Alarm();
     alarm->Set(absl::ToChronoTime(absl::Now() + delay),
@@ -96,6 +100,14 @@ class Call {
   }
 
  private:
+  // A refusal that names the tenant's owner (cluster mode) carries it as trailing metadata
+  // `retry-budget-owner: HOST:PORT` (owner_redirect.h).
+  void AddOwnerTrailer(const absl::Status& status) {
+    if (std::optional<std::string> owner = OwnerAddressOf(status); owner.has_value()) {
+      context_->AddTrailingMetadata(std::string(kOwnerMetadataKey), *owner);
+    }
+  }
+
   const ServiceOptions& options_;
   grpc::CallbackServerContext* const context_;
   const Rpc rpc_;

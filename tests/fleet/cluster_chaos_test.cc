@@ -40,5 +40,63 @@ TEST(ParseClusterChaosTest, RefusesWhatItCannotPlayNamingTheAction) {
   }
 }
 
+TEST(ParseClusterChaosTest, ReadsARollingRestartWithAndWithoutItsGap) {
+  absl::StatusOr<std::vector<ClusterAction>> plan =
+      ParseClusterChaos("rolling-restart@6+4,rolling-restart@20", 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre(ClusterAction{Kind::kRollingRestart, -1, 6, 4},
+                                 ClusterAction{Kind::kRollingRestart, -1, 20, std::nullopt}));
+  EXPECT_FALSE(ParseClusterChaos("rolling-restart:1@6", 3).ok());
+}
+
+// Tenants 0 and 1 owned by server 0, tenant 2 by server 1; server 0 killed at 5.
+std::vector<OwnerSample> KillOfServerZero() {
+  return {{.at = 0, .owners = {0, 0, 1}},
+          {.at = 7.5, .owners = {kNoOwnerKey, kNoOwnerKey, 1}},
+          {.at = 8.0, .owners = {2, kNoOwnerKey, 1}},
+          {.at = 8.5, .owners = {2, 1, 1}}};
+}
+
+TEST(OwnerLossesTest, TheLongestWaitOfTheHitServersTenantsForANewOwnerAndTheirClients) {
+  std::vector<OwnerLoss> losses =
+      OwnerLosses(KillOfServerZero(), {{.at = 5, .server = 0, .what = "kill -9 server 0"}},
+                  {{3.5, 8.2}, {3.8, 8.9}, {0.2, 1.0}});
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].tenants, 2);
+  EXPECT_THAT(losses[0].new_owner_after_seconds, ::testing::Optional(3.5));
+  ASSERT_TRUE(losses[0].leases_back_after_owner_seconds.has_value());
+  EXPECT_NEAR(*losses[0].leases_back_after_owner_seconds, 0.4, 1e-9);
+  EXPECT_DOUBLE_EQ(MaxSecondsWithoutOwnerKey(KillOfServerZero(), 10), 1.0);
+}
+
+TEST(OwnerLossesTest, AClientGapElsewhereDoesNotCountAsLeasesBackLate) {
+  // Tenant 0's longest gap (0.3 s) ended at 20, long after its new owner at 8: not this loss.
+  std::vector<OwnerLoss> losses =
+      OwnerLosses(KillOfServerZero(), {{.at = 5, .server = 0}}, {{0.3, 20}, {3.8, 8.9}});
+  ASSERT_EQ(losses.size(), 1u);
+  ASSERT_TRUE(losses[0].leases_back_after_owner_seconds.has_value());
+  EXPECT_NEAR(*losses[0].leases_back_after_owner_seconds, 0.4, 1e-9);
+}
+
+TEST(OwnerLossesTest, ATenantThatNeverGotANewOwnerLeavesTheWaitUnset) {
+  std::vector<OwnerSample> samples = {{.at = 0, .owners = {0}},
+                                      {.at = 6, .owners = {kNoOwnerKey}}};
+  std::vector<OwnerLoss> losses = OwnerLosses(samples, {{.at = 5, .server = 0}}, {{}});
+  ASSERT_EQ(losses.size(), 1u);
+  EXPECT_EQ(losses[0].tenants, 1);
+  EXPECT_FALSE(losses[0].new_owner_after_seconds.has_value());
+  EXPECT_DOUBLE_EQ(MaxSecondsWithoutOwnerKey(samples, 10), 4.0);
+}
+
+TEST(OwnerLossesTest, TheSameServerTakingItsShardBackAfterARestartIsANewOwner) {
+  std::vector<OwnerSample> samples = {{.at = 0, .owners = {1}},
+                                      {.at = 2.2, .owners = {kNoOwnerKey}},
+                                      {.at = 2.9, .owners = {1}}};
+  std::vector<OwnerLoss> losses = OwnerLosses(samples, {{.at = 2, .server = 1}}, {{1.0, 3.0}});
+  ASSERT_EQ(losses.size(), 1u);
+  ASSERT_TRUE(losses[0].new_owner_after_seconds.has_value());
+  EXPECT_NEAR(*losses[0].new_owner_after_seconds, 0.9, 1e-9);
+}
+
 }  // namespace
 }  // namespace retrybudget::fleet

@@ -3,9 +3,13 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
+#include "retrybudget/mutex.h"
+#include "server/tenant_router.h"
 #include "gtest/gtest.h"
 
 namespace retrybudget {
@@ -874,6 +878,86 @@ TEST_F(BudgetCoreTest, TokensOfADeletedBudgetDoNotFillItsSuccessor) {
   EXPECT_DOUBLE_EQ(Tokens(), 50);
   SyncOne("a", 3, {.returned = 10, .received = 10, .want = 5});
   EXPECT_DOUBLE_EQ(Tokens(), 45);
+}
+
+// Cluster mode, as the etcd router drives the core: a fake that serves the tenants it is told,
+// names "127.0.0.1:2" as the owner of the others, and makes every reservation durable at once
+// (on a thread of its own, as the router's etcd thread answers).
+class ServedTenants final : public TenantRouter {
+ public:
+  ~ServedTenants() override { WaitIdle(); }
+  bool MayServe(absl::string_view tenant, absl::Time) const override {
+    MutexLock lock(&mu_);
+    return served_.contains(tenant);
+  }
+  TenantRefusal Refusal(absl::string_view, absl::Time) const override {
+    return {.code = static_cast<int32_t>(absl::StatusCode::kFailedPrecondition),
+            .message = "not the owner: 127.0.0.1:2",
+            .owner = "127.0.0.1:2"};
+  }
+  void ReserveAhead(absl::string_view tenant, uint64_t limit,
+                    DurableStore::ReservedCallback done) override {
+    MutexLock lock(&mu_);
+    writes_.emplace_back([done = std::move(done), tenant = std::string(tenant), limit] {
+      done(tenant, limit, absl::OkStatus());
+    });
+  }
+  void WaitIdle() override {
+    std::vector<std::thread> writes;
+    {
+      MutexLock lock(&mu_);
+      writes.swap(writes_);
+    }
+    for (std::thread& w : writes) w.join();
+  }
+  std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view) const override {
+    return std::nullopt;
+  }
+  void Serve(const std::string& tenant, bool serve) {
+    MutexLock lock(&mu_);
+    if (serve) {
+      served_.insert(tenant);
+    } else {
+      served_.erase(tenant);
+    }
+  }
+
+ private:
+  mutable Mutex mu_;
+  absl::flat_hash_set<std::string> served_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> writes_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGrantedSince) {
+  ServedTenants router;
+  router.Serve("t", true);
+  CoreOptions options;
+  options.router = &router;
+  MakeCore(100, 0, 0, -1, options);
+  Counters c{.want = 10};
+  const v1::TenantGrant first = SyncOne("i", 1, c);
+  ASSERT_GT(first.granted(), 0u);
+  c.received = first.granted();
+  SyncOne("i", 2, c);
+  // The shard moves to another server (this one drops its budgets), which grants 500 more.
+  router.Serve("t", false);
+  core_->DropTenants([](absl::string_view name) { return name == "t"; });
+  c.received += 500;
+  c.spent += 400;
+  // Sent back here (the owner unreachable): refused with the owner's address, not rejected
+  // whole for counters this server never saw granted.
+  const v1::TenantGrant refused = SyncOne("i", 3, c);
+  EXPECT_EQ(refused.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(refused.error().owner(), "127.0.0.1:2");
+  // The shard comes back: the instance is a baseline of the adopted budget.
+  v1::TenantState state;
+  state.set_tenant("t");
+  state.set_level(50);
+  state.set_granted_total(first.granted() + 500);
+  core_->AdoptTenants({state}, clock_.Now());
+  router.Serve("t", true);
+  const v1::TenantGrant back = SyncOne("i", 4, c);
+  EXPECT_EQ(back.error().code(), 0) << back.error().message();
 }
 
 }  // namespace

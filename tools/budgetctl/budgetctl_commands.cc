@@ -120,8 +120,30 @@ std::string ToJson(const google::protobuf::Message& message) {
 }
 
 Commands::Commands(v1::BudgetAdminService::StubInterface& stub, Connection connection,
-                   std::ostream& out, std::ostream& err)
-    : stub_(stub), connection_(std::move(connection)), out_(out), err_(err) {}
+                   std::ostream& out, std::ostream& err, admin::AdminStubFactory owner_stubs)
+    : stub_(stub),
+      connection_(std::move(connection)),
+      owner_stubs_(std::move(owner_stubs)),
+      out_(out),
+      err_(err) {
+  if (owner_stubs_ == nullptr) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        ChannelCredentialsFor(connection_);
+    if (credentials.ok()) owner_stubs_ = admin::OwnerStubsWith(*std::move(credentials));
+  }
+}
+
+grpc::Status Commands::CallOwner(const admin::AdminAttempt& attempt) {
+  auto setup = [this](grpc::ClientContext& context) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + connection_.timeout));
+    if (!connection_.token.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", connection_.token));
+    }
+  };
+  return admin::CallFollowingOwner(stub_, owner_stubs_, setup, attempt,
+                                   {.unavailable_for = connection_.timeout})
+      .status;
+}
 
 std::unique_ptr<grpc::ClientContext> Commands::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -215,7 +237,10 @@ int Commands::Get(const Invocation& inv) {
   v1::GetBudgetRequest request;
   request.set_tenant(inv.tenant);
   v1::GetBudgetResponse response;
-  const grpc::Status status = stub_.GetBudget(NewContext().get(), request, &response);
+  const grpc::Status status =
+      CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
+        return stub.GetBudget(&context, request, &response);
+      });
   if (!status.ok()) return Failed(absl::StrCat("GetBudget(\"", inv.tenant, "\")"), status);
   out_ << (inv.json ? ToJson(response.budget()) + "\n" : FormatBudget(response.budget()));
   return kExitOk;
@@ -231,7 +256,10 @@ int Commands::Put(const Invocation& inv) {
   if (inv.policy.initial_tokens) p.set_initial_tokens(*inv.policy.initial_tokens);
   if (inv.policy.lease_ttl_ms) p.set_lease_ttl_ms(*inv.policy.lease_ttl_ms);
   v1::PutPolicyResponse response;
-  const grpc::Status status = stub_.PutPolicy(NewContext().get(), request, &response);
+  const grpc::Status status =
+      CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
+        return stub.PutPolicy(&context, request, &response);
+      });
   if (!status.ok()) return Failed(absl::StrCat("PutPolicy(\"", inv.tenant, "\")"), status);
   if (inv.json) {
     out_ << ToJson(response.budget()) << "\n";
@@ -246,7 +274,10 @@ int Commands::Delete(const Invocation& inv) {
   v1::DeleteBudgetRequest request;
   request.set_tenant(inv.tenant);
   v1::DeleteBudgetResponse response;
-  const grpc::Status status = stub_.DeleteBudget(NewContext().get(), request, &response);
+  const grpc::Status status =
+      CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
+        return stub.DeleteBudget(&context, request, &response);
+      });
   if (!status.ok()) return Failed(absl::StrCat("DeleteBudget(\"", inv.tenant, "\")"), status);
   out_ << "budget \"" << inv.tenant << "\" deleted\n";
   return kExitOk;
@@ -266,7 +297,10 @@ int Commands::Watch(const Invocation& inv, const std::atomic<bool>& stop) {
     v1::GetBudgetRequest request;
     request.set_tenant(inv.tenant);
     v1::GetBudgetResponse response;
-    const grpc::Status status = stub_.GetBudget(NewContext().get(), request, &response);
+    const grpc::Status status =
+        CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
+          return stub.GetBudget(&context, request, &response);
+        });
     if (!status.ok()) return Failed(absl::StrCat("GetBudget(\"", inv.tenant, "\")"), status);
     const v1::BudgetStatus& b = response.budget();
     if (inv.json) {

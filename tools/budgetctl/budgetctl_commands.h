@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/admin/owner_following_call.h"
 #include "tools/budgetctl/budgetctl_flags.h"
 
 namespace retrybudget::budgetctl {
@@ -34,11 +35,14 @@ std::string FormatBudget(const v1::BudgetStatus& budget);
 // A message as one line of JSON (proto3 JSON mapping, field names as in budget.proto).
 std::string ToJson(const google::protobuf::Message& message);
 
-// Not thread-safe. Prints results to `out`, errors to `err`.
+// Not thread-safe. Prints results to `out`, errors to `err`. The calls about one tenant (get,
+// put, delete, watch) follow the tenant's owner in cluster mode (tools/admin/
+// owner_following_call.h) through stubs from `owner_stubs` (null: channels to the owner with
+// the credentials `connection` asks for), and wait out UNAVAILABLE for up to --timeout.
 class Commands {
  public:
   Commands(v1::BudgetAdminService::StubInterface& stub, Connection connection, std::ostream& out,
-           std::ostream& err);
+           std::ostream& err, admin::AdminStubFactory owner_stubs = nullptr);
 
   // Runs inv.command; returns the exit code (kExitOk or kExitRpcFailed). `stop` ends a watch
   // (set by the SIGINT handler).
@@ -54,11 +58,14 @@ class Commands {
 
   // A context with the deadline and the bearer token.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // One call about one tenant, following its owner (see the class comment).
+  grpc::Status CallOwner(const admin::AdminAttempt& attempt);
   // Prints "budgetctl: RPC(args) failed: CODE: message" (and a hint for auth errors).
   int Failed(const std::string& what, const grpc::Status& status);
 
   v1::BudgetAdminService::StubInterface& stub_;
   const Connection connection_;
+  admin::AdminStubFactory owner_stubs_;
   std::ostream& out_;
   std::ostream& err_;
 };

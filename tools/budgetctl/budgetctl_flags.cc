@@ -124,7 +124,12 @@ Connection flags (any command):
                               `authorization: Bearer TOKEN`
   --tls_ca=PEM                use TLS, trusting this CA; --tls_cert=PEM --tls_key=PEM add a
                               client certificate (mutual TLS)
-  --timeout=10s               deadline of each RPC
+  --timeout=10s               deadline of each RPC; get, put, delete and watch also retry
+                              UNAVAILABLE (no owner of the tenant's shard yet, a server that
+                              is not up) with backoff for this long
+
+Cluster mode: get, put, delete and watch go through any server to the tenant's owner (a
+non-owner names it in the trailing metadata retry-budget-owner).
 
 Exit codes: 0 ok; 1 the server refused the request or could not be reached (the gRPC status
 code and message are printed); 2 bad command line (nothing was sent).

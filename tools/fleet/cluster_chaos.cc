@@ -1,5 +1,7 @@
 #include "tools/fleet/cluster_chaos.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/subprocess.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -65,8 +68,12 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
       if (a.for_seconds) return Bad(item, "kill-etcd-leader takes no +SECONDS");
     } else if (verb == "stop-etcd") {
       a.kind = ClusterAction::Kind::kStopEtcd;
+    } else if (verb == "rolling-restart") {
+      a.kind = ClusterAction::Kind::kRollingRestart;
     } else {
-      return Bad(item, "unknown action (kill, stop, restart, kill-etcd-leader, stop-etcd)");
+      return Bad(item,
+                 "unknown action (kill, stop, restart, kill-etcd-leader, stop-etcd, "
+                 "rolling-restart)");
     }
     if (needs_server) {
       if (verb_server.second == "owner") {
@@ -103,7 +110,9 @@ void ClusterChaos::Play(std::stop_token stop) {
   std::vector<Step> steps;
   for (size_t i = 0; i < plan_.size(); ++i) {
     steps.push_back({plan_[i].at, i, false});
-    if (plan_[i].for_seconds) steps.push_back({plan_[i].at + *plan_[i].for_seconds, i, true});
+    if (plan_[i].for_seconds && plan_[i].kind != ClusterAction::Kind::kRollingRestart) {
+      steps.push_back({plan_[i].at + *plan_[i].for_seconds, i, true});
+    }
   }
   std::stable_sort(steps.begin(), steps.end(),
                    [](const Step& a, const Step& b) { return a.at < b.at; });
@@ -165,13 +174,36 @@ void ClusterChaos::Play(std::stop_token stop) {
     std::string what;
     switch (a.kind) {
       case ClusterAction::Kind::kKill:
+        hits_.push_back({.at = Now(), .server = server, .what = absl::StrCat("kill -9 ", who)});
         st = cluster_.KillServer(server);
         what = absl::StrCat("kill -9 ", who);
         break;
       case ClusterAction::Kind::kStop:
+        hits_.push_back({.at = Now(), .server = server, .what = absl::StrCat("SIGSTOP ", who)});
         st = cluster_.PauseServer(server);
         what = absl::StrCat("SIGSTOP ", who);
         break;
+      case ClusterAction::Kind::kRollingRestart: {
+        const double gap = a.for_seconds.value_or(2);
+        bool stopped = false;
+        for (int i = 0; i < cluster_.server_count() && !stopped; ++i) {
+          const std::string name = absl::StrCat("server ", i);
+          hits_.push_back({.at = Now(), .server = i, .what = absl::StrCat("SIGTERM ", name)});
+          absl::StatusOr<int> exited = cluster_.server(i).Stop(SIGTERM, absl::Seconds(10));
+          Record(exited.ok() ? absl::StrCat("SIGTERM ", name, " (",
+                                            DescribeWaitStatus(*exited), ")")
+                             : absl::StrCat("SIGTERM ", name, " FAILED: ",
+                                            exited.status().message()));
+          absl::Status restarted = cluster_.RestartServer(i);
+          if (restarted.ok()) restarted = cluster_.WaitUntilJoined(i, absl::Seconds(10));
+          Record(restarted.ok()
+                     ? absl::StrCat("restart ", name, ", joined")
+                     : absl::StrCat("restart ", name, " FAILED: ", restarted.message()));
+          if (i + 1 < cluster_.server_count()) stopped = !sleep_until(Now() + gap);
+        }
+        what = "rolling restart done";
+        break;
+      }
       case ClusterAction::Kind::kRestart:
         st = cluster_.RestartServer(server);
         what = absl::StrCat("restart ", who);

@@ -8,9 +8,13 @@
 //   restart:S@T       start server S again (it must not be running)
 //   kill-etcd-leader@T   kill -9 of the etcd leader (the others elect anew)
 //   stop-etcd@T[+D]   kill -9 of every etcd member; with +D, all started again D seconds later
+//   rolling-restart@T[+GAP]   from T, each server in turn: SIGTERM (it hands its shards over),
+//                     started again on the same port, joined; GAP seconds (default 2) before
+//                     the next
 //
-// S is a server index (0-based) or `owner`: the owner of the run's tenant when the action is due
-// (read from etcd). Each action is recorded with its time and what it hit.
+// S is a server index (0-based) or `owner`: the owner of the run's tenant (with several
+// tenants, tenant 0) when the action is due (read from etcd). Each action is recorded with its
+// time and what it hit; every kill -9, SIGSTOP and SIGTERM of a server is also a ServerHit.
 //
 //   absl::StatusOr<std::vector<ClusterAction>> plan = ParseClusterChaos(flag);
 //   ClusterChaos chaos(*cluster, *plan, tenant, run_start);
@@ -28,11 +32,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tests/support/test_launcher.h"
+#include "tools/fleet/owner_watch.h"
 
 namespace retrybudget::fleet {
 
 struct ClusterAction {
-  enum class Kind { kKill, kStop, kRestart, kKillEtcdLeader, kStopEtcd };
+  enum class Kind { kKill, kStop, kRestart, kKillEtcdLeader, kStopEtcd, kRollingRestart };
   Kind kind = Kind::kKill;
   int server = -1;                         // the server's index; -1: the owner of the run's tenant
   double at = 0;                           // seconds from the run's start
@@ -58,6 +63,8 @@ class ClusterChaos {
   // the final Syncs need a cluster), joins the thread and returns what happened, one line per
   // action: "<seconds> <what>". Idempotent.
   std::vector<std::string> Finish();
+  // The servers hit (kill -9, SIGSTOP, SIGTERM), in order. After Finish().
+  const std::vector<ServerHit>& hits() const { return hits_; }
 
  private:
   void Play(std::stop_token stop);
@@ -69,6 +76,7 @@ class ClusterChaos {
   const std::string tenant_;
   const std::chrono::steady_clock::time_point start_;
   std::vector<std::string> events_;  // written by thread_ until it is joined
+  std::vector<ServerHit> hits_;      // written by thread_ until it is joined
   std::jthread thread_;
 };
 

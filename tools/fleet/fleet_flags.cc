@@ -16,6 +16,7 @@ ABSL_FLAG(int32_t, threads, 2, "threads per worker");
 ABSL_FLAG(double, duration, 5, "seconds each worker calls the backend");
 ABSL_FLAG(double, failure_rate, 0.3, "probability that a backend attempt fails, [0, 1]");
 ABSL_FLAG(std::string, tenant, "fleet", "the budget's tenant");
+ABSL_FLAG(int32_t, tenants, 1, "tenants the fleet spreads over: <tenant>-0 .. <tenant>-(N-1)");
 ABSL_FLAG(double, capacity, 100, "policy: bucket capacity, tokens");
 ABSL_FLAG(double, refill, 1, "policy: refill, tokens per second");
 ABSL_FLAG(double, credit, 0.1, "policy: success credit, tokens per success");
@@ -148,6 +149,11 @@ Fleet:
                             ipv4:127.0.0.1:7001,127.0.0.1:7002, dns:///host:port
                             (default 127.0.0.1:50051)
   --tenant=NAME             tenant whose budget is used (default fleet)
+  --tenants=N               spread the fleet over N tenants, NAME-0 .. NAME-(N-1), each with
+                            the policy below (default 1: NAME itself); thread k of worker w
+                            uses tenant (w * threads + k) % N. Each tenant is judged on its
+                            own; the run is within budget only if every tenant is, and the
+                            report gains "tenants" (one object each)
   --workers=N               worker processes (default 8)
   --threads=T               threads per worker (default 2)
   --duration=SECONDS        how long each worker calls the backend (default 5)
@@ -202,12 +208,16 @@ cluster's multi-address target):
   --cluster-shards=S           the servers' --shards (default: theirs)
   --cluster-lease-ttl=DURATION the servers' --etcd_lease_ttl (default: theirs)
   --cluster-chaos=ACTION@SECONDS[+SECONDS],...   faults, timed from the run's start:
-      kill:S@T[+D]     kill -9 of server S (an index, or `owner`: the owner of --tenant then);
+      kill:S@T[+D]     kill -9 of server S (an index, or `owner`: the owner then of --tenant,
+                       of tenant 0 (NAME-0) with --tenants);
                        with +D restarted D seconds later on the same port
       stop:S@T+D       SIGSTOP of server S for D seconds
       restart:S@T      start server S again
       kill-etcd-leader@T   kill -9 of the etcd leader
       stop-etcd@T[+D]  kill -9 of every etcd member; with +D all started again D seconds later
+      rolling-restart@T[+GAP]  from T, each server in turn: SIGTERM (it hands its shards
+                       over), started again on its port, joined; GAP seconds (default 2)
+                       before the next
     e.g. --cluster-chaos=kill:owner@3+2,kill-etcd-leader@6,stop-etcd@8+3
   The report's "cluster" object lists what each action did, when.
 
@@ -246,6 +256,7 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   o.strategy = *strategy;
   o.server = absl::GetFlag(FLAGS_server);
   o.tenant = absl::GetFlag(FLAGS_tenant);
+  o.tenants = absl::GetFlag(FLAGS_tenants);
   o.workers = absl::GetFlag(FLAGS_workers);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.duration_seconds = absl::GetFlag(FLAGS_duration);
@@ -295,6 +306,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   w.index = absl::GetFlag(FLAGS_worker_index);
   w.target = absl::GetFlag(FLAGS_server);
   w.tenant = absl::GetFlag(FLAGS_tenant);
+  w.tenants = absl::GetFlag(FLAGS_tenants);
   w.threads = absl::GetFlag(FLAGS_threads);
   w.duration = absl::Seconds(absl::GetFlag(FLAGS_duration));
   w.failure_rate = absl::GetFlag(FLAGS_failure_rate);

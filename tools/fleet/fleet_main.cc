@@ -37,13 +37,14 @@ int WorkerMain(pid_t parent) {
     std::cerr << "retry-budget-fleet worker " << options->index << ": no start signal\n";
     return kExitRunFailed;
   }
-  absl::StatusOr<WorkerCounts> counts = RunWorker(*options);
+  absl::StatusOr<std::vector<WorkerCounts>> counts = RunWorker(*options);
   if (!counts.ok()) {
     std::cerr << "retry-budget-fleet worker " << options->index << ": " << counts.status()
               << "\n";
     return kExitRunFailed;
   }
-  std::cout << WorkerCountsToJson(*counts) << std::endl;
+  for (const WorkerCounts& c : *counts) std::cout << WorkerCountsToJson(c) << "\n";
+  std::cout << std::flush;
   return 0;
 }
 

@@ -174,15 +174,50 @@ double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t su
          policy.success_credit * static_cast<double>(successes);
 }
 
-Verdict Judge(const FleetRun& run) {
+std::string FleetTenantName(absl::string_view base, int count, int index) {
+  if (count <= 1) return std::string(base);
+  return absl::StrCat(base, "-", index);
+}
+
+int FleetTenantOfThread(int worker, int threads, int thread, int count) {
+  if (count <= 1) return 0;
+  return (worker * threads + thread) % count;
+}
+
+namespace {
+
+Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& totals) {
   Verdict v;
-  v.lease_bound = BudgetBound(run.policy, run.elapsed_seconds, run.totals.successes);
-  v.fallback_allowance = run.totals.fallback_allowance;
+  v.lease_bound = BudgetBound(policy, elapsed, totals.successes);
+  v.fallback_allowance = totals.fallback_allowance;
   v.bound = v.lease_bound + v.fallback_allowance;
-  const double spent = static_cast<double>(run.totals.retries_allowed);
+  const double spent = static_cast<double>(totals.retries_allowed);
   // Exact comparison on purpose: the bound is already the generous side (elapsed runs until the
   // last worker exited, after its last retry).
   v.within_budget = spent <= v.bound;
+  if (v.bound > 0) {
+    v.utilisation = spent / v.bound;
+  } else {
+    v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
+  }
+  return v;
+}
+
+}  // namespace
+
+Verdict Judge(const FleetRun& run) {
+  if (run.tenants.empty()) return JudgeOne(run.policy, run.elapsed_seconds, run.totals);
+  Verdict v;
+  v.within_budget = true;
+  for (const TenantRun& t : run.tenants) {
+    Verdict one = JudgeOne(t.policy, run.elapsed_seconds, t.totals);
+    v.lease_bound += one.lease_bound;
+    v.fallback_allowance += one.fallback_allowance;
+    v.bound += one.bound;
+    v.within_budget = v.within_budget && one.within_budget;
+    v.tenants.push_back(one);
+  }
+  const double spent = static_cast<double>(run.totals.retries_allowed);
   if (v.bound > 0) {
     v.utilisation = spent / v.bound;
   } else {
@@ -312,7 +347,56 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
         .Number("etcd_nodes", run.cluster->etcd_nodes)
         .String("target", run.cluster->target)
         .String("events", absl::StrJoin(run.cluster->events, "; "));
+    if (!run.tenants.empty() || !run.cluster->owner_losses.empty()) {
+      std::vector<std::string> losses;
+      for (const OwnerLoss& l : run.cluster->owner_losses) {
+        JsonWriter loss;
+        loss.Number("at_seconds", l.at)
+            .Number("server", l.server)
+            .String("what", l.what)
+            .Number("tenants", l.tenants);
+        if (l.new_owner_after_seconds.has_value()) {
+          loss.Number("new_owner_after_seconds", *l.new_owner_after_seconds);
+        }
+        if (l.leases_back_after_owner_seconds.has_value()) {
+          loss.Number("leases_back_after_owner_seconds", *l.leases_back_after_owner_seconds);
+        }
+        losses.push_back(loss.Finish());
+      }
+      cluster.Objects("owner_losses", losses)
+          .Number("max_seconds_without_owner_key", run.cluster->max_seconds_without_owner_key);
+    }
     w.Object("cluster", cluster.Finish());
+  }
+  if (!run.tenants.empty()) {
+    std::vector<std::string> tenants;
+    int within = 0;
+    double min_utilisation = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < run.tenants.size() && i < verdict.tenants.size(); ++i) {
+      const TenantRun& t = run.tenants[i];
+      const Verdict& v = verdict.tenants[i];
+      within += v.within_budget ? 1 : 0;
+      min_utilisation = std::min(min_utilisation, v.utilisation);
+      JsonWriter one;
+      one.String("tenant", t.tenant)
+          .Number("initial_tokens", t.policy.initial_tokens)
+          .Number("successes", t.totals.successes)
+          .Number("retries_allowed", t.totals.retries_allowed)
+          .Number("retries_denied", t.totals.retries_denied)
+          .Number("lease_bound", v.lease_bound)
+          .Number("fallback_allowance", v.fallback_allowance)
+          .Number("bound", v.bound)
+          .Bool("within_budget", v.within_budget)
+          .Number("utilisation", v.utilisation)
+          .Number("fallback_seconds", t.totals.fallback_seconds)
+          .Number("ungranted_gap_max_seconds", t.totals.ungranted_gap_max_seconds)
+          .Number("granted_again_at_seconds", t.totals.granted_again_at_seconds);
+      tenants.push_back(one.Finish());
+    }
+    w.Number("tenant_count", static_cast<int64_t>(run.tenants.size()))
+        .Number("tenants_within_budget", within)
+        .Number("utilisation_min", min_utilisation)
+        .Objects("tenants", tenants);
   }
   return w.Finish();
 }

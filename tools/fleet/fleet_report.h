@@ -32,6 +32,9 @@ inline constexpr int kExitRunFailed = 3;       // no verdict: server, proxy or a
 // TenantStats after Shutdown(), reported for cross-checking and diagnosis.
 struct WorkerCounts {
   int worker = 0;                // index of the worker, 0-based
+  // The tenant these counts are for (FleetTenantName's index; 0 with one tenant). A worker
+  // prints one line per tenant its threads use.
+  int tenant_index = 0;
   uint64_t calls = 0;            // logical calls started
   uint64_t attempts = 0;         // backend calls: first attempts plus retries
   uint64_t successes = 0;        // logical calls that succeeded (RecordSuccess() was called)
@@ -64,6 +67,12 @@ struct WorkerCounts {
   uint64_t syncs_ok = 0;           // Sync attempts of this worker's client that got a response
   uint64_t syncs_failed = 0;       // ... that failed (server down, hung, slow)
   double max_try_acquire_ms = 0;   // the longest TryAcquire() of any thread (sum: the max)
+  // The longest time between two answers of the tenant's owner to this client (a tenant entry
+  // without error: on the lease protocol), from its first answer to the end of the run, and
+  // when (seconds from the worker's start) that gap ended: the client was granted again (the
+  // end of the run when it never was). Sum: the max of each (the last client back).
+  double ungranted_gap_max_seconds = 0;
+  double granted_again_at_seconds = 0;
 
   // The run in slices of `timeline_slice_seconds` from the start signal: calls started and
   // retries sent in each (sum: element-wise). Lets the tool count what happened between a
@@ -89,6 +98,7 @@ enum class Combine {
 template <typename A, typename B, typename V>
 void ForEachWorkerField(A& a, B& b, V&& v) {
   v("worker", Combine::kCount, a.worker, b.worker);
+  v("tenant_index", Combine::kMax, a.tenant_index, b.tenant_index);
   v("calls", Combine::kSum, a.calls, b.calls);
   v("attempts", Combine::kSum, a.attempts, b.attempts);
   v("successes", Combine::kSum, a.successes, b.successes);
@@ -118,6 +128,10 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("syncs_ok", Combine::kSum, a.syncs_ok, b.syncs_ok);
   v("syncs_failed", Combine::kSum, a.syncs_failed, b.syncs_failed);
   v("max_try_acquire_ms", Combine::kMax, a.max_try_acquire_ms, b.max_try_acquire_ms);
+  v("ungranted_gap_max_seconds", Combine::kMax, a.ungranted_gap_max_seconds,
+    b.ungranted_gap_max_seconds);
+  v("granted_again_at_seconds", Combine::kMax, a.granted_again_at_seconds,
+    b.granted_again_at_seconds);
   v("timeline_slice_seconds", Combine::kMax, a.timeline_slice_seconds, b.timeline_slice_seconds);
   v("calls_timeline", Combine::kSum, a.calls_timeline, b.calls_timeline);
   v("retries_timeline", Combine::kSum, a.retries_timeline, b.retries_timeline);
@@ -192,12 +206,37 @@ struct ServerView {
   double level_max = 0;
 };
 
+// A server fault of a cluster run and how the tenants it owned came back (cluster_chaos.h,
+// owner_watch.h). Seconds from the run's start.
+struct OwnerLoss {
+  double at = 0;                 // the kill -9, SIGSTOP or SIGTERM of the server
+  int server = 0;
+  std::string what = {};         // as in `events`
+  int tenants = 0;               // tenants the server owned then
+  // The longest of those tenants' waits for an owner other than `server` (null: one never got
+  // one while watched).
+  std::optional<double> new_owner_after_seconds = {};
+  // The longest, over those tenants, from its new owner to its last client granted again
+  // (granted_again_at_seconds); null without a new owner or without clients.
+  std::optional<double> leases_back_after_owner_seconds = {};
+};
+
 // The cluster of a --cluster run and what its chaos actions did (cluster_chaos.h).
 struct ClusterView {
   int servers = 0;
   int etcd_nodes = 0;
   std::string target = {};               // the workers' multi-address target
   std::vector<std::string> events = {};  // "<seconds> <what>", in order
+  std::vector<OwnerLoss> owner_losses = {};
+  // The longest any tenant had no owner key in etcd, as polled (owner_watch.h).
+  double max_seconds_without_owner_key = 0;
+};
+
+// One tenant of a run with --tenants > 1.
+struct TenantRun {
+  std::string tenant = {};
+  PolicyView policy = {};   // initial_tokens: its level read at the start
+  WorkerCounts totals = {}; // the workers' lines for this tenant, summed
 };
 
 struct FleetRun {
@@ -217,7 +256,17 @@ struct FleetRun {
   std::optional<ChaosView> chaos = {};
   std::optional<ClusterView> cluster = {};
   double fault_delay_ms = 0;  // --fault-delay (0: none)
+  // With --tenants > 1: each tenant (then `tenant` and `policy` are tenant 0's, and `totals`
+  // the sum over every tenant). Empty with one tenant.
+  std::vector<TenantRun> tenants = {};
 };
+
+// The name of tenant `index` of `count`: `base` itself for one tenant, else "<base>-<index>".
+std::string FleetTenantName(absl::string_view base, int count, int index);
+
+// The tenant index thread `thread` of worker `worker` uses: (worker * threads + thread) % count,
+// so consecutive threads spread over every tenant.
+int FleetTenantOfThread(int worker, int threads, int thread, int count);
 
 // The invariant's lease part: initial + refill * elapsed + credit * successes.
 double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t successes);
@@ -232,9 +281,13 @@ struct Verdict {
   // retries_allowed / bound: 1 means every token the budget could have produced was spent.
   // +inf when the bound is 0 and a retry was spent (printed as null).
   double utilisation = 0;
+  // With several tenants: each tenant's own verdict, in the order of FleetRun::tenants. The
+  // fleet's bound is then their sum, and it is within budget only when every tenant is.
+  std::vector<Verdict> tenants = {};
 };
 
-// Judges `run` by the workers' own counts (totals.retries_allowed and totals.successes).
+// Judges `run` by the workers' own counts (totals.retries_allowed and totals.successes), per
+// tenant when there are several.
 Verdict Judge(const FleetRun& run);
 
 // kExitWithinBudget or kExitBudgetExceeded.

@@ -23,9 +23,11 @@
 #include "retrybudget/clock.h"
 #include "retrybudget/names.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "tools/admin/owner_following_call.h"
 #include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/cluster_chaos.h"
 #include "tools/fleet/fault_proxy.h"
+#include "tools/fleet/owner_watch.h"
 #include "tools/fleet/server_supervisor.h"
 #include "tools/fleet/subprocess.h"
 
@@ -39,20 +41,28 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-void SetAdminDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-  // The server may still be starting: wait for it rather than fail at once.
-  context.set_wait_for_ready(true);
+// One admin call about one tenant, sent to the tenant's owner in cluster mode and waiting out
+// a shard without owner (tools/admin/owner_following_call.h) for up to `timeout`.
+grpc::Status CallAdmin(v1::BudgetAdminService::StubInterface& admin, absl::Duration timeout,
+                       const admin::AdminAttempt& attempt) {
+  auto setup = [timeout](grpc::ClientContext& context) {
+    context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+    // The server may still be starting: wait for it rather than fail at once.
+    context.set_wait_for_ready(true);
+  };
+  return admin::CallFollowingOwner(admin, admin::InsecureOwnerStubs(), setup, attempt,
+                                   {.unavailable_for = timeout})
+      .status;
 }
 
-absl::StatusOr<v1::BudgetStatus> GetBudget(v1::BudgetAdminService::Stub& admin,
+absl::StatusOr<v1::BudgetStatus> GetBudget(v1::BudgetAdminService::StubInterface& admin,
                                            const std::string& tenant, absl::Duration timeout) {
-  grpc::ClientContext context;
-  SetAdminDeadline(context, timeout);
   v1::GetBudgetRequest request;
   request.set_tenant(tenant);
   v1::GetBudgetResponse response;
-  grpc::Status s = admin.GetBudget(&context, request, &response);
+  grpc::Status s = CallAdmin(admin, timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
+    return stub.GetBudget(&c, request, &response);
+  });
   if (!s.ok()) return FromGrpc(s, absl::StrCat("GetBudget(", tenant, ")"));
   return response.budget();
 }
@@ -62,39 +72,42 @@ bool AnyPolicyField(const FleetOptions& o) {
          o.lease_ttl_ms;
 }
 
-// Makes the tenant's budget exist with the asked policy.
-absl::Status PrepareTenant(const FleetOptions& o, const std::shared_ptr<grpc::Channel>& channel) {
+// Makes the budget of `tenant` exist with the asked policy.
+absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
+                           const std::shared_ptr<grpc::Channel>& channel) {
   auto admin = v1::BudgetAdminService::NewStub(channel);
   if (o.reset_budget) {
-    grpc::ClientContext context;
-    SetAdminDeadline(context, o.connect_timeout);
     v1::DeleteBudgetRequest request;
-    request.set_tenant(o.tenant);
+    request.set_tenant(tenant);
     v1::DeleteBudgetResponse response;
-    grpc::Status s = admin->DeleteBudget(&context, request, &response);
+    grpc::Status s =
+        CallAdmin(*admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
+          return stub.DeleteBudget(&c, request, &response);
+        });
     if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-      return FromGrpc(s, absl::StrCat("DeleteBudget(", o.tenant, ")"));
+      return FromGrpc(s, absl::StrCat("DeleteBudget(", tenant, ")"));
     }
   }
   if (AnyPolicyField(o)) {
     v1::PutPolicyRequest request;
-    request.set_tenant(o.tenant);
+    request.set_tenant(tenant);
     v1::BudgetPolicy* p = request.mutable_policy();
     if (o.capacity) p->set_capacity(*o.capacity);
     if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
     if (o.success_credit) p->set_success_credit(*o.success_credit);
     if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
     if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
-    grpc::ClientContext context;
-    SetAdminDeadline(context, o.connect_timeout);
     v1::PutPolicyResponse response;
-    grpc::Status s = admin->PutPolicy(&context, request, &response);
-    if (!s.ok()) return FromGrpc(s, absl::StrCat("PutPolicy(", o.tenant, ")"));
+    grpc::Status s =
+        CallAdmin(*admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
+          return stub.PutPolicy(&c, request, &response);
+        });
+    if (!s.ok()) return FromGrpc(s, absl::StrCat("PutPolicy(", tenant, ")"));
     return absl::OkStatus();
   }
   // Keep the server's policy. A tenant not created yet is created the way a worker would
   // create it (first Sync, default policy): a final Sync that reports nothing and wants nothing.
-  absl::StatusOr<v1::BudgetStatus> existing = GetBudget(*admin, o.tenant, o.connect_timeout);
+  absl::StatusOr<v1::BudgetStatus> existing = GetBudget(*admin, tenant, o.connect_timeout);
   if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
     return existing.status();
   }
@@ -103,16 +116,18 @@ absl::Status PrepareTenant(const FleetOptions& o, const std::shared_ptr<grpc::Ch
   request.set_instance_id(absl::StrCat("fleet-probe-", getpid()));
   request.set_seq(1);
   request.set_final(true);
-  request.add_tenants()->set_tenant(o.tenant);
+  request.add_tenants()->set_tenant(tenant);
   grpc::ClientContext context;
-  SetAdminDeadline(context, o.connect_timeout);
+  context.set_deadline(std::chrono::system_clock::now() +
+                       absl::ToChronoMilliseconds(o.connect_timeout));
+  context.set_wait_for_ready(true);
   v1::SyncResponse response;
   grpc::Status s = budget->Sync(&context, request, &response);
-  if (!s.ok()) return FromGrpc(s, absl::StrCat("Sync creating tenant ", o.tenant));
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("Sync creating tenant ", tenant));
   if (response.tenants_size() == 1 && response.tenants(0).has_error() &&
       response.tenants(0).error().code() != 0) {
     return absl::Status(static_cast<absl::StatusCode>(response.tenants(0).error().code()),
-                        absl::StrCat("tenant ", o.tenant, ": ",
+                        absl::StrCat("tenant ", tenant, ": ",
                                      response.tenants(0).error().message()));
   }
   return absl::OkStatus();
@@ -125,6 +140,7 @@ std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std:
       absl::StrCat("--worker-index=", index),
       absl::StrCat("--server=", target),
       absl::StrCat("--tenant=", o.tenant),
+      absl::StrCat("--tenants=", o.tenants),
       absl::StrCat("--threads=", o.threads),
       absl::StrFormat("--duration=%.17g", o.duration_seconds),
       absl::StrFormat("--failure-rate=%.17g", o.failure_rate),
@@ -153,7 +169,7 @@ struct LevelStats {
 // Reads the tenant's level every `period` on its own thread until Stop(). Zero period: off.
 class LevelSampler {
  public:
-  LevelSampler(v1::BudgetAdminService::Stub& admin, const std::string& tenant,
+  LevelSampler(v1::BudgetAdminService::StubInterface& admin, const std::string& tenant,
                absl::Duration period) {
     if (period <= absl::ZeroDuration()) return;
     thread_ = std::jthread([this, &admin, tenant, period](std::stop_token stop) {
@@ -187,15 +203,37 @@ class LevelSampler {
 // or without a snapshot) applies the same policy. Only the fields given.
 v1::PolicyConfig PolicyFileFor(const FleetOptions& o) {
   v1::PolicyConfig config;
-  v1::TenantPolicy* t = config.add_tenants();
-  t->set_tenant(o.tenant);
-  v1::BudgetPolicy* p = t->mutable_policy();
-  if (o.capacity) p->set_capacity(*o.capacity);
-  if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
-  if (o.success_credit) p->set_success_credit(*o.success_credit);
-  if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
-  if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+  for (int i = 0; i < o.tenants; ++i) {
+    v1::TenantPolicy* t = config.add_tenants();
+    t->set_tenant(FleetTenantName(o.tenant, o.tenants, i));
+    v1::BudgetPolicy* p = t->mutable_policy();
+    if (o.capacity) p->set_capacity(*o.capacity);
+    if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
+    if (o.success_credit) p->set_success_credit(*o.success_credit);
+    if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
+    if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+  }
   return config;
+}
+
+PolicyView PolicyViewOf(const v1::BudgetStatus& status) {
+  // The server reports every field; an unset one takes its default from budget.proto.
+  const v1::BudgetPolicy& policy = status.policy();
+  return {.capacity = policy.has_capacity() ? policy.capacity() : 100,
+          .refill_per_second = policy.has_refill_per_second() ? policy.refill_per_second() : 1,
+          .success_credit = policy.has_success_credit() ? policy.success_credit() : 0.1,
+          .initial_tokens = status.tokens(),
+          .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000};
+}
+
+// How many lines worker `w` prints: one per tenant its threads use.
+size_t LinesOfWorker(const FleetOptions& o, int w) {
+  std::vector<int> used;
+  for (int t = 0; t < o.threads; ++t) {
+    used.push_back(FleetTenantOfThread(w, o.threads, t, o.tenants));
+  }
+  std::sort(used.begin(), used.end());
+  return static_cast<size_t>(std::unique(used.begin(), used.end()) - used.begin());
 }
 
 // A directory the tool owns for one run (port file, policy file, default data dir), removed
@@ -272,6 +310,12 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
   };
   if (o.server.empty()) return absl::InvalidArgumentError("--server: must not be empty");
   if (absl::Status s = ValidateTenantName(o.tenant, "--tenant"); !s.ok()) return s;
+  if (o.tenants < 1 || o.tenants > 1000) return bad("--tenants", o.tenants, "must be 1-1000");
+  if (absl::Status s = ValidateTenantName(FleetTenantName(o.tenant, o.tenants, o.tenants - 1),
+                                          "--tenant with --tenants");
+      !s.ok()) {
+    return s;
+  }
   if (o.workers < 1 || o.workers > 1000) return bad("--workers", o.workers, "must be 1-1000");
   if (o.threads < 1 || o.threads > 1000) return bad("--threads", o.threads, "must be 1-1000");
   if (!(o.duration_seconds > 0 && o.duration_seconds <= 86400)) {
@@ -392,7 +436,11 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   }
 
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
-  if (absl::Status s = PrepareTenant(o, channel); !s.ok()) return s;
+  std::vector<std::string> tenant_names;
+  for (int i = 0; i < o.tenants; ++i) {
+    tenant_names.push_back(FleetTenantName(o.tenant, o.tenants, i));
+    if (absl::Status s = PrepareTenant(o, tenant_names.back(), channel); !s.ok()) return s;
+  }
   auto admin = v1::BudgetAdminService::NewStub(channel);
 
   // Workers reach the server directly, or through the fault proxy.
@@ -436,10 +484,20 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   }
 
   // The run starts at the level read: elapsed is measured from the response, so the bound
-  // never counts refill from before the level it starts from.
-  absl::StatusOr<v1::BudgetStatus> start_status = GetBudget(*admin, o.tenant, o.connect_timeout);
+  // never counts refill from before the level it starts from. With several tenants, from the
+  // first tenant's: the later ones' levels are read later, so their bounds are generous by the
+  // refill of those few milliseconds.
+  absl::StatusOr<v1::BudgetStatus> start_status =
+      GetBudget(*admin, tenant_names[0], o.connect_timeout);
   if (!start_status.ok()) return start_status.status();
   const auto t0 = std::chrono::steady_clock::now();
+  std::vector<v1::BudgetStatus> start_statuses = {*start_status};
+  for (size_t i = 1; i < tenant_names.size(); ++i) {
+    absl::StatusOr<v1::BudgetStatus> status =
+        GetBudget(*admin, tenant_names[i], o.connect_timeout);
+    if (!status.ok()) return status.status();
+    start_statuses.push_back(*status);
+  }
   for (size_t i = 0; i < workers.size(); ++i) {
     if (absl::Status s = workers[i]->WriteStdin("go\n"); !s.ok()) {
       return absl::InternalError(absl::StrCat("worker ", i, " lost before start: ", s.ToString()));
@@ -452,19 +510,33 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   std::unique_ptr<ClusterChaos> cluster_chaos;
   if (cluster != nullptr) {
     cluster_chaos = std::make_unique<ClusterChaos>(
-        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster), o.tenant, t0);
+        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster), tenant_names[0], t0);
+  }
+  // Who owns each tenant while the fleet runs (for the report's owner_losses).
+  std::unique_ptr<OwnerWatch> owner_watch;
+  if (cluster != nullptr) {
+    std::vector<std::string> addresses;
+    for (int i = 0; i < cluster->server_count(); ++i) {
+      addresses.push_back(cluster->server(i).address());
+    }
+    owner_watch = std::make_unique<OwnerWatch>(cluster->etcd_client(), cluster->etcd_prefix(),
+                                               std::move(addresses), tenant_names, t0);
   }
 
   // Diagnostic: the bucket level while the fleet runs (a standing level means tokens the leases
   // do not take; see the "server" object of the report). Never part of the verdict.
-  LevelSampler sampler(*admin, o.tenant, o.sample_level);
+  LevelSampler sampler(*admin, tenant_names[0], o.tenants == 1 ? o.sample_level
+                                                                : absl::ZeroDuration());
 
   // Each worker prints one line of counts, then exits.
   const absl::Time end_deadline =
       absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
   std::vector<WorkerCounts> counts;
   for (size_t i = 0; i < workers.size(); ++i) {
-    absl::StatusOr<std::string> line = workers[i]->ReadLine(end_deadline);
+    std::vector<absl::StatusOr<std::string>> lines;
+    for (size_t k = 0; k < LinesOfWorker(o, static_cast<int>(i)); ++k) {
+      lines.push_back(workers[i]->ReadLine(end_deadline));
+    }
     absl::StatusOr<int> status = workers[i]->Wait(end_deadline);
     if (!status.ok()) {
       return absl::InternalError(absl::StrCat("worker ", i, " hung: ", status.status().ToString()));
@@ -473,16 +545,21 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
       return absl::InternalError(
           absl::StrCat("worker ", i, " failed: ", DescribeWaitStatus(*status)));
     }
-    if (!line.ok()) {
-      return absl::InternalError(
-          absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
+    for (const absl::StatusOr<std::string>& line : lines) {
+      if (!line.ok()) {
+        return absl::InternalError(
+            absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
+      }
+      absl::StatusOr<WorkerCounts> parsed = WorkerCountsFromJson(*line);
+      if (!parsed.ok()) {
+        return absl::InternalError(absl::StrCat("worker ", i, ": ", parsed.status().message()));
+      }
+      if (parsed->tenant_index < 0 || parsed->tenant_index >= o.tenants) {
+        return absl::InternalError(
+            absl::StrCat("worker ", i, ": tenant_index ", parsed->tenant_index, " out of range"));
+      }
+      counts.push_back(*parsed);
     }
-    absl::StatusOr<WorkerCounts> parsed = WorkerCountsFromJson(*line);
-    if (!parsed.ok()) {
-      return absl::InternalError(
-          absl::StrCat("worker ", i, ": ", parsed.status().message()));
-    }
-    counts.push_back(*parsed);
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -492,7 +569,13 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   std::optional<ChaosView> chaos_view;
   if (chaos != nullptr) chaos_view = chaos->Finish();
   std::vector<std::string> cluster_events;
-  if (cluster_chaos != nullptr) cluster_events = cluster_chaos->Finish();
+  std::vector<ServerHit> server_hits;
+  if (cluster_chaos != nullptr) {
+    cluster_events = cluster_chaos->Finish();
+    server_hits = cluster_chaos->hits();
+  }
+  std::vector<OwnerSample> owner_samples;
+  if (owner_watch != nullptr) owner_samples = owner_watch->Finish();
 
   FleetRun run;
   run.tenant = o.tenant;
@@ -502,22 +585,37 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   run.failure_rate = o.failure_rate;
   run.duration_seconds = o.duration_seconds;
   run.call_latency_ms = absl::ToDoubleMilliseconds(o.call_latency);
-  // The server reports every field; an unset one takes its default from budget.proto.
-  const v1::BudgetPolicy& policy = start_status->policy();
-  run.policy = {.capacity = policy.has_capacity() ? policy.capacity() : 100,
-                .refill_per_second =
-                    policy.has_refill_per_second() ? policy.refill_per_second() : 1,
-                .success_credit = policy.has_success_credit() ? policy.success_credit() : 0.1,
-                .initial_tokens = start_status->tokens(),
-                .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000};
+  run.policy = PolicyViewOf(*start_status);
   run.elapsed_seconds = elapsed;
   run.totals = SumWorkers(counts);
+  run.totals.worker = o.workers;
+  std::vector<GrantGapView> grant_gaps(tenant_names.size());
+  if (o.tenants > 1) {
+    for (int i = 0; i < o.tenants; ++i) {
+      std::vector<WorkerCounts> lines;
+      for (const WorkerCounts& c : counts) {
+        if (c.tenant_index == i) lines.push_back(c);
+      }
+      run.tenants.push_back({.tenant = tenant_names[i],
+                             .policy = PolicyViewOf(start_statuses[i]),
+                             .totals = SumWorkers(lines)});
+      grant_gaps[i] = {.longest = run.tenants.back().totals.ungranted_gap_max_seconds,
+                       .ended_at = run.tenants.back().totals.granted_again_at_seconds};
+    }
+  } else {
+    grant_gaps[0] = {.longest = run.totals.ungranted_gap_max_seconds,
+                     .ended_at = run.totals.granted_again_at_seconds};
+  }
   run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
   if (cluster != nullptr) {
     run.cluster = ClusterView{.servers = cluster->server_count(),
                               .etcd_nodes = cluster->etcd().etcd_node_count(),
                               .target = cluster->target(),
-                              .events = std::move(cluster_events)};
+                              .events = std::move(cluster_events),
+                              .owner_losses = OwnerLosses(owner_samples, server_hits,
+                                                          grant_gaps),
+                              .max_seconds_without_owner_key =
+                                  MaxSecondsWithoutOwnerKey(owner_samples, elapsed)};
   }
   if (chaos_view.has_value()) {
     if (chaos_view->kill_at.has_value()) {
@@ -538,9 +636,35 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   absl::StatusOr<v1::BudgetStatus> end =
       spawned != nullptr && !spawned->running()
           ? absl::StatusOr<v1::BudgetStatus>(absl::UnavailableError("server down"))
-          : GetBudget(*admin, o.tenant, o.connect_timeout);
+          : GetBudget(*admin, tenant_names[0], o.connect_timeout);
+  // With several tenants: the sums over every tenant.
+  v1::BudgetStatus start_sum = *start_status;
+  for (size_t i = 1; end.ok() && i < tenant_names.size(); ++i) {
+    absl::StatusOr<v1::BudgetStatus> more = GetBudget(*admin, tenant_names[i], o.connect_timeout);
+    if (!more.ok()) {
+      end = more.status();
+      break;
+    }
+    const v1::BudgetStatus& a = start_statuses[i];
+    start_sum.set_tokens(start_sum.tokens() + a.tokens());
+    start_sum.set_granted_total(start_sum.granted_total() + a.granted_total());
+    start_sum.set_returned_total(start_sum.returned_total() + a.returned_total());
+    start_sum.set_reclaimed_total(start_sum.reclaimed_total() + a.reclaimed_total());
+    start_sum.set_retries_total(start_sum.retries_total() + a.retries_total());
+    start_sum.set_retries_denied_total(start_sum.retries_denied_total() +
+                                       a.retries_denied_total());
+    start_sum.set_successes_total(start_sum.successes_total() + a.successes_total());
+    end->set_tokens(end->tokens() + more->tokens());
+    end->set_granted_total(end->granted_total() + more->granted_total());
+    end->set_returned_total(end->returned_total() + more->returned_total());
+    end->set_reclaimed_total(end->reclaimed_total() + more->reclaimed_total());
+    end->set_retries_total(end->retries_total() + more->retries_total());
+    end->set_retries_denied_total(end->retries_denied_total() + more->retries_denied_total());
+    end->set_successes_total(end->successes_total() + more->successes_total());
+    end->set_active_instances(end->active_instances() + more->active_instances());
+  }
   if (end.ok()) {
-    const v1::BudgetStatus& s = *start_status;
+    const v1::BudgetStatus& s = start_sum;
     run.server = ServerView{
         .tokens_start = s.tokens(),
         .tokens_end = end->tokens(),

@@ -25,6 +25,9 @@ namespace retrybudget::fleet {
 struct FleetOptions {
   std::string server = "127.0.0.1:50051";
   std::string tenant = "fleet";
+  // Tenants the fleet spreads over (FleetTenantName): each prepared, judged and reported on its
+  // own. 1: `tenant` itself, and the report is the single-tenant one.
+  int tenants = 1;
   int workers = 8;
   int threads = 2;
   double duration_seconds = 5;

@@ -71,6 +71,18 @@ class JsonWriter {
     return *this;
   }
 
+  // `objects_json`: complete JSON objects, written as an array.
+  JsonWriter& Objects(absl::string_view key, const std::vector<std::string>& objects_json) {
+    Key(key);
+    out_ += "[";
+    for (size_t i = 0; i < objects_json.size(); ++i) {
+      if (i > 0) out_ += ",";
+      out_ += objects_json[i];
+    }
+    out_ += "]";
+    return *this;
+  }
+
   std::string Finish() const { return out_ + "}"; }
 
  private:

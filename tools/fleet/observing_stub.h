@@ -35,6 +35,11 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
  public:
   explicit SyncObservingStub(std::unique_ptr<v1::RetryBudgetService::StubInterface> inner);
 
+  // A stub over `inner` (an owner's, cluster mode) that records into this one's observations:
+  // the client's Syncs to every owner count as one client's.
+  std::unique_ptr<SyncObservingStub> Sibling(
+      std::unique_ptr<v1::RetryBudgetService::StubInterface> inner) const;
+
   grpc::Status Sync(grpc::ClientContext* context, const v1::SyncRequest& request,
                     v1::SyncResponse* response) override;
   async_interface* async() override { return inner_->async(); }
@@ -46,6 +51,15 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
   uint64_t syncs_ok() const;
   uint64_t syncs_failed() const;
 
+  // The longest time between two answers for `tenant` without a per-tenant error (the owner
+  // answered: the tenant is on the lease protocol), counting the time since the last one up to
+  // `now`, and when it ended (`now` when it has not). nullopt before the first answer.
+  struct GrantGap {
+    absl::Duration longest;
+    absl::Time ended_at;
+  };
+  std::optional<GrantGap> LongestGrantGap(absl::string_view tenant, absl::Time now) const;
+
  private:
   grpc::ClientAsyncResponseReaderInterface<v1::SyncResponse>* AsyncSyncRaw(
       grpc::ClientContext* context, const v1::SyncRequest& request,
@@ -54,8 +68,6 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
       grpc::ClientContext* context, const v1::SyncRequest& request,
       grpc::CompletionQueue* cq) override;
 
-  const std::unique_ptr<v1::RetryBudgetService::StubInterface> inner_;
-  mutable Mutex mu_;
   struct SmallerShare {
     SafeShareView operator()(const SafeShareView& a, const SafeShareView& b) const;
   };
@@ -63,9 +75,24 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
     RecentExtreme<SafeShareView, SmallerShare, kSafeShareMemoryMillis> recent;
     absl::Time last_at;
   };
-  absl::flat_hash_map<std::string, Shares> safe_shares_ ABSL_GUARDED_BY(mu_);
-  uint64_t syncs_ok_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t syncs_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Answers {
+    absl::Time last_at;
+    absl::Duration longest_gap = absl::ZeroDuration();
+    absl::Time longest_ended_at;
+  };
+  // What every sibling records into.
+  struct Observations {
+    mutable Mutex mu;
+    absl::flat_hash_map<std::string, Shares> safe_shares ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<std::string, Answers> answers ABSL_GUARDED_BY(mu);
+    uint64_t syncs_ok ABSL_GUARDED_BY(mu) = 0;
+    uint64_t syncs_failed ABSL_GUARDED_BY(mu) = 0;
+  };
+  SyncObservingStub(std::unique_ptr<v1::RetryBudgetService::StubInterface> inner,
+                    std::shared_ptr<Observations> observations);
+
+  const std::unique_ptr<v1::RetryBudgetService::StubInterface> inner_;
+  const std::shared_ptr<Observations> observed_;
 };
 
 }  // namespace retrybudget::fleet

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 #include <stop_token>
 #include <thread>
 #include <vector>
@@ -47,10 +49,27 @@ struct ThreadExtras {
 
 }  // namespace
 
-absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
+absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options) {
+  // The tenants this worker's threads use, each once, in increasing index.
+  std::vector<int> thread_tenant(static_cast<size_t>(options.threads));
+  std::vector<int> used;
+  for (int t = 0; t < options.threads; ++t) {
+    thread_tenant[t] = FleetTenantOfThread(options.index, options.threads, t, options.tenants);
+    used.push_back(thread_tenant[t]);
+  }
+  std::sort(used.begin(), used.end());
+  used.erase(std::unique(used.begin(), used.end()), used.end());
+  // Position of each used tenant in `used`.
+  auto slot_of = [&used](int tenant_index) {
+    return static_cast<size_t>(std::lower_bound(used.begin(), used.end(), tenant_index) -
+                               used.begin());
+  };
+  std::vector<std::string> names;
+  for (int i : used) names.push_back(FleetTenantName(options.tenant, options.tenants, i));
+
   std::unique_ptr<BudgetClient> client;
   SyncObservingStub* observer = nullptr;  // owned by the client
-  TenantBudget* budget = nullptr;
+  std::vector<TenantBudget*> budgets(used.size(), nullptr);
   if (options.strategy != RetryStrategy::kUnbudgeted) {
     ClientOptions client_options;
     client_options.target = options.target;
@@ -67,34 +86,56 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
     auto observing = std::make_unique<SyncObservingStub>(
         v1::RetryBudgetService::NewStub(*std::move(channel)));
     observer = observing.get();
-    absl::StatusOr<std::unique_ptr<TestingBudgetClient>> created = CreateBudgetClientForTesting(
-        std::move(client_options), std::move(observing), /*start_refresher_thread=*/true);
+    // In cluster mode a tenant is synced with its owner (a redirect names it) over a channel of
+    // its own, made as Create() makes it, observed like the main one.
+    OwnerStubFactory owner_stubs =
+        [observer, client_options](
+            const std::string& address) -> std::unique_ptr<v1::RetryBudgetService::StubInterface> {
+      ClientOptions owner_options = client_options;
+      owner_options.target = address;
+      absl::StatusOr<std::shared_ptr<grpc::Channel>> owner_channel =
+          CreateBudgetChannel(owner_options);
+      if (!owner_channel.ok()) return nullptr;
+      return observer->Sibling(v1::RetryBudgetService::NewStub(*std::move(owner_channel)));
+    };
+    absl::StatusOr<std::unique_ptr<TestingBudgetClient>> created =
+        CreateBudgetClientForTesting(std::move(client_options), std::move(observing),
+                                     std::move(owner_stubs), /*start_refresher_thread=*/true);
     if (!created.ok()) return created.status();
     client = *std::move(created);
-    absl::StatusOr<TenantBudget*> tenant = client->Tenant(options.tenant);
-    if (!tenant.ok()) return tenant.status();
-    budget = *tenant;
-    // The tenant's first Sync is the server's baseline for this instance: what is counted
+    for (size_t i = 0; i < used.size(); ++i) {
+      absl::StatusOr<TenantBudget*> tenant = client->Tenant(names[i]);
+      if (!tenant.ok()) return tenant.status();
+      budgets[i] = *tenant;
+    }
+    // A tenant's first answer is the server's baseline for this instance: what is counted
     // before it reaches the server is not credited (docs/DESIGN.md "Accounting"). Calls start
-    // once it was answered, so the server's totals match the workers' counts; bounded, so a
-    // server that is down does not hold the run.
-    const absl::Time first_sync_by = absl::Now() + absl::Seconds(2);
-    while (observer->syncs_ok() == 0 && absl::Now() < first_sync_by) {
+    // once every tenant was answered by its owner, so the server's totals match the workers'
+    // counts; bounded, so a server that is down does not hold the run.
+    const absl::Time first_sync_by = absl::Now() + absl::Seconds(3);
+    auto all_answered = [&] {
+      for (const std::string& name : names) {
+        if (!observer->LongestGrantGap(name, absl::Now()).has_value()) return false;
+      }
+      return true;
+    };
+    while (!all_answered() && absl::Now() < first_sync_by) {
       absl::SleepFor(absl::Milliseconds(1));
     }
   }
 
-  std::unique_ptr<FallbackMonitor> monitor;
-  if (budget != nullptr) {
+  std::vector<std::unique_ptr<FallbackMonitor>> monitors(used.size());
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (budgets[i] == nullptr) continue;
     const ClientOptions defaults;
-    monitor = std::make_unique<FallbackMonitor>(
-        *budget,
+    monitors[i] = std::make_unique<FallbackMonitor>(
+        *budgets[i],
         FallbackSources{
-            .safe_share = [observer, &options] { return observer->FallbackShare(options.tenant); },
+            .safe_share = [observer, name = names[i]] { return observer->FallbackShare(name); },
             .syncs_ok = [observer] { return observer->syncs_ok(); },
             .never_reached = {.capacity = defaults.fallback_capacity,
                               .refill_per_second = defaults.fallback_refill_per_second}});
-    monitor->Start(options.monitor_period);
+    monitors[i]->Start(options.monitor_period);
   }
 
   const auto slice = std::max<std::chrono::steady_clock::duration>(
@@ -109,6 +150,7 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
   std::vector<std::thread> threads;
   threads.reserve(per_thread.size());
   const auto start = std::chrono::steady_clock::now();
+  const absl::Time start_time = absl::Now();
   for (int t = 0; t < options.threads; ++t) {
     threads.emplace_back([&, t] {
       SimulatedBackend backend({.failure_rate = options.failure_rate,
@@ -118,8 +160,9 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
       ThreadExtras& x = extras[static_cast<size_t>(t)];
       x.calls_timeline.assign(slices, 0);
       x.retries_timeline.assign(slices, 0);
+      const size_t slot = slot_of(thread_tenant[static_cast<size_t>(t)]);
       std::optional<MeasuredBudget> measured;
-      if (budget != nullptr) measured.emplace(*budget, monitor.get());
+      if (budgets[slot] != nullptr) measured.emplace(*budgets[slot], monitors[slot].get());
       TenantBudget* b = measured.has_value() ? &*measured : nullptr;
       const std::stop_token token = stop.get_token();
       while (!token.stop_requested()) {
@@ -146,61 +189,80 @@ absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options) {
   const double run_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  CallCounts total;
-  for (const CallCounts& c : per_thread) total += c;
-  WorkerCounts out;
-  out.worker = options.index;
-  out.calls = total.calls;
-  out.attempts = total.attempts;
-  out.successes = total.successes;
-  out.failures = total.failures;
-  out.retries_allowed = total.retries_allowed;
-  out.retries_denied = total.retries_denied;
-  out.run_seconds = run_seconds;
-  out.timeline_slice_seconds = std::chrono::duration<double>(slice).count();
-  out.calls_timeline.assign(slices, 0);
-  out.retries_timeline.assign(slices, 0);
-  std::chrono::steady_clock::duration max_try_acquire{0};
-  for (const ThreadExtras& x : extras) {
-    out.calls_in_fallback += x.calls_in_fallback;
-    out.retries_allowed_in_fallback += x.retries_allowed_in_fallback;
-    out.retries_allowed_after_fallback += x.retries_allowed_after_fallback;
-    max_try_acquire = std::max(max_try_acquire, x.max_try_acquire);
-    for (size_t i = 0; i < slices; ++i) {
-      out.calls_timeline[i] += x.calls_timeline[i];
-      out.retries_timeline[i] += x.retries_timeline[i];
+  std::vector<WorkerCounts> outs(used.size());
+  for (size_t k = 0; k < used.size(); ++k) {
+    WorkerCounts& out = outs[k];
+    CallCounts total;
+    std::chrono::steady_clock::duration max_try_acquire{0};
+    out.calls_timeline.assign(slices, 0);
+    out.retries_timeline.assign(slices, 0);
+    for (int t = 0; t < options.threads; ++t) {
+      if (slot_of(thread_tenant[static_cast<size_t>(t)]) != k) continue;
+      total += per_thread[static_cast<size_t>(t)];
+      const ThreadExtras& x = extras[static_cast<size_t>(t)];
+      out.calls_in_fallback += x.calls_in_fallback;
+      out.retries_allowed_in_fallback += x.retries_allowed_in_fallback;
+      out.retries_allowed_after_fallback += x.retries_allowed_after_fallback;
+      max_try_acquire = std::max(max_try_acquire, x.max_try_acquire);
+      for (size_t i = 0; i < slices; ++i) {
+        out.calls_timeline[i] += x.calls_timeline[i];
+        out.retries_timeline[i] += x.retries_timeline[i];
+      }
     }
+    out.worker = options.index;
+    out.tenant_index = used[k];
+    out.calls = total.calls;
+    out.attempts = total.attempts;
+    out.successes = total.successes;
+    out.failures = total.failures;
+    out.retries_allowed = total.retries_allowed;
+    out.retries_denied = total.retries_denied;
+    out.run_seconds = run_seconds;
+    out.timeline_slice_seconds = std::chrono::duration<double>(slice).count();
+    // Drop the empty tail (the slices past the end of the run).
+    while (!out.calls_timeline.empty() && out.calls_timeline.back() == 0) {
+      out.calls_timeline.pop_back();
+      out.retries_timeline.pop_back();
+    }
+    out.max_try_acquire_ms = std::chrono::duration<double, std::milli>(max_try_acquire).count();
+    out.shutdown_status = "OK";
   }
-  // Drop the empty tail (the slices past the end of the run).
-  while (!out.calls_timeline.empty() && out.calls_timeline.back() == 0) {
-    out.calls_timeline.pop_back();
-    out.retries_timeline.pop_back();
-  }
-  out.max_try_acquire_ms = std::chrono::duration<double, std::milli>(max_try_acquire).count();
-  out.shutdown_status = "OK";
   if (client != nullptr) {
-    // The monitor stops before the final Sync: the run is over.
-    const FallbackReport fallback = monitor->Finish();
-    out.fallback_seconds = fallback.fallback_seconds;
-    out.fallback_entries = fallback.fallback_entries;
-    out.fallback_allowance = fallback.fallback_allowance;
-    out.safe_share_capacity = fallback.safe_share_capacity;
-    out.safe_share_refill = fallback.safe_share_refill;
-    out.lease_after_fallback = fallback.lease_after_fallback ? 1 : 0;
+    const absl::Time run_end = absl::Now();
+    for (size_t k = 0; k < used.size(); ++k) {
+      WorkerCounts& out = outs[k];
+      // The monitors stop before the final Sync: the run is over.
+      const FallbackReport fallback = monitors[k]->Finish();
+      out.fallback_seconds = fallback.fallback_seconds;
+      out.fallback_entries = fallback.fallback_entries;
+      out.fallback_allowance = fallback.fallback_allowance;
+      out.safe_share_capacity = fallback.safe_share_capacity;
+      out.safe_share_refill = fallback.safe_share_refill;
+      out.lease_after_fallback = fallback.lease_after_fallback ? 1 : 0;
+      if (std::optional<SyncObservingStub::GrantGap> gap =
+              observer->LongestGrantGap(names[k], run_end);
+          gap.has_value()) {
+        out.ungranted_gap_max_seconds = absl::ToDoubleSeconds(gap->longest);
+        out.granted_again_at_seconds = absl::ToDoubleSeconds(gap->ended_at - start_time);
+      }
+    }
     absl::Status shutdown = client->Shutdown();
-    if (!shutdown.ok()) out.shutdown_status = shutdown.ToString();
-    TenantStats stats = budget->Stats();
-    out.lib_successes = stats.successes;
-    out.lib_retries_allowed = stats.retries_allowed;
-    out.lib_retries_denied = stats.retries_denied;
-    out.lib_fallback_allowed = stats.fallback_allowed;
-    out.lib_tokens_received = stats.tokens_received;
-    out.lib_tokens_returned = stats.tokens_returned;
-    out.lib_tokens_held = stats.tokens_held;
-    out.syncs_ok = observer->syncs_ok();
-    out.syncs_failed = observer->syncs_failed();
+    for (size_t k = 0; k < used.size(); ++k) {
+      WorkerCounts& out = outs[k];
+      if (!shutdown.ok()) out.shutdown_status = shutdown.ToString();
+      TenantStats stats = budgets[k]->Stats();
+      out.lib_successes = stats.successes;
+      out.lib_retries_allowed = stats.retries_allowed;
+      out.lib_retries_denied = stats.retries_denied;
+      out.lib_fallback_allowed = stats.fallback_allowed;
+      out.lib_tokens_received = stats.tokens_received;
+      out.lib_tokens_returned = stats.tokens_returned;
+      out.lib_tokens_held = stats.tokens_held;
+    }
+    outs[0].syncs_ok = observer->syncs_ok();
+    outs[0].syncs_failed = observer->syncs_failed();
   }
-  return out;
+  return outs;
 }
 
 }  // namespace retrybudget::fleet

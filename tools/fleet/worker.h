@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -20,6 +21,9 @@ struct WorkerOptions {
   int index = 0;                // this worker's index in the fleet, 0-based
   std::string target = {};      // the budget server (or the fault proxy)
   std::string tenant = {};
+  // How many tenants the fleet spreads over (FleetTenantName(tenant, tenants, i)); thread t of
+  // this worker uses FleetTenantOfThread(index, threads, t, tenants).
+  int tenants = 1;
   int threads = 2;
   absl::Duration duration = absl::Seconds(5);
   double failure_rate = 0.3;
@@ -36,7 +40,9 @@ struct WorkerOptions {
   absl::Duration timeline_slice = absl::Milliseconds(250);
 };
 
-// Runs the load now and returns what this worker counted. Creates its BudgetClient at the start
+// Runs the load now and returns what this worker counted, one WorkerCounts per tenant its
+// threads use, in increasing tenant_index (one with a single tenant); the client-wide counts
+// (syncs_ok, syncs_failed) are in the first only. Creates its BudgetClient at the start
 // (never earlier: no token is leased before the caller's start signal) unless the strategy uses
 // no budget. Errors: the client could not be created or the tenant name is bad. A failed final
 // Sync is not an error: it is reported in `shutdown_status`.
@@ -46,7 +52,7 @@ struct WorkerOptions {
 // so the worker knows the SafeShare its fallback bucket used; a FallbackMonitor watches the
 // client's mode; each thread's budget is a MeasuredBudget (TryAcquire latency, retries in and
 // after fallback).
-absl::StatusOr<WorkerCounts> RunWorker(const WorkerOptions& options);
+absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options);
 
 }  // namespace retrybudget::fleet
 

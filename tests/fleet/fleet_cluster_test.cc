@@ -1,0 +1,122 @@
+// The fleet tool against a real cluster it starts itself (--cluster=3: real etcd members and 3
+// real retry-budget-server processes in cluster mode) with its fleet spread over several tenants
+// (--tenants): each tenant stays within its own budget, with and without a kill -9 of a busy
+// owner. Short versions of the cluster fleet runs of docs/BENCHMARKS.md.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "tools/fleet/subprocess.h"
+
+namespace retrybudget::fleet {
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+struct FleetResult {
+  int wait_status = -1;
+  std::string line;
+  Struct json;
+  const Value& At(const std::string& key) const { return json.fields().at(key); }
+  double Num(const std::string& key) const { return At(key).number_value(); }
+};
+
+FleetResult RunFleetTool(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {RETRYBUDGET_FLEET_BIN};
+  argv.insert(argv.end(), args.begin(), args.end());
+  FleetResult result;
+  auto child = Subprocess::Spawn(argv, {.pipe_stdout = true});
+  EXPECT_TRUE(child.ok()) << child.status();
+  if (!child.ok()) return result;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
+  absl::StatusOr<int> status = (*child)->Wait(deadline);
+  EXPECT_TRUE(status.ok()) << status.status();
+  if (status.ok()) result.wait_status = *status;
+  if (line.ok()) {
+    result.line = *line;
+    std::cerr << "[fleet] " << result.line << "\n";
+    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.line, &result.json).ok())
+        << result.line;
+  }
+  return result;
+}
+
+// 3 servers, 4 tenants spread over the shards, 4 workers x 2 threads (each thread on one
+// tenant, two threads per tenant), every attempt failing: the bound binds hard.
+std::vector<std::string> ClusterRun(double duration, std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {
+      absl::StrCat("--spawn-server=", RETRYBUDGET_SERVER_BIN),
+      absl::StrCat("--etcd-binary=", RETRYBUDGET_ETCD_BIN),
+      "--cluster=3",
+      "--cluster-lease-ttl=2s",
+      "--tenant=fc",
+      "--tenants=4",
+      "--workers=4",
+      "--threads=2",
+      absl::StrCat("--duration=", duration),
+      "--failure-rate=1",
+      "--capacity=20",
+      "--refill=60",
+      "--credit=0.01",
+      "--lease-ttl-ms=1000",
+      "--seed=3"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// Every tenant's own verdict: within its bound. Returns the tenants' utilisations.
+std::vector<double> ExpectEveryTenantWithinBudget(const FleetResult& r) {
+  std::vector<double> utilisations;
+  EXPECT_TRUE(r.json.fields().contains("tenants")) << "no per-tenant report: " << r.line;
+  if (!r.json.fields().contains("tenants")) return utilisations;
+  EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
+  EXPECT_TRUE(r.At("within_budget").bool_value()) << r.line;
+  EXPECT_EQ(r.Num("tenant_count"), 4);
+  EXPECT_EQ(r.Num("tenants_within_budget"), 4) << r.line;
+  const auto& tenants = r.At("tenants").list_value().values();
+  EXPECT_EQ(tenants.size(), 4u);
+  for (const Value& t : tenants) {
+    const auto& f = t.struct_value().fields();
+    EXPECT_TRUE(f.at("within_budget").bool_value()) << f.at("tenant").string_value();
+    EXPECT_LE(f.at("retries_allowed").number_value(), f.at("bound").number_value())
+        << f.at("tenant").string_value();
+    // The workers of every tenant retried (each tenant was busy).
+    EXPECT_GT(f.at("retries_allowed").number_value(), 0) << f.at("tenant").string_value();
+    utilisations.push_back(f.at("utilisation").number_value());
+  }
+  return utilisations;
+}
+
+TEST(FleetClusterTest, FourTenantsOnThreeServersEachStayWithinTheirBudgetAndUseIt) {
+  FleetResult r = RunFleetTool(ClusterRun(6));
+  std::vector<double> utilisations = ExpectEveryTenantWithinBudget(r);
+  ASSERT_FALSE(HasFailure());
+  // No tokens stranded in any tenant: the bound is a few hundred tokens, the stock that may
+  // rightly remain at the end (bucket + leases) about one capacity (20).
+  for (double u : utilisations) EXPECT_GE(u, 0.8) << r.line;
+  EXPECT_TRUE(r.At("cluster").struct_value().fields().contains("owner_losses"));
+}
+
+TEST(FleetClusterTest, KillNineOfABusyOwnerKeepsEveryTenantWithinItsBudget) {
+  FleetResult r = RunFleetTool(ClusterRun(9, {"--cluster-chaos=kill:owner@3"}));
+  ExpectEveryTenantWithinBudget(r);
+  ASSERT_FALSE(HasFailure());
+  const auto& cluster = r.At("cluster").struct_value().fields();
+  const auto& losses = cluster.at("owner_losses").list_value().values();
+  ASSERT_EQ(losses.size(), 1u) << r.line;
+  const auto& loss = losses[0].struct_value().fields();
+  // The killed server owned tenant 0 at least, and each of its tenants got a new owner.
+  EXPECT_GE(loss.at("tenants").number_value(), 1);
+  EXPECT_TRUE(loss.contains("new_owner_after_seconds")) << r.line;
+}
+
+}  // namespace
+}  // namespace retrybudget::fleet
