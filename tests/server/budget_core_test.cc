@@ -1,6 +1,7 @@
 #include "server/budget_core.h"
 
 #include <algorithm>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -909,6 +910,10 @@ class ServedTenants final : public TenantRouter {
       writes.swap(writes_);
     }
     for (std::thread& w : writes) w.join();
+  }
+  absl::Status DeleteDurably(absl::string_view,
+                             const std::function<absl::Status()>& forget) override {
+    return forget();  // nothing durable to remove
   }
   std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view) const override {
     return std::nullopt;
