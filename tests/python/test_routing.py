@@ -135,7 +135,7 @@ def test_redirects_are_counted(cluster):
 
 
 def test_dns_target(cluster):
-    # localhost may resolve to ::1 as well, where nothing listens: pick_first moves on.
+    # localhost may resolve to ::1 as well, where nothing listens: round_robin skips it.
     port = cluster.servers[0].port
     with BudgetClient(options(f"dns:///localhost:{port}")) as client:
         a = client.tenant("a")

@@ -143,7 +143,8 @@ struct ClientOptions {
   // own backoff), so a tenant sent back to the target reaches a live server within about one
   // sync_timeout. (With pick_first every Sync of the target would wait on the hung connection
   // until keepalive closes it, 30 s.) A single address behaves as with pick_first. Name a few
-  // servers of a large cluster, not all: each is a connection per client.
+  // servers of a large cluster, not all: each is a connection per client. Name servers of one
+  // cluster only: independent single-mode servers would each grant a tenant from their own bucket.
   std::string target = "127.0.0.1:50051";
   // Random if empty. 1-128 printable ASCII characters.
   std::string instance_id;
