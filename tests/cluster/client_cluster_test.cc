@@ -6,6 +6,9 @@
 //    tenant through redirects, and its workers spend within each tenant's bound across a kill -9
 //    and a SIGSTOP of an owner: what they spend from leases stays within
 //    initial + refill * elapsed, what they spend in fallback within the fallback share.
+//  * The client's channel to the target spreads its Syncs over the servers (round_robin), and
+//    a tenant of the target's first address, SIGSTOPped, is leased by its new owner while that
+//    server still sleeps.
 //  * Raw Sync stubs replay an instance's old requests to a new owner after a takeover, and to a
 //    server a shard moved away from and back to (a restarted process, and the same process after
 //    a SIGSTOP): first contact each time, nothing credited twice, no holdings resurrected, every
