@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include <grpc/grpc.h>
@@ -36,6 +37,10 @@ constexpr int64_t kMinConnectTimeoutMs = 1000;
 constexpr int kKeepaliveTimeMs = 20'000;
 constexpr int kKeepaliveTimeoutMs = 10'000;
 
+// The main channel's load balancing policy: round_robin, one connection to every address of the
+// target (see ClientOptions::target). Owner channels name one address each and keep pick_first.
+constexpr char kMainLbPolicy[] = "round_robin";
+
 int ClampToInt(int64_t ms) {
   return static_cast<int>(std::clamp<int64_t>(ms, 1, std::numeric_limits<int>::max()));
 }
@@ -57,15 +62,19 @@ grpc::ChannelArguments BudgetChannelArguments(const ClientOptions& options) {
   return args;
 }
 
-// `options` has been through ValidateAndDefault().
-absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const ClientOptions& options) {
+// `options` has been through ValidateAndDefault(). `lb_policy` empty: gRPC's default
+// (pick_first).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> NewChannel(const ClientOptions& options,
+                                                          const std::string& lb_policy) {
   // One channel per client; gRPC connects lazily, so Create() does not wait for the server.
   // Insecure only when no credentials are given (loopback, tests); production passes TLS.
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       options.channel_credentials != nullptr ? options.channel_credentials
                                              : grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args = BudgetChannelArguments(options);
+  if (!lb_policy.empty()) args.SetLoadBalancingPolicyName(lb_policy);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.target, credentials, BudgetChannelArguments(options));
+      grpc::CreateCustomChannel(options.target, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("options.target \"", options.target, "\": cannot create a channel"));
@@ -80,7 +89,7 @@ client_internal::StubFactory OwnerStubs(const ClientOptions& options) {
              -> std::unique_ptr<v1::RetryBudgetService::StubInterface> {
     ClientOptions owner = options;
     owner.target = address;
-    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(owner);
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(owner, "");
     if (!channel.ok()) return nullptr;
     return v1::RetryBudgetService::NewStub(*channel);
   };
@@ -99,7 +108,7 @@ absl::StatusOr<std::unique_ptr<BudgetClient>> BudgetClient::Create(ClientOptions
   if (absl::Status target = CheckTarget(options); !target.ok()) return target;
   absl::StatusOr<ClientOptions> valid = client_internal::ValidateAndDefault(std::move(options));
   if (!valid.ok()) return valid.status();
-  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(*valid);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = NewChannel(*valid, kMainLbPolicy);
   if (!channel.ok()) return channel.status();
   absl::StatusOr<std::unique_ptr<client_internal::BudgetClientImpl>> client =
       client_internal::NewBudgetClientImpl(*valid, v1::RetryBudgetService::NewStub(*channel),
@@ -113,7 +122,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateBudgetChannel(const ClientO
   if (absl::Status target = CheckTarget(options); !target.ok()) return target;
   absl::StatusOr<ClientOptions> valid = client_internal::ValidateAndDefault(options);
   if (!valid.ok()) return valid.status();
-  return NewChannel(*valid);
+  return NewChannel(*valid, kMainLbPolicy);
 }
 
 absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTesting(

@@ -253,8 +253,8 @@ TEST(ClientReconnectTest, ASyncBlockedOnAHungServerNeverKeepsALeasePastItsTtl) {
   EXPECT_TRUE((*client)->Shutdown().ok());
 }
 
-// A target naming several servers (as for a cluster): pick_first skips a dead first address,
-// and moves on to the next server when the one it uses dies. Three independent single-mode
+// A target naming several servers (as for a cluster): round_robin skips a dead first address,
+// and moves on to the others when one it uses dies. Three independent single-mode
 // servers stand in for a cluster here (each holds its own budget); the routing between a
 // cluster's owners is tested with the cluster tests.
 TEST(ClientReconnectTest, MultiAddressTargetSkipsADeadAddressAndMovesOnWhenItsServerDies) {
@@ -278,7 +278,7 @@ TEST(ClientReconnectTest, MultiAddressTargetSkipsADeadAddressAndMovesOnWhenItsSe
   TenantBudget* budget = (*client)->Tenant("multi").value();
   ASSERT_TRUE(PollUntil([&] { return budget->Stats().mode == BudgetMode::kLease; },
                         absl::Seconds(10)))
-      << "no lease through the second address";
+      << "no lease through a live address";
 
   ASSERT_NO_FATAL_FAILURE(second.Kill());
   const uint64_t received_before = budget->Stats().tokens_received;

@@ -6,6 +6,9 @@
 //    tenant through redirects, and its workers spend within each tenant's bound across a kill -9
 //    and a SIGSTOP of an owner: what they spend from leases stays within
 //    initial + refill * elapsed, what they spend in fallback within the fallback share.
+//  * The client's channel to the target spreads its Syncs over the servers (round_robin), and
+//    a tenant of the target's first address, SIGSTOPped, is leased by its new owner while that
+//    server still sleeps.
 //  * Raw Sync stubs replay an instance's old requests to a new owner after a takeover, and to a
 //    server a shard moved away from and back to (a restarted process, and the same process after
 //    a SIGSTOP): first contact each time, nothing credited twice, no holdings resurrected, every
@@ -39,6 +42,7 @@
 #include "cluster/shard_map.h"
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
+#include "retrybudget/client_testing.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "retrybudget/v1/state.pb.h"
 #include "tests/cluster/wait_for.h"
@@ -265,8 +269,8 @@ TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantW
   ASSERT_NO_FATAL_FAILURE(StartCluster(budget));
   ASSERT_NO_FATAL_FAILURE(StartClient());
 
-  // Every tenant gets leased, through redirects: the client's channel reaches one server, which
-  // owns one of the three shards; the other two tenants are redirected to their owners.
+  // Every tenant gets leased, through redirects: a server the target's Syncs reach owns one of
+  // the three shards and names the owners of the other two.
   ASSERT_TRUE(WaitFor([&] { return AllLeased(); }, absl::Seconds(10)))
       << "not every tenant leased within 10 s";
   const double redirects_at_lease = Redirects();
@@ -275,8 +279,7 @@ TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantW
   EXPECT_GE(redirects_at_lease, kShards - 1);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // steady state: spending the refill
 
-  // kill -9 of server 0: the first address of the target, which the client's channel is
-  // connected to (pick_first), and the owner of one tenant.
+  // kill -9 of server 0: the first address of the target, and the owner of one tenant.
   const int victim = 0;
   std::string victim_tenant;
   for (const auto& [shard, tenant] : shard_tenant_) {
@@ -387,8 +390,8 @@ TEST_F(ClientClusterTest, SigstoppedOwnerGrantsNothingLateAndEveryTenantStaysWit
       << "not every tenant leased within 10 s";
   std::this_thread::sleep_for(std::chrono::seconds(1));
 
-  // SIGSTOP of the owner of a tenant the client reaches through a redirect (its channel's
-  // server keeps answering), for twice the etcd lease TTL.
+  // SIGSTOP of the owner of a tenant other than the target's first address, for twice the etcd
+  // lease TTL.
   std::string victim_tenant;
   int victim = -1;
   for (const auto& [shard, tenant] : shard_tenant_) {
@@ -480,6 +483,95 @@ TEST_F(ClientClusterTest, SigstoppedOwnerGrantsNothingLateAndEveryTenantStaysWit
     EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
     EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
   }
+}
+
+// The channel BudgetClient::Create() makes for a target of several servers spreads its Syncs
+// over them (round_robin): a fleet's first Syncs do not all land on the target's first address.
+TEST_F(ClientClusterTest, TheClientsChannelSpreadsItsSyncsOverTheTargetsServers) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(Budget{}));
+  ClientOptions options;
+  options.target = cluster_->target();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateBudgetChannel(options);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto stub = v1::RetryBudgetService::NewStub(*channel);
+  std::set<std::string> peers;
+  uint64_t seq = 0;
+  // Connections open one by one: a few rounds until every server has answered.
+  WaitFor(
+      [&] {
+        v1::SyncRequest request;
+        request.set_instance_id("spread-test");
+        request.set_seq(++seq);
+        request.add_tenants()->set_tenant(shard_tenant_[0]);
+        grpc::ClientContext context;
+        context.set_wait_for_ready(true);
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+        v1::SyncResponse response;
+        if (stub->Sync(&context, request, &response).ok()) peers.insert(context.peer());
+        return static_cast<int>(peers.size()) == kServers;
+      },
+      absl::Seconds(5));
+  std::string seen;
+  for (const std::string& peer : peers) absl::StrAppend(&seen, " ", peer);
+  std::printf("%llu Syncs on one channel reached %zu servers:%s\n",
+              static_cast<unsigned long long>(seq), peers.size(), seen.c_str());
+  EXPECT_EQ(static_cast<int>(peers.size()), kServers) << seen;
+}
+
+// SIGSTOP of the target's first address while it owns a tenant: the tenant goes back to the
+// target, whose Syncs to the hung server time out while those to the others are answered; the
+// tenant is leased by the new owner while the paused server still sleeps (with pick_first every
+// Sync of the target waited on the hung connection until the server resumed or keepalive closed
+// it, 30 s).
+TEST_F(ClientClusterTest, TenantOfAPausedFirstAddressIsLeasedByItsNewOwnerWhileTheServerSleeps) {
+  const Budget budget;
+  ASSERT_NO_FATAL_FAILURE(StartCluster(budget));
+  ASSERT_NO_FATAL_FAILURE(StartClient());
+  ASSERT_TRUE(WaitFor([&] { return AllLeased(); }, absl::Seconds(10)))
+      << "not every tenant leased within 10 s";
+
+  const int victim = 0;  // the first address of cluster_->target()
+  ASSERT_EQ(cluster_->target().find(cluster_->server(victim).address()),
+            std::string("ipv4:").size())
+      << cluster_->target();
+  std::string victim_tenant;
+  for (const auto& [shard, tenant] : shard_tenant_) {
+    if (OwnerIndex(tenant) == victim) victim_tenant = tenant;
+  }
+  ASSERT_FALSE(victim_tenant.empty()) << "server 0 owns no tenant";
+  ASSERT_TRUE(cluster_->PauseServer(victim).ok());
+  const absl::Time paused = absl::Now();
+
+  int new_owner = -1;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        new_owner = OwnerIndex(victim_tenant);
+        return new_owner >= 0 && new_owner != victim;
+      },
+      absl::Seconds(15)))
+      << "the paused server's shard did not move";
+  const absl::Time new_owner_at = absl::Now();
+  TenantBudget& victim_budget = *spenders_[victim_tenant]->budget;
+  const uint64_t received_at_new_owner = victim_budget.Stats().tokens_received;
+
+  // Bounded by the client's lease TTL + 5 s, with the server still paused.
+  const absl::Duration bound = absl::Milliseconds(budget.lease_ttl_ms) + absl::Seconds(5);
+  const bool leased_again = WaitFor(
+      [&] {
+        const TenantStats stats = victim_budget.Stats();
+        return stats.mode == BudgetMode::kLease && stats.tokens_received > received_at_new_owner;
+      },
+      bound);
+  const absl::Time leased_again_at = absl::Now();
+  ASSERT_TRUE(cluster_->ResumeServer(victim).ok());
+  std::printf("SIGSTOP of server %d (first address): new owner (server %d) after %s; %s on a "
+              "lease from it %s after that\n",
+              victim, new_owner, absl::FormatDuration(new_owner_at - paused).c_str(),
+              victim_tenant.c_str(),
+              leased_again ? absl::FormatDuration(leased_again_at - new_owner_at).c_str()
+                           : "not yet");
+  EXPECT_TRUE(leased_again) << victim_tenant << " not leased by server " << new_owner << " within "
+                            << bound << " of its takeover, server " << victim << " still paused";
 }
 
 // ---------------------------------------------------------------------------------------------

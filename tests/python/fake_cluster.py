@@ -35,6 +35,7 @@ class FakeCluster:
         self.owner = {}     # tenant -> address ("" : no owner); unlisted: whoever is asked
         self.claims = {}    # (address, tenant) -> owner that server claims (a stale view)
         self.received = []  # (address, SyncRequest), in order
+        self.hung = {}      # address -> Event: its Syncs wait until set (a paused server)
         self.servers = [_Server(self) for _ in range(servers)]
 
     @property
@@ -49,7 +50,22 @@ class FakeCluster:
         with self._mu:
             return list(self.received)
 
+    def hang(self, address) -> None:
+        """The server at `address` stops answering, its connections open (as under SIGSTOP)."""
+        with self._mu:
+            self.hung.setdefault(address, threading.Event())
+
+    def resume(self, address) -> None:
+        with self._mu:
+            event = self.hung.pop(address, None)
+        if event is not None:
+            event.set()
+
     def answer(self, address, request, context):
+        with self._mu:
+            hung = self.hung.get(address)
+        if hung is not None:
+            hung.wait()
         with self._mu:
             self.received.append((address, request))
             response = budget_pb2.SyncResponse()
@@ -71,5 +87,7 @@ class FakeCluster:
             return response
 
     def stop(self) -> None:
+        for address in list(self.hung):
+            self.resume(address)
         for s in self.servers:
             s.stop()

@@ -10,6 +10,7 @@ import pytest
 
 from retrybudget import BudgetClient, ClientOptions
 from retrybudget._sync_engine import MAX_REDIRECT_HOPS
+from retrybudget.options import channel_options
 from retrybudget.aio import AsyncBudgetClient
 
 from conftest import wait_until
@@ -134,7 +135,7 @@ def test_redirects_are_counted(cluster):
 
 
 def test_dns_target(cluster):
-    # localhost may resolve to ::1 as well, where nothing listens: pick_first moves on.
+    # localhost may resolve to ::1 as well, where nothing listens: round_robin skips it.
     port = cluster.servers[0].port
     with BudgetClient(options(f"dns:///localhost:{port}")) as client:
         a = client.tenant("a")
@@ -154,3 +155,44 @@ def test_unreachable_owner_sends_its_tenants_back_to_the_target(cluster):
                    and a.stats().tokens_received > received_before,
                    what="leased by s3 after s2 died")
         assert a.stats().mode == "lease"
+
+
+def test_main_channel_is_round_robin_and_owner_channels_pick_first():
+    o = options("ipv4:127.0.0.1:1,127.0.0.1:2")
+    assert ("grpc.lb_policy_name", "round_robin") in channel_options(o)
+    assert all(name != "grpc.lb_policy_name" for name, _ in channel_options(o, main=False))
+
+
+def test_syncs_of_a_multi_address_target_reach_every_server(cluster):
+    target = "ipv4:" + ",".join(cluster.addresses)
+    with BudgetClient(options(target)) as client:
+        a = client.tenant("a")  # no owner listed: whoever is asked grants it
+        wait_until(lambda: a.try_acquire() is not None and
+                   {address for address, _ in cluster.all_received()} == set(cluster.addresses),
+                   what="Syncs on every address of the target")
+
+
+def test_hung_first_address_holds_only_the_syncs_sent_to_it(cluster):
+    s1, s2, s3 = cluster.addresses
+    cluster.owner["a"] = s1
+    with BudgetClient(options(f"ipv4:{s1},{s2},{s3}")) as client:
+        a = client.tenant("a")
+        # A few Syncs: those of the target that reach s2 or s3 are redirected to s1.
+        wait_until(lambda: a.stats().mode == "lease" and
+                   sum(tenants_of(r) == ["a"] for _, r in cluster.all_received()) >= 4,
+                   what="leased by s1")
+        cluster.hang(s1)  # paused, connections open; s2 takes the shard over
+        cluster.owner["a"] = s2
+        hung_at = time.monotonic()
+        sent_to_s2 = len(cluster.requests_to(s2))
+        received = a.stats().tokens_received
+        try:
+            # The owner route fails for sync_timeout (1 s) plus a refresh period, then the
+            # target's Syncs: one of them at most waits out sync_timeout on s1.
+            wait_until(lambda: a.try_acquire() is not None and
+                       a.stats().tokens_received > received and
+                       any(tenants_of(r) == ["a"] for r in cluster.requests_to(s2)[sent_to_s2:]),
+                       timeout=5.0, what="leased by s2 while s1 hangs")
+            print(f"leased by s2 {time.monotonic() - hung_at:.2f} s after s1 hung")
+        finally:
+            cluster.resume(s1)

@@ -130,12 +130,21 @@ class TenantBudget {
 struct ClientOptions {
   // gRPC target of the budget server, e.g. "127.0.0.1:50051", or of several servers of a
   // cluster: "ipv4:127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003", "dns:///budget.example:50051".
-  // The channel uses gRPC's default pick_first policy: one connection, to the first address
-  // that accepts it (a dead address is skipped, and a connection that breaks moves to the next).
-  // Not round_robin: any server of a cluster answers for any tenant (it redirects the tenants
-  // it does not own), so spreading Syncs over every address would only open more connections;
-  // once redirected, a tenant is synced with its owner over a channel of its own (same
-  // credentials and channel arguments), one Sync per owner per refresh.
+  // The channel uses gRPC's round_robin policy: a connection to every address of the target,
+  // each Sync to the next one that is connected (a dead address is skipped until it connects
+  // again). Any server of a cluster answers for any tenant (it redirects the tenants it does not
+  // own); once redirected, a tenant is synced with its owner over a channel of its own (one
+  // address, pick_first; same credentials and channel arguments), one Sync per owner per
+  // refresh. The target carries only new tenants and those whose owner route failed, so
+  // spreading it costs each client one idle connection per address and buys two things: a
+  // fleet's first Syncs are spread over the servers, and a server that hangs with its
+  // connections open (SIGSTOP, a stalled process) holds only the Syncs sent to it: such a Sync
+  // fails after sync_timeout and its resend goes to the next address at once (the wait was its
+  // own backoff), so a tenant sent back to the target reaches a live server within about one
+  // sync_timeout. (With pick_first every Sync of the target would wait on the hung connection
+  // until keepalive closes it, 30 s.) A single address behaves as with pick_first. Name a few
+  // servers of a large cluster, not all: each is a connection per client. Name servers of one
+  // cluster only: independent single-mode servers would each grant a tenant from their own bucket.
   std::string target = "127.0.0.1:50051";
   // Random if empty. 1-128 printable ASCII characters.
   std::string instance_id;

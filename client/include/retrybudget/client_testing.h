@@ -72,10 +72,11 @@ absl::StatusOr<std::unique_ptr<TestingBudgetClient>> CreateBudgetClientForTestin
     ClientOptions options, std::unique_ptr<v1::RetryBudgetService::StubInterface> stub,
     OwnerStubFactory owner_stubs, bool start_refresher_thread = false);
 
-// The channel BudgetClient::Create() makes for `options` (target, channel_credentials or
-// insecure, max_reconnect_backoff, no transparent retries, keepalive), for a caller that wraps
-// the stub (to observe or fault its Syncs) and passes it to CreateBudgetClientForTesting(): the
-// client then reconnects exactly as one made by Create(). INVALID_ARGUMENT for bad options.
+// The channel BudgetClient::Create() makes for `options` (target, round_robin over its
+// addresses, channel_credentials or insecure, max_reconnect_backoff, no transparent retries,
+// keepalive), for a caller that wraps the stub (to observe or fault its Syncs) and passes it to
+// CreateBudgetClientForTesting(): the client then reconnects exactly as one made by Create().
+// INVALID_ARGUMENT for bad options.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateBudgetChannel(const ClientOptions& options);
 
 }  // namespace retrybudget

@@ -95,7 +95,8 @@ class AsyncBudgetClient:
         if address is None:
             return self._stub
         if address not in self._owner_channels:
-            channel = make_channel(dataclasses.replace(self.options, target=address), aio=True)
+            channel = make_channel(dataclasses.replace(self.options, target=address), aio=True,
+                                   main=False)
             self._owner_channels[address] = (channel,
                                              budget_pb2_grpc.RetryBudgetServiceStub(channel))
         return self._owner_channels[address][1]

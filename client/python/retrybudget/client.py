@@ -27,11 +27,13 @@ from .tenant_budget import TenantBudget
 _MAX_IDLE_SLEEP = 60.0
 
 
-def make_channel(o: ClientOptions, aio: bool = False):
+def make_channel(o: ClientOptions, aio: bool = False, main: bool = True):
+    """The channel to o.target: the main one (round_robin), or an owner's (`main` False)."""
     mod = grpc.aio if aio else grpc
+    args = channel_options(o, main)
     if o.channel_credentials is None:
-        return mod.insecure_channel(o.target, options=channel_options(o))
-    return mod.secure_channel(o.target, o.channel_credentials, options=channel_options(o))
+        return mod.insecure_channel(o.target, options=args)
+    return mod.secure_channel(o.target, o.channel_credentials, options=args)
 
 
 def make_metrics(o: ClientOptions):
@@ -147,7 +149,8 @@ class BudgetClient:
         if address not in self._owner_channels:
             channel = (self._owner_channel_factory(address)
                        if self._owner_channel_factory is not None
-                       else make_channel(dataclasses.replace(self.options, target=address)))
+                       else make_channel(dataclasses.replace(self.options, target=address),
+                                         main=False))
             self._owner_channels[address] = (channel,
                                              budget_pb2_grpc.RetryBudgetServiceStub(channel))
         return self._owner_channels[address][1]

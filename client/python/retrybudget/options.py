@@ -17,7 +17,10 @@ _MAX_WANT = 1_000_000
 
 @dataclass
 class ClientOptions:
-    # gRPC target of the budget server, e.g. "127.0.0.1:50051" or "dns:///budget:50051".
+    # gRPC target of the budget server, e.g. "127.0.0.1:50051" or "dns:///budget:50051", or of
+    # several servers of a cluster: "ipv4:10.0.0.1:50051,10.0.0.2:50051". round_robin over its
+    # addresses, as the C++ client (client.h, ClientOptions::target): a Sync that waited out
+    # sync_timeout on a hung server is resent to the next address.
     target: str = "127.0.0.1:50051"
     # Random if empty. 1-128 printable ASCII characters.
     instance_id: str = ""
@@ -111,11 +114,15 @@ def validate_and_default(options: ClientOptions) -> ClientOptions:
     return o
 
 
-def channel_options(o: ClientOptions):
+def channel_options(o: ClientOptions, main: bool = True):
     """The channel arguments the C++ client sets (client/client.cc): a short reconnect backoff,
-    no transparent retries (the refresher resends with the same seq), keepalive with calls."""
+    no transparent retries (the refresher resends with the same seq), keepalive with calls; and
+    for the main channel (`main`, the target's) round_robin: a connection to every address of the
+    target, each Sync to the next connected one, so a hung server holds only the Syncs sent to
+    it (see ClientOptions.target). An owner's channel (one address) keeps pick_first."""
     max_ms = max(1, int(o.max_reconnect_backoff * 1000))
-    return [
+    lb = [("grpc.lb_policy_name", "round_robin")] if main else []
+    return lb + [
         ("grpc.initial_reconnect_backoff_ms", min(100, max_ms)),
         ("grpc.max_reconnect_backoff_ms", max_ms),
         ("grpc.min_reconnect_backoff_ms", max(1000, max_ms)),
