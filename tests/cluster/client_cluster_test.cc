@@ -581,8 +581,42 @@ TEST_F(ClientClusterTest, TenantOfAPausedFirstAddressIsLeasedByItsNewOwnerWhileT
 // No refill: every level is exact, and the bound over any run is the capacity.
 constexpr Budget kReplayBudget = {.capacity = 40, .refill = 0, .lease_ttl_ms = 5000};
 
+// One instance's history with a server: seq 1 takes `g1` tokens; seq 2 gives them all back
+// (credited: the server granted them to this instance) and asks for 5 more. The two requests,
+// as sent, for a replay.
+struct History {
+  v1::SyncRequest first;
+  v1::SyncRequest second;
+  uint64_t g1 = 0;
+  uint64_t g2 = 0;
+};
+
 class ReplayClusterTest : public ClusterFixture {
  protected:
+  // Plays History (below) of one instance with `server` for `tenant`, counting its grants and
+  // returns.
+  void PlayHistory(int server, const std::string& tenant, History* h) {
+    h->first.set_instance_id("replayed-instance");
+    h->first.set_seq(1);
+    h->first.add_tenants()->set_tenant(tenant);
+    h->first.mutable_tenants(0)->set_want(10);
+    h->first = SyncUntilGranted(server, h->first, &h->g1);
+    ASSERT_GT(h->g1, 0u);
+    h->second = h->first;
+    h->second.set_seq(h->first.seq() + 1);
+    v1::TenantSync* t = h->second.mutable_tenants(0);
+    t->set_tokens_received(h->g1);
+    t->set_tokens_returned(h->g1);
+    t->set_want(5);
+    v1::SyncResponse response;
+    ASSERT_TRUE(Sync(server, h->second, &response).ok());
+    ASSERT_EQ(response.tenants_size(), 1);
+    ASSERT_FALSE(response.tenants(0).has_error()) << response.DebugString();
+    h->g2 = response.tenants(0).granted();
+    granted_ += h->g2;
+    returned_ += h->g1;
+  }
+
   // One Sync of `request` to `server`; the response, or a failed status.
   grpc::Status Sync(int server, const v1::SyncRequest& request, v1::SyncResponse* response) {
     auto stub = BudgetStub(server);
@@ -668,15 +702,6 @@ class ReplayClusterTest : public ClusterFixture {
   uint64_t returned_ = 0;
 };
 
-// One instance's history with a server: seq 1 takes `g1` tokens; seq 2 gives them all back
-// (credited: the server granted them to this instance) and asks for 5 more. The two requests,
-// as sent, for a replay.
-struct History {
-  v1::SyncRequest first;
-  v1::SyncRequest second;
-  uint64_t g1 = 0;
-  uint64_t g2 = 0;
-};
 
 TEST_F(ReplayClusterTest, OldSyncReplayedToTheNewOwnerAfterAKillIsAFirstContact) {
   ASSERT_NO_FATAL_FAILURE(StartCluster(kReplayBudget));
@@ -685,25 +710,7 @@ TEST_F(ReplayClusterTest, OldSyncReplayedToTheNewOwnerAfterAKillIsAFirstContact)
   ASSERT_GE(old_owner, 0);
 
   History h;
-  h.first.set_instance_id("replayed-instance");
-  h.first.set_seq(1);
-  h.first.add_tenants()->set_tenant(tenant);
-  h.first.mutable_tenants(0)->set_want(10);
-  h.first = SyncUntilGranted(old_owner, h.first, &h.g1);
-  ASSERT_GT(h.g1, 0u);
-  h.second = h.first;
-  h.second.set_seq(h.first.seq() + 1);
-  v1::TenantSync* t = h.second.mutable_tenants(0);
-  t->set_tokens_received(h.g1);
-  t->set_tokens_returned(h.g1);
-  t->set_want(5);
-  v1::SyncResponse response;
-  ASSERT_TRUE(Sync(old_owner, h.second, &response).ok());
-  ASSERT_EQ(response.tenants_size(), 1);
-  ASSERT_FALSE(response.tenants(0).has_error()) << response.DebugString();
-  h.g2 = response.tenants(0).granted();
-  granted_ += h.g2;
-  returned_ += h.g1;
+  ASSERT_NO_FATAL_FAILURE(PlayHistory(old_owner, tenant, &h));
   absl::StatusOr<v1::BudgetStatus> before = GetBudget(old_owner, tenant);
   ASSERT_TRUE(before.ok()) << before.status();
   EXPECT_EQ(before->returned_total(), h.g1);
@@ -798,25 +805,7 @@ TEST_F(ReplayClusterTest, ShardThatMovesAwayAndBackCreditsAReplayedRequestOnlyOn
   ASSERT_GE(a, 0);
 
   History h;
-  h.first.set_instance_id("replayed-instance");
-  h.first.set_seq(1);
-  h.first.add_tenants()->set_tenant(tenant);
-  h.first.mutable_tenants(0)->set_want(10);
-  h.first = SyncUntilGranted(a, h.first, &h.g1);
-  ASSERT_GT(h.g1, 0u);
-  h.second = h.first;
-  h.second.set_seq(h.first.seq() + 1);
-  v1::TenantSync* t = h.second.mutable_tenants(0);
-  t->set_tokens_received(h.g1);
-  t->set_tokens_returned(h.g1);
-  t->set_want(5);
-  v1::SyncResponse response;
-  ASSERT_TRUE(Sync(a, h.second, &response).ok());
-  ASSERT_EQ(response.tenants_size(), 1);
-  ASSERT_FALSE(response.tenants(0).has_error()) << response.DebugString();
-  h.g2 = response.tenants(0).granted();
-  granted_ += h.g2;
-  returned_ += h.g1;
+  ASSERT_NO_FATAL_FAILURE(PlayHistory(a, tenant, &h));
 
   // SIGTERM: A writes the shard's state and hands it over.
   absl::StatusOr<int> stopped = cluster_->server(a).Stop(SIGTERM, absl::Seconds(10));
