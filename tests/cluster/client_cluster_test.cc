@@ -26,7 +26,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -100,16 +99,12 @@ class ClusterFixture : public ::testing::Test {
   // Starts etcd and the servers with `budget` as every tenant's policy, and waits until the
   // shards are balanced (each server owns one).
   void StartCluster(const Budget& budget) {
-    auto dir = TempDir::Make();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    const std::string policy = dir_->path() + "/policy.textproto";
-    std::ofstream(policy) << PolicyText(budget);
     auto cluster = ClusterUnderTest::Start(
         {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
          .servers = kServers,
          .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = {"--policy=" + policy, "--shutdown_grace=0s", "--log_level=warn"},
+         .server_flags = {"--shutdown_grace=0s", "--log_level=warn"},
+         .policy = PolicyText(budget),
          .shards = kShards,
          .lease_ttl = kEtcdLeaseTtl});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -166,7 +161,6 @@ class ClusterFixture : public ::testing::Test {
                                                                grpc::InsecureChannelCredentials()));
   }
 
-  std::unique_ptr<TempDir> dir_;
   std::unique_ptr<ClusterUnderTest> cluster_;
   std::map<int, std::string> shard_tenant_;  // one tenant per shard
   std::map<std::string, int> first_owner_;   // tenant -> its owner once balanced

@@ -4,7 +4,6 @@
 // Every wait is bounded; no speed is asserted (the write rate is counted per Sync, and printed).
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
@@ -30,18 +29,13 @@ constexpr double kRefill = 20;
 class ClusterStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Make();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    const std::string policy = dir_->path() + "/policy.textproto";
-    std::ofstream(policy) << "default_policy { capacity: " << kCapacity
-                          << " refill_per_second: " << kRefill
-                          << " success_credit: 0 lease_ttl_ms: 2000 }\n";
     absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
         {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
          .servers = 3,
          .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = {"--policy=" + policy, "--shutdown_grace=0s"},
+         .server_flags = {"--shutdown_grace=0s"},
+         .policy = absl::StrCat("default_policy { capacity: ", kCapacity, " refill_per_second: ",
+                                kRefill, " success_credit: 0 lease_ttl_ms: 2000 }"),
          .shards = kShards,
          .lease_ttl = absl::Seconds(2)});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -107,7 +101,6 @@ class ClusterStateTest : public ::testing::Test {
     return Admin(server)->GetBudget(&context, get, got);
   }
 
-  std::unique_ptr<TempDir> dir_;
   std::unique_ptr<ClusterUnderTest> cluster_;
 };
 

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -52,18 +51,13 @@ struct ServerStubs {
 class ServerClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Make();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    const std::string policy = dir_->path() + "/policy.textproto";
-    std::ofstream(policy) << "default_policy { capacity: " << kCapacity
-                          << " refill_per_second: " << kRefill
-                          << " success_credit: 0 lease_ttl_ms: 2000 }\n";
     absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
         {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
          .servers = 3,
          .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = {"--policy=" + policy, "--shutdown_grace=0s"},
+         .server_flags = {"--shutdown_grace=0s"},
+         .policy = absl::StrCat("default_policy { capacity: ", kCapacity, " refill_per_second: ",
+                                kRefill, " success_credit: 0 lease_ttl_ms: 2000 }"),
          .etcd_prefix = kPrefix,
          .shards = kShards,
          .lease_ttl = kLeaseTtl});
@@ -128,7 +122,6 @@ class ServerClusterTest : public ::testing::Test {
     return servers_[server].budget->Sync(&context, request, response);
   }
 
-  std::unique_ptr<TempDir> dir_;
   std::unique_ptr<ClusterUnderTest> cluster_;
   std::vector<ServerStubs> servers_;
 };

@@ -283,6 +283,15 @@ absl::StatusOr<std::unique_ptr<ClusterUnderTest>> ClusterUnderTest::Start(
       etcd::EtcdClient::Create({.endpoints = c->etcd_->etcd_endpoints()});
   if (!client.ok()) return client.status();
   c->etcd_client_ = *std::move(client);
+  std::string policy_flag;
+  if (!c->options_.policy.empty()) {
+    const std::string path = c->etcd_->dir() + "/policy.textproto";
+    std::ofstream out(path);
+    out << c->options_.policy;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write the policy file ", path));
+    policy_flag = "--policy=" + path;
+  }
 
   for (int i = 0; i < c->options_.servers; ++i) {
     // The advertised address must be known before the server starts: pick the port first.
@@ -296,6 +305,7 @@ absl::StatusOr<std::unique_ptr<ClusterUnderTest>> ClusterUnderTest::Start(
       flags.push_back(
           absl::StrCat("--etcd_lease_ttl=", absl::FormatDuration(c->options_.lease_ttl)));
     }
+    if (!policy_flag.empty()) flags.push_back(policy_flag);
     flags.insert(flags.end(), c->options_.server_flags.begin(), c->options_.server_flags.end());
     absl::StatusOr<std::unique_ptr<ServerUnderTest>> server =
         ServerUnderTest::Start({.binary = c->options_.server_binary,

@@ -167,8 +167,11 @@ struct ClusterUnderTestOptions {
   int servers = 3;
   std::string server_binary = {};
   // Appended to every server's flags (after --etcd_endpoints, --advertise, --etcd_prefix,
-  // --shards, --etcd_lease_ttl).
+  // --shards, --etcd_lease_ttl, --policy).
   std::vector<std::string> server_flags = {};
+  // When not empty: a policy file's text (e.g. "default_policy { capacity: 50 }"), written to
+  // <the etcd cluster's directory>/policy.textproto and given to every server as --policy.
+  std::string policy = {};
   std::string etcd_prefix = "/retry-budget";
   int shards = 0;                                   // 0: the server's default (no flag)
   absl::Duration lease_ttl = absl::ZeroDuration();  // 0: the server's default (no flag)
