@@ -178,6 +178,15 @@ struct Spender {
   std::thread thread;
 };
 
+// How often the test saw a tenant in each mode.
+struct ModeCounts {
+  std::map<BudgetMode, int> samples;
+  int Of(BudgetMode m) const {
+    auto it = samples.find(m);
+    return it == samples.end() ? 0 : it->second;
+  }
+};
+
 class ClientClusterTest : public ClusterFixture {
  protected:
   void StartClient() {
@@ -241,6 +250,30 @@ class ClientClusterTest : public ClusterFixture {
     return budget.capacity + budget.refill * absl::ToDoubleSeconds(stopped_ - started_);
   }
 
+  // One tenant's spending, printed and checked against its bounds: what it spent from leases
+  // within LeaseBound, what it spent in fallback within one instance's share (the whole capacity
+  // and refill) over `outage`. `role` is the tenant's part ("killed", "stopped" or empty),
+  // `during` names the time `modes` were sampled in. Returns the tenant's stats.
+  TenantStats ExpectWithinBounds(const Budget& budget, const std::string& tenant,
+                                 absl::Duration outage, const std::string& role,
+                                 const char* during, const ModeCounts& modes) {
+    const TenantStats stats = spenders_.at(tenant)->budget->Stats();
+    const uint64_t leased = spenders_.at(tenant)->allowed.load() - stats.fallback_allowed;
+    const double fallback_bound =
+        budget.capacity + budget.refill * absl::ToDoubleSeconds(outage) + 1;
+    std::printf(
+        "%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
+        "(bound %.0f); modes %s: lease %d, no_lease %d, fallback %d\n",
+        tenant.c_str(), first_owner_[tenant], role.empty() ? "" : (", " + role).c_str(),
+        static_cast<unsigned long long>(leased), LeaseBound(budget),
+        static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound, during,
+        modes.Of(BudgetMode::kLease), modes.Of(BudgetMode::kNoLease),
+        modes.Of(BudgetMode::kFallback));
+    EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
+    EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
+    return stats;
+  }
+
   prometheus::Registry registry_;
   std::unique_ptr<BudgetClient> client_;
   std::map<std::string, std::unique_ptr<Spender>> spenders_;
@@ -250,14 +283,6 @@ class ClientClusterTest : public ClusterFixture {
 };
 
 // Mode samples of one tenant over a window.
-struct ModeCounts {
-  std::map<BudgetMode, int> samples;
-  int Of(BudgetMode m) const {
-    auto it = samples.find(m);
-    return it == samples.end() ? 0 : it->second;
-  }
-};
-
 TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantWithinItsBound) {
   const Budget budget;
   ASSERT_NO_FATAL_FAILURE(StartCluster(budget));
@@ -343,23 +368,10 @@ TEST_F(ClientClusterTest, KillOfAnOwnerLeavesOtherTenantsOnLeasesAndEveryTenantW
   StopSpending();
   const absl::Duration outage = *leased_again_at - killed;
   for (const auto& [tenant, spender] : spenders_) {
-    const TenantStats stats = spender->budget->Stats();
-    const uint64_t allowed = spender->allowed.load();
-    ASSERT_EQ(allowed, stats.retries_allowed) << tenant;
-    const uint64_t leased = allowed - stats.fallback_allowed;
-    // The fallback share of one instance: the whole capacity and refill.
-    const double fallback_bound =
-        budget.capacity + budget.refill * absl::ToDoubleSeconds(outage) + 1;
-    std::printf(
-        "%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
-        "(bound %.0f); modes after the kill: lease %d, no_lease %d, fallback %d\n",
-        tenant.c_str(), first_owner_[tenant], tenant == victim_tenant ? ", killed" : "",
-        static_cast<unsigned long long>(leased), LeaseBound(budget),
-        static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
-        modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
-        modes[tenant].Of(BudgetMode::kFallback));
-    EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
-    EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
+    const TenantStats stats =
+        ExpectWithinBounds(budget, tenant, outage, tenant == victim_tenant ? "killed" : "",
+                           "after the kill", modes[tenant]);
+    ASSERT_EQ(spender->allowed.load(), stats.retries_allowed) << tenant;
     if (tenant != victim_tenant) {
       // Unaffected: on leases from their own owners, granted all along. (At most a blip of
       // fallback: on a loaded machine a Sync starved of CPU past sync_timeout counts its
@@ -462,20 +474,8 @@ TEST_F(ClientClusterTest, SigstoppedOwnerGrantsNothingLateAndEveryTenantStaysWit
   std::this_thread::sleep_for(std::chrono::seconds(1));
   StopSpending();
   for (const auto& [tenant, spender] : spenders_) {
-    const TenantStats stats = spender->budget->Stats();
-    const uint64_t leased = spender->allowed.load() - stats.fallback_allowed;
-    const double fallback_bound =
-        budget.capacity + budget.refill * absl::ToDoubleSeconds(outage) + 1;
-    std::printf(
-        "%s (server %d%s): spent %llu from leases (bound %.0f), %llu in fallback "
-        "(bound %.0f); modes while stopped: lease %d, no_lease %d, fallback %d\n",
-        tenant.c_str(), first_owner_[tenant], tenant == victim_tenant ? ", stopped" : "",
-        static_cast<unsigned long long>(leased), LeaseBound(budget),
-        static_cast<unsigned long long>(stats.fallback_allowed), fallback_bound,
-        modes[tenant].Of(BudgetMode::kLease), modes[tenant].Of(BudgetMode::kNoLease),
-        modes[tenant].Of(BudgetMode::kFallback));
-    EXPECT_LE(static_cast<double>(leased), LeaseBound(budget)) << tenant;
-    EXPECT_LE(static_cast<double>(stats.fallback_allowed), fallback_bound) << tenant;
+    ExpectWithinBounds(budget, tenant, outage, tenant == victim_tenant ? "stopped" : "",
+                       "while stopped", modes[tenant]);
   }
 }
 
