@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "retrybudget/mutex.h"
@@ -935,6 +936,9 @@ class ServedTenants final : public TenantRouter {
 
 TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGrantedSince) {
   ServedTenants router;
+  // The core waits for its router when destroyed: it must go before `router` does, whichever
+  // way the test ends.
+  absl::Cleanup destroy_core_first = [this] { core_.reset(); };
   router.Serve("t", true);
   CoreOptions options;
   options.router = &router;
