@@ -43,6 +43,9 @@ class OwnerFollowingCallTest : public ::testing::Test {
                                           .lease_ttl = absl::Seconds(2)});
     ASSERT_TRUE(started.ok()) << started.status();
     cluster_ = *std::move(started);
+    // Shards move while the servers join; once settled, they stay where they are.
+    const absl::Status balanced = cluster_->WaitUntilBalanced(absl::Seconds(20));
+    ASSERT_TRUE(balanced.ok()) << balanced;
     // Shards balance while the servers join: wait until the tenant's owner has its budget (a
     // policy put through any server reaches it) and another server names that owner.
     const absl::Time deadline = absl::Now() + absl::Seconds(20);

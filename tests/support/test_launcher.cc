@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -29,6 +30,8 @@ namespace {
 // Waiting here is waiting for real processes: polling, in real time.
 constexpr absl::Duration kPoll = absl::Milliseconds(5);
 constexpr absl::Duration kJoinPoll = absl::Milliseconds(50);
+// retry-budget-server's --etcd_lease_ttl default (server/main.cc).
+constexpr absl::Duration kServerDefaultLeaseTtl = absl::Seconds(5);
 
 std::string BaseDir(const std::string& configured) {
   if (!configured.empty()) return configured;
@@ -390,6 +393,54 @@ absl::StatusOr<int> ClusterUnderTest::OwnerOf(absl::string_view tenant) {
   }
   return absl::NotFoundError(absl::StrCat("shard ", shard, "'s owner advertises ",
                                           server->kvs[0].value, ", none of this cluster's"));
+}
+
+absl::Status ClusterUnderTest::WaitUntilBalanced(absl::Duration timeout) {
+  // Servers reconcile every lease TTL / 4 when nothing wakes them: two of those without a change.
+  const absl::Duration ttl =
+      options_.lease_ttl > absl::ZeroDuration() ? options_.lease_ttl : kServerDefaultLeaseTtl;
+  const absl::Duration settled_for = std::max(absl::Seconds(1), ttl / 2);
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "no shard count in etcd yet";
+  std::string assignment;  // the owner keys and values last read
+  absl::Time assigned_since = absl::InfiniteFuture();
+  while (true) {
+    absl::StatusOr<etcd::RangeResult> count =
+        etcd_client_->Get(cluster::ShardCountKey(options_.etcd_prefix));
+    absl::StatusOr<etcd::RangeResult> owners =
+        etcd_client_->GetPrefix(cluster::OwnersPrefix(options_.etcd_prefix));
+    int shards = 0;
+    if (count.ok() && owners.ok() && !count->kvs.empty() &&
+        absl::SimpleAtoi(count->kvs[0].value, &shards) && shards > 0) {
+      // Owner keys hold server ids; a server's id is its advertised address.
+      std::vector<int> owned(servers_.size(), 0);
+      int owned_shards = 0;
+      std::string now_assigned;
+      for (const etcd::KeyValue& kv : owners->kvs) {
+        if (!cluster::ShardOfOwnerKey(options_.etcd_prefix, kv.key).has_value()) continue;
+        ++owned_shards;
+        absl::StrAppend(&now_assigned, kv.key, "=", kv.value, ";");
+        for (size_t i = 0; i < servers_.size(); ++i) {
+          if (servers_[i]->address() == kv.value) ++owned[i];
+        }
+      }
+      if (now_assigned != assignment) {
+        assignment = now_assigned;
+        assigned_since = absl::Now();
+      }
+      bool settled = owned_shards == shards && absl::Now() - assigned_since >= settled_for;
+      for (size_t i = 0; settled && i < servers_.size(); ++i) {
+        if (servers_[i]->running() && owned[i] == 0) settled = false;
+      }
+      if (settled) return absl::OkStatus();
+      last = absl::StrCat(owned_shards, " of ", shards, " shards owned; per server: ",
+                          absl::StrJoin(owned, ", "));
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("shards not settled: ", last));
+    }
+    absl::SleepFor(kJoinPoll);
+  }
 }
 
 absl::StatusOr<int> ClusterUnderTest::WaitForOwner(absl::string_view tenant,

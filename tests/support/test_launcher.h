@@ -213,6 +213,10 @@ class ClusterUnderTest {
   // from P/servers/<id>. NOT_FOUND when the shard has no owner (or an owner that is not one of
   // these servers).
   absl::StatusOr<int> OwnerOf(absl::string_view tenant);
+  // Waits up to `timeout` until the shards have settled: every shard owned, each running server
+  // owning some, and no owner changed for two reconcile periods (half the lease TTL, at least a
+  // second; ownership then stays put until a server comes or goes). DEADLINE_EXCEEDED with the owners counted last.
+  absl::Status WaitUntilBalanced(absl::Duration timeout);
   // OwnerOf, waiting up to `timeout` for the shard to have an owner.
   absl::StatusOr<int> WaitForOwner(absl::string_view tenant, absl::Duration timeout);
   // etcd's current revision: every write bumps it by one.
