@@ -1,0 +1,162 @@
+// The numbers behind a tenant's leases and its fallback bucket (a port of the C++ client's
+// refresh_policy, demand_estimator, fallback_bucket and recent_extreme, as the Python client's
+// _bucket_math). Times are seconds on the client's clock. Single-owner objects: the refresher
+// is the only caller.
+
+/** Largest `want` a request may carry (budget.proto: TenantSync.want). */
+export const MAX_WANT = 1_000_000;
+/** Most tokens a lease holds (the C++ lease word's 31-bit count). */
+export const MAX_LEASE_TOKENS = 2 ** 31 - 1;
+/** Fraction of the last grant at which the lease counts as low and the refresher is woken. */
+export const LOW_WATER_FRACTION = 0.2;
+/** First and largest wait before resending a Sync that failed (seconds). */
+export const FIRST_RETRY_BACKOFF = 0.02;
+export const MAX_RETRY_BACKOFF = 1.0;
+/** A Sync is cut short for a fallback step due sooner than this (never for a lease expiry). */
+export const MIN_FALLBACK_STEP_WINDOW = 0.02;
+/** Attempts of the final Sync sent by close(), each bounded by syncTimeout. */
+export const FINAL_SYNC_ATTEMPTS = 3;
+/** A fallback bucket is the smallest SafeShare of this long before the server's last answer. */
+export const SAFE_SHARE_MEMORY = 60.0;
+/** Decay time constant of the demand rate (seconds). */
+export const DEMAND_TAU = 1.0;
+/** Every counter and seq of the wire contract is at most 2^53. */
+export const MAX_COUNTER = 2 ** 53;
+
+export const INFINITE_FUTURE = Infinity;
+export const INFINITE_PAST = -Infinity;
+
+/** ceil(20%) of a grant: any grant of one token or more has a mark of at least 1. */
+export function lowWaterMark(granted) {
+  return Math.ceil(granted * LOW_WATER_FRACTION);
+}
+
+/** The server's hint, at most refreshPeriod and at least minSyncInterval (seconds). */
+export function nextSyncDelay(nextSyncMs, policy) {
+  if (!(nextSyncMs > 0)) return policy.refreshPeriod;
+  return Math.max(policy.minSyncInterval, Math.min(nextSyncMs / 1000, policy.refreshPeriod));
+}
+
+/** 20 ms doubling up to 1 s after `failures` (>= 1) failed Syncs, never below minSyncInterval. */
+export function retryBackoff(failures, policy) {
+  let backoff = FIRST_RETRY_BACKOFF;
+  for (let i = 1; i < failures && backoff < MAX_RETRY_BACKOFF; i++) backoff *= 2;
+  return Math.max(policy.minSyncInterval, Math.min(backoff, MAX_RETRY_BACKOFF));
+}
+
+/** Exponentially decayed rate of retry demand (spent + denied) per second. */
+export class DemandEstimator {
+  constructor(start) {
+    this.last = start;
+    this.lastTotal = 0;
+    this.rate = 0;
+  }
+
+  observe(now, cumulativeDemand) {
+    const dt = Math.max(0, now - this.last);
+    const delta = Math.max(0, cumulativeDemand - this.lastTotal);
+    this.rate = this.rate * Math.exp(-dt / DEMAND_TAU) + delta / DEMAND_TAU;
+    this.last = Math.max(this.last, now);
+    this.lastTotal = Math.max(this.lastTotal, cumulativeDemand);
+  }
+}
+
+/** Enough for `rate` per second over `period`, plus `burst`, minus what is `held`. */
+export function wantFor(rate, period, burst, held) {
+  const total = Math.ceil(Math.max(0, rate) * period) + burst;
+  if (total <= held) return 0;
+  return Math.min(MAX_WANT, total - held);
+}
+
+/** A bucket's shape: capacity (tokens) and refill (tokens per second). */
+export function smallerShape(a, b) {
+  return {
+    capacity: Math.min(a.capacity, b.capacity),
+    refillPerSecond: Math.min(a.refillPerSecond, b.refillPerSecond),
+  };
+}
+
+/** The smallest shape noted within the last window: two aligned slots, exactly as the C++
+ * RecentExtreme (covers [now - window, now], never anything 2 windows old). A NaN in a shape
+ * stays NaN through min() and is sanitised to 0 by FallbackBucket. */
+export class RecentSmallest {
+  constructor(window = SAFE_SHARE_MEMORY) {
+    this.window = window;
+    this.start = INFINITE_PAST;
+    this.current = null;
+    this.previous = null;
+  }
+
+  roll(now) {
+    const age = now - this.start;
+    if (age < this.window) return;
+    if (age < 2 * this.window) {
+      this.previous = this.current;
+      this.start += this.window;
+    } else {
+      this.previous = null;
+      this.start = now;
+    }
+    this.current = null;
+  }
+
+  note(shape, now) {
+    this.roll(now);
+    this.current = this.current === null ? shape : smallerShape(this.current, shape);
+  }
+
+  get(now) {
+    this.roll(now);
+    if (this.previous === null) return this.current;
+    if (this.current === null) return this.previous;
+    return smallerShape(this.current, this.previous);
+  }
+}
+
+const EPSILON = 1e-6;
+
+function sanitize(value, most) {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) return 0;
+  return Math.min(value, most);
+}
+
+/** The local bucket of a tenant whose server is unreachable. Its whole tokens sit in the lease,
+ * where workers take them without telling anyone; refill() is told what the lease holds and
+ * returns how many whole tokens to add. Starts full at `capacity` (at least one token when it
+ * refills at all), refills at `refillPerSecond`; tokens taken between two steps count as taken
+ * just before the later one, so over a run: handed out <= cap + refill * elapsed. */
+export class FallbackBucket {
+  constructor(shape, now) {
+    this.shape = {
+      capacity: sanitize(shape.capacity, MAX_LEASE_TOKENS),
+      refillPerSecond: sanitize(shape.refillPerSecond, MAX_LEASE_TOKENS),
+    };
+    this.cap = this.shape.refillPerSecond > 0 ? Math.max(this.shape.capacity, 1) : this.shape.capacity;
+    this.level = this.shape.capacity;
+    this.held = 0;
+    this.last = now;
+  }
+
+  refill(now, held) {
+    const dt = Math.max(0, now - this.last);
+    this.last = Math.max(this.last, now);
+    const grown = Math.max(this.level, Math.min(this.cap, this.level + this.shape.refillPerSecond * dt));
+    const level = Math.max(grown - this.held + held, held);
+    const whole = Math.floor(level + EPSILON);
+    const add = whole > held ? whole - held : 0;
+    this.level = level;
+    this.held = held + add;
+    return add;
+  }
+
+  full() {
+    return this.shape.refillPerSecond > 0 && Math.floor(this.level + EPSILON) + 1 > this.cap + EPSILON;
+  }
+
+  nextTokenAt() {
+    if (this.shape.refillPerSecond <= 0 || this.full()) return INFINITE_FUTURE;
+    const nextWhole = Math.floor(this.level + EPSILON) + 1;
+    const micros = ((nextWhole - this.level) / this.shape.refillPerSecond) * 1e6;
+    return this.last + Math.max(1, Math.ceil(micros - 1e-3)) / 1e6;
+  }
+}

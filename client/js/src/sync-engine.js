@@ -1,0 +1,486 @@
+// The leasing protocol of one client, without its transport (a port of the C++ Refresher's
+// RunOnce / SyncLocked / ApplyResponseLocked / FinalSyncLocked, as the Python client's
+// _sync_engine.py). BudgetClient's refresher loop drives it and only does the I/O:
+//
+//     let plan = engine.beginStep();     // steps the tenants; a Sync attempt to send, or null
+//     while (plan) {                     // one per route (main target, owners) that is due
+//       engine.endAttempt(plan, await send(plan));
+//       plan = engine.nextPlan();
+//     }
+//     const next = engine.endStep();     // steps the tenants again with the outcomes
+//
+// Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"; client/refresher.h), per route:
+//  * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
+//    instance, across every route). A failed request (any error, deadline included) is resent
+//    unchanged, same seq, to the same address, after a backoff, while it is younger than
+//    refreshPeriod (from its FIRST send); an older one is abandoned for a new request.
+//  * A failure other than UNAUTHENTICATED / PERMISSION_DENIED means the server is unreachable
+//    (tenants whose lease ended fall back); those two mean it refuses (deny); a response means
+//    it answers. A request refused as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
+//    FAILED_PRECONDITION, OUT_OF_RANGE) means the server answers: a request of several tenants
+//    is split (to the limit the error names, kept for the route, or else halved for this
+//    step), a single tenant is denied until its next refresh. A `stale` response is dropped.
+//  * Grants apply to the tenants of the request that produced it (same order, same names:
+//    anything else is ignored and reclaimed by the server), leases ending at the request's
+//    FIRST send + lease_ttl_ms.
+//  * Syncs are never closer than minSyncInterval; an attempt's deadline is the earliest of
+//    syncTimeout, the next lease expiry and the next fallback step (>= 20 ms away); an attempt
+//    cut short by it, or cancelled by a wake while waiting for a connection, is "interrupted":
+//    no verdict, no backoff, the same request goes out again at once.
+//  * The first attempt after a success is fail-fast; later ones wait for the channel to
+//    connect (waitForReady).
+//
+// Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
+// tenant to that owner's route (plan.address), and it is sent there in the same step (at most
+// MAX_REDIRECT_HOPS redirects without a grant; past that, a loop, it is parked; at most
+// MAX_OWNER_ROUTES owner routes). UNAVAILABLE with no owner parks the tenant: back on the main
+// target, unreachable until its next grant (its lease runs to expiry, then the fallback share),
+// asked again after a refresh period. An owner whose request fails for a whole refresh period
+// has its tenants parked the same way. Without any redirect, every tenant is on the main route
+// (address null).
+
+import {
+  INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS, retryBackoff,
+} from './math.js';
+import { ANSWERING, REFUSING, UNREACHABLE } from './tenant-budget.js';
+import { codeName, Status } from './codes.js';
+
+export const MAX_REDIRECT_HOPS = 4;
+export const MAX_OWNER_ROUTES = 64;
+const DEADLINE_SLACK = 0.001;
+// An owner address: HOST:PORT of printable ASCII, no spaces, at most 255 characters.
+const OWNER_RE = /^[\x21-\x7e]{1,255}:[0-9]{1,5}$/;
+
+function isRequestRefusal(code) {
+  return code === Status.INVALID_ARGUMENT || code === Status.RESOURCE_EXHAUSTED
+    || code === Status.FAILED_PRECONDITION || code === Status.OUT_OF_RANGE;
+}
+
+/** The tenant limit a refusal names ("... at most N are allowed in one request"), or 0. */
+export function tenantLimitIn(message) {
+  const at = message.indexOf('at most ');
+  if (at < 0 || message.indexOf('request', at) < 0) return 0;
+  let limit = 0;
+  for (let i = at + 8; i < message.length && message[i] >= '0' && message[i] <= '9'; i++) {
+    limit = Math.min(limit * 10 + (message.charCodeAt(i) - 48), 1 << 20);
+  }
+  return limit;
+}
+
+class Route {
+  constructor(address) {
+    this.address = address; // null: the main target
+    this.pending = null; // {request, tenants, firstSent}
+    this.lastSend = INFINITE_PAST;
+    this.retryAt = INFINITE_PAST;
+    this.failures = 0;
+    this.serverState = ANSWERING;
+    this.maxTenantsPerSync = Infinity; // the server's limit once it named one
+    this.chunk = Infinity; // this step's limit (a split lowers it)
+  }
+}
+
+class TenantRoute {
+  constructor() {
+    this.owner = null;
+    this.hops = 0; // redirects since the last grant
+    this.unavailable = false; // no owner could grant: unreachable until a grant
+  }
+}
+
+function newStep(tenants = [], now = 0, cut = INFINITE_FUTURE) {
+  return { tenants, now, cut, round: 0, visited: new Set() };
+}
+
+export class SyncEngine {
+  /**
+   * @param {object} o instanceId, policy {refreshPeriod, minSyncInterval, leaseBurst},
+   *   syncTimeout (seconds), clock (() => seconds), registry ({snapshot()}), metrics (or null),
+   *   log ((level, line) => void).
+   */
+  constructor(o) {
+    this.instanceId = o.instanceId;
+    this.policy = o.policy;
+    this.syncTimeout = o.syncTimeout;
+    this.clock = o.clock;
+    this.registry = o.registry;
+    this.metrics = o.metrics ?? null;
+    this.log = o.log ?? (() => {});
+    this.seq = 0; // per instance, across every route
+    this.main = new Route(null);
+    this.owners = new Map(); // address -> Route
+    this.routed = new Map(); // TenantBudget -> TenantRoute; empty until a redirect is seen
+    this.redirected = false;
+    this.droppedAddresses = []; // owner routes dropped; the driver closes their channels
+    this.redirects = 0;
+    this.lastStatus = null; // null: OK; else "CODE: details"
+    this.shutDown = false;
+    this.step = newStep();
+    this.finalTenants = [];
+    this.finalStates = new Map();
+    this.finalError = null;
+  }
+
+  get failures() {
+    return this.main.failures;
+  }
+
+  get serverState() {
+    return this.main.serverState;
+  }
+
+  stateFor(tenant) {
+    if (this.routed.size === 0) return this.main.serverState;
+    const r = this.routed.get(tenant);
+    if (r === undefined) return this.main.serverState;
+    if (r.unavailable) return UNREACHABLE;
+    const route = r.owner !== null ? this.owners.get(r.owner) : undefined;
+    return (route ?? this.main).serverState;
+  }
+
+  /** [[route, its tenants]], the main route first. */
+  groups(tenants) {
+    if (this.routed.size === 0) return [[this.main, tenants]];
+    const groups = new Map([[null, [this.main, []]]]);
+    for (const t of tenants) {
+      const r = this.routed.get(t);
+      const route = r !== undefined && r.owner !== null ? this.owners.get(r.owner) : undefined;
+      if (route === undefined) {
+        groups.get(null)[1].push(t);
+      } else {
+        if (!groups.has(route.address)) groups.set(route.address, [route, []]);
+        groups.get(route.address)[1].push(t);
+      }
+    }
+    return [...groups.values()];
+  }
+
+  prune() {
+    const used = new Set();
+    for (const r of this.routed.values()) if (r.owner !== null) used.add(r.owner);
+    for (const [address, route] of [...this.owners]) {
+      if (!used.has(address) && route.pending === null) {
+        this.owners.delete(address);
+        this.droppedAddresses.push(address);
+      }
+    }
+    for (const [t, r] of [...this.routed]) {
+      if (r.owner === null && r.hops === 0 && !r.unavailable) this.routed.delete(t);
+    }
+  }
+
+  syncDue(route, tenants) {
+    if (route.pending !== null) return route.retryAt;
+    if (tenants.length === 0) return INFINITE_FUTURE;
+    let due = INFINITE_FUTURE;
+    for (const t of tenants) due = Math.min(due, t.syncDueAt());
+    if (due === INFINITE_FUTURE) return due;
+    return Math.max(due, route.lastSend + this.policy.minSyncInterval);
+  }
+
+  /** Steps every tenant; the first attempt to send, or null. */
+  beginStep() {
+    if (this.shutDown) {
+      this.step = newStep();
+      return null;
+    }
+    const tenants = this.registry.snapshot();
+    const now = this.clock();
+    let nextStep = INFINITE_FUTURE;
+    let leaseEnds = INFINITE_FUTURE;
+    for (const t of tenants) {
+      nextStep = Math.min(nextStep, t.step(now, this.stateFor(t)));
+      leaseEnds = Math.min(leaseEnds, t.leaseEndsAt());
+    }
+    const cut = Math.min(leaseEnds, Math.max(nextStep, now + MIN_FALLBACK_STEP_WINDOW));
+    this.step = newStep(tenants, now, cut);
+    if (this.routed.size > 0 || this.owners.size > 0) this.prune();
+    this.main.chunk = this.main.maxTenantsPerSync;
+    for (const route of this.owners.values()) route.chunk = route.maxTenantsPerSync;
+    this.redirected = false;
+    return this.nextPlan();
+  }
+
+  /** The next route's attempt in this step, or null when every due route was tried (a
+   * redirected tenant gets one more round, at most MAX_REDIRECT_HOPS + 1 rounds). */
+  nextPlan() {
+    const step = this.step;
+    if (step.tenants.length === 0) return null;
+    for (;;) {
+      const now = this.clock();
+      if (now >= step.cut && step.visited.size > 0) return null;
+      for (const [route, group] of this.groups(step.tenants)) {
+        if (step.visited.has(route.address) || this.syncDue(route, group) > now) continue;
+        step.visited.add(route.address);
+        const plan = this.plan(route, group, now, step.cut);
+        if (plan !== null) return plan;
+      }
+      if (!this.redirected || step.round >= MAX_REDIRECT_HOPS) return null;
+      step.round++;
+      step.visited = new Set();
+      this.redirected = false;
+    }
+  }
+
+  plan(route, tenants, now, cut) {
+    if (route.pending !== null && now - route.pending.firstSent >= this.policy.refreshPeriod) {
+      route.pending = null; // failing for a whole refresh period: a new request
+      if (route.address !== null) {
+        // An owner that cannot be reached: its tenants go back to the main target.
+        this.log('error', `retrybudget: owner ${route.address} unreachable for a refresh period; its tenants go back to the main target`);
+        for (const t of tenants) this.park(t, null);
+        route.failures = 0;
+        route.serverState = ANSWERING;
+        return null;
+      }
+    }
+    if (route.pending === null) {
+      // A new request: new seq, counters as of now. It is kept until a response arrives, so a
+      // retry resends exactly this request (the server then answers it the same way).
+      let chosen = tenants;
+      if (tenants.length > route.chunk) {
+        // Split: the tenants due soonest first (the others go in the next requests).
+        chosen = [...tenants].sort((a, b) => a.syncDueAt() - b.syncDueAt()).slice(0, Math.max(1, route.chunk));
+      }
+      this.seq++;
+      const request = { instanceId: this.instanceId, seq: this.seq, tenants: [], final: false };
+      for (const t of chosen) request.tenants.push(t.fillSync(now, this.policy));
+      route.pending = { request, tenants: [...chosen], firstSent: now };
+    }
+    route.lastSend = now;
+    const deadline = Math.min(now + this.syncTimeout, cut);
+    return {
+      request: route.pending.request,
+      timeout: Math.max(0, deadline - now),
+      waitForReady: route.failures > 0,
+      sent: now,
+      deadline,
+      address: route.address,
+    };
+  }
+
+  routeOf(plan) {
+    return plan.address === null ? this.main : this.owners.get(plan.address);
+  }
+
+  /** Records what sending `plan` gave: {code: null, response} or {code, details, woken}. */
+  endAttempt(plan, outcome) {
+    const route = this.routeOf(plan);
+    const received = this.clock();
+    const code = outcome.code ?? null;
+    if (this.metrics !== null) {
+      this.metrics.syncAttempted(code === null);
+      if (code !== null) this.metrics.syncFailed(code);
+    }
+    this.lastStatus = code === null ? null : `${codeName(code)}: Sync to the budget server failed: ${outcome.details ?? ''}`;
+    const cutShort = plan.deadline < plan.sent + this.syncTimeout && code === Status.DEADLINE_EXCEEDED
+      && received >= plan.deadline - DEADLINE_SLACK;
+    if (cutShort || (outcome.woken && code === Status.CANCELLED)) {
+      route.retryAt = received;
+      return;
+    }
+    if (code !== null && isRequestRefusal(code)) {
+      this.refused(route, code, outcome.details ?? '', received);
+      return;
+    }
+    if (code === null) route.serverState = ANSWERING;
+    else if (code === Status.UNAUTHENTICATED || code === Status.PERMISSION_DENIED) route.serverState = REFUSING;
+    else route.serverState = UNREACHABLE;
+    if (code !== null) {
+      route.failures++;
+      route.retryAt = Math.max(received, plan.sent + retryBackoff(route.failures, this.policy));
+      if (route.failures === 1) {
+        this.log('error', `retrybudget: Sync seq ${plan.request.seq} failed; retrying (tenants whose lease ends meanwhile fall back): ${this.lastStatus}`);
+      }
+      return;
+    }
+    if (route.failures > 0) {
+      this.log('info', `retrybudget: Sync seq ${plan.request.seq} succeeded after ${route.failures} failed attempts`);
+    }
+    route.failures = 0;
+    const done = route.pending;
+    route.pending = null;
+    const response = outcome.response;
+    if (response === null || typeof response !== 'object') return;
+    if (response.stale === true) {
+      this.log('error', `retrybudget: Sync seq ${done.request.seq} answered as stale; ignored`);
+      return;
+    }
+    this.applyResponse(done, response, received);
+  }
+
+  refused(route, code, details, received) {
+    // The server answered: it is reachable, and this request as a whole is refused. It applied
+    // nothing, so the counters simply go in the next request.
+    route.serverState = ANSWERING;
+    route.failures = 0;
+    const refused = route.pending;
+    route.pending = null;
+    const size = refused.tenants.length;
+    if (size > 1) {
+      const named = tenantLimitIn(details);
+      if (named > 0 && named < size) {
+        route.maxTenantsPerSync = named;
+        route.chunk = named;
+      } else {
+        route.chunk = Math.floor(size / 2);
+      }
+      this.log('error', `retrybudget: Sync seq ${refused.request.seq} with ${size} tenants refused; splitting it into requests of ${route.chunk}: ${this.lastStatus}`);
+      this.step.visited.delete(route.address); // the same tenants go again in this step
+      route.lastSend = INFINITE_PAST;
+      return;
+    }
+    // One tenant, refused: deny it until its next refresh (not fallback: the server answers).
+    this.log('error', `retrybudget: Sync seq ${refused.request.seq} for tenant "${refused.tenants[0].tenant}" refused; the tenant is denied: ${this.lastStatus}`);
+    refused.tenants[0].applyRefusal(codeName(code), details, received, this.policy);
+  }
+
+  redirect(tenant, owner, received) {
+    this.redirects++;
+    if (this.metrics !== null) this.metrics.redirected();
+    let r = this.routed.get(tenant);
+    if (r === undefined) {
+      r = new TenantRoute();
+      this.routed.set(tenant, r);
+    }
+    r.hops++;
+    if (r.hops > MAX_REDIRECT_HOPS || !OWNER_RE.test(owner)
+        || (!this.owners.has(owner) && this.owners.size >= MAX_OWNER_ROUTES)) {
+      this.log('error', `retrybudget: tenant "${tenant.tenant}" redirected ${r.hops} times without a grant (last to ${JSON.stringify(owner.slice(0, 300))}), a malformed owner, or too many owners; treated as unavailable`);
+      this.park(tenant, received);
+      return;
+    }
+    if (!this.owners.has(owner)) this.owners.set(owner, new Route(owner));
+    r.owner = owner;
+    r.unavailable = false;
+    this.redirected = true;
+    tenant.syncAgainAt(INFINITE_PAST); // at once, on the owner's route
+  }
+
+  park(tenant, received) {
+    let r = this.routed.get(tenant);
+    if (r === undefined) {
+      r = new TenantRoute();
+      this.routed.set(tenant, r);
+    }
+    r.owner = null;
+    r.hops = 0;
+    r.unavailable = true;
+    if (received !== null) tenant.syncAgainAt(received + this.policy.refreshPeriod);
+  }
+
+  applyResponse(pending, response, received) {
+    const grants = Array.isArray(response.tenants) ? response.tenants : [];
+    const sentEntries = pending.request.tenants;
+    if (grants.length !== sentEntries.length) {
+      this.log('error', `retrybudget: Sync response has ${grants.length} tenant entries for ${sentEntries.length} in the request`);
+    }
+    const n = Math.min(grants.length, sentEntries.length);
+    for (let i = 0; i < n; i++) {
+      const grant = grants[i];
+      const sent = sentEntries[i];
+      const tenant = pending.tenants[i];
+      if (grant === null || typeof grant !== 'object' || grant.tenant !== sent.tenant) {
+        // Not this tenant's answer: take nothing. A grant dropped here is never counted as
+        // received, so the server reclaims it; the tenant asks again on its schedule.
+        this.log('error', `retrybudget: Sync response entry ${i} is for tenant ${JSON.stringify(grant?.tenant)}, not "${sent.tenant}"`);
+        continue;
+      }
+      const error = grant.error;
+      const errCode = error !== null && typeof error === 'object' ? Number(error.code) || 0 : 0;
+      const owner = errCode !== 0 && typeof error.owner === 'string' ? error.owner : '';
+      if (errCode === Status.FAILED_PRECONDITION && owner !== '') {
+        // Not this server's shard: nothing was applied; sync the tenant with its owner.
+        this.redirect(tenant, owner, received);
+        continue;
+      }
+      if (errCode === Status.UNAVAILABLE && owner === '') {
+        // The shard has no owner that can grant now: lease to expiry, then fallback.
+        this.park(tenant, received);
+        continue;
+      }
+      if (errCode !== 0) {
+        const message = typeof error.message === 'string' ? error.message : '';
+        this.log('error', `retrybudget: budget server refused tenant "${sent.tenant}" (${codeName(errCode)}): ${message}`);
+        tenant.applyRefusal(codeName(errCode), message, received, this.policy);
+        continue;
+      }
+      tenant.applyGrant(grant, sent, pending.firstSent, received, this.policy);
+      const r = this.routed.size > 0 ? this.routed.get(tenant) : undefined;
+      if (r !== undefined) {
+        r.hops = 0;
+        r.unavailable = false;
+      }
+    }
+  }
+
+  /** Steps the tenants again with the attempts' outcomes; returns the next step's time. */
+  endStep() {
+    const tenants = this.step.tenants;
+    if (this.shutDown || tenants.length === 0) return INFINITE_FUTURE;
+    const now = this.clock();
+    let next = INFINITE_FUTURE;
+    for (const [route, group] of this.groups(tenants)) next = Math.min(next, this.syncDue(route, group));
+    for (const t of tenants) next = Math.min(next, t.step(now, this.stateFor(t)));
+    this.updateMetrics(tenants);
+    return next;
+  }
+
+  updateMetrics(tenants) {
+    if (this.metrics !== null) for (const t of tenants) this.metrics.tenantUpdated(t.tenant, t.stats());
+  }
+
+  // ---- the final Sync ----
+
+  /** Shuts every tenant down and builds the final requests, one per route that has tenants
+   * (new seq, final=true, every counter, want 0), as [{address, request}]; empty when there is
+   * nothing to report or they were already built. */
+  beginFinal() {
+    if (this.shutDown) return [];
+    this.shutDown = true;
+    const tenants = this.registry.snapshot();
+    this.step = newStep();
+    this.finalStates = new Map();
+    this.finalError = null;
+    const finals = [];
+    const now = this.clock();
+    for (const [route, group] of this.groups(tenants)) {
+      route.pending = null;
+      if (group.length === 0) continue;
+      this.seq++;
+      const request = { instanceId: this.instanceId, seq: this.seq, tenants: [], final: true };
+      for (const t of group) request.tenants.push(t.fillFinal(now));
+      finals.push({ address: route.address, request });
+      this.finalStates.set(route.address, route.serverState);
+    }
+    this.finalTenants = tenants;
+    return finals;
+  }
+
+  /** With the server known unreachable, fail fast rather than hold close() 3 x timeout. */
+  finalWaitForReady(address) {
+    return (this.finalStates.get(address) ?? ANSWERING) !== UNREACHABLE;
+  }
+
+  endFinal(outcome) {
+    const code = outcome.code ?? null;
+    if (this.metrics !== null) {
+      this.metrics.syncAttempted(code === null);
+      if (code !== null) this.metrics.syncFailed(code);
+    }
+    this.lastStatus = code === null ? null : `${codeName(code)}: Sync to the budget server failed: ${outcome.details ?? ''}`;
+  }
+
+  /** After the last attempt of one final request: keeps the first failure. */
+  finalRequestDone() {
+    if (this.lastStatus !== null && this.finalError === null) this.finalError = this.lastStatus;
+  }
+
+  finishFinal() {
+    this.lastStatus = this.finalError;
+    if (this.lastStatus !== null) this.log('error', `retrybudget: final Sync failed; unspent tokens are forfeited: ${this.lastStatus}`);
+    this.updateMetrics(this.finalTenants);
+  }
+}
+
+export { MAX_LEASE_TOKENS };

@@ -1,0 +1,358 @@
+// One tenant's budget inside a client: the handle workers call, and the per-tenant half of the
+// leasing protocol the refresher drives (a port of the C++ TenantBudgetImpl and Lease, as the
+// Python client's tenant_budget.py). Node runs it on one thread: the hot path needs no lock,
+// and the refresher's methods run between two of the workers' synchronous calls.
+
+import * as ledgerMod from './ledger.js';
+import {
+  INFINITE_FUTURE, INFINITE_PAST, MAX_LEASE_TOKENS, DemandEstimator, FallbackBucket,
+  RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
+} from './math.js';
+
+const TENANT_RE = /^[A-Za-z0-9._:/-]{1,128}$/;
+
+// Internal modes (the C++ LeaseMode).
+const AWAITING = 0;
+const LEASED = 1;
+const EXPIRED = 2;
+const REFUSED = 3;
+const IN_FALLBACK = 4;
+const IN_DENY_FALLBACK = 5;
+const SHUTDOWN = 6;
+
+/** Public modes (the `mode` label of the client metrics). */
+export const NO_LEASE = 'no_lease';
+export const LEASE = 'lease';
+export const FALLBACK = 'fallback';
+export const DENY_FALLBACK = 'deny_fallback';
+export const MODES = Object.freeze([NO_LEASE, LEASE, FALLBACK, DENY_FALLBACK]);
+
+function publicMode(mode) {
+  if (mode === LEASED) return LEASE;
+  if (mode === IN_FALLBACK) return FALLBACK;
+  if (mode === IN_DENY_FALLBACK) return DENY_FALLBACK;
+  return NO_LEASE;
+}
+
+/** What the refresher knows of the server from its last Sync attempt. */
+export const ANSWERING = 'answering'; // no attempt yet, or the last one got a response
+export const UNREACHABLE = 'unreachable'; // the last attempt failed: fall back
+export const REFUSING = 'refusing'; // UNAUTHENTICATED / PERMISSION_DENIED: deny
+
+export function checkTenantName(name) {
+  if (typeof name !== 'string' || !TENANT_RE.test(name)) {
+    throw new TypeError(`tenant ${JSON.stringify(name)} is malformed; expected 1-128 characters of [A-Za-z0-9._:/-]`);
+  }
+}
+
+function wholeCount(value) {
+  // A uint64 from the wire (a Number, or a string / Long for values past 2^53): a whole,
+  // non-negative count, anything unreadable as 0.
+  const n = typeof value === 'number' ? value : Number(value);
+  if (!Number.isFinite(n) || n <= 0) return 0;
+  return Math.floor(n);
+}
+
+/** A tenant's budget as seen from this process. tryAcquire(), refund() and recordSuccess() are
+ * the hot path: synchronous, no allocation, no I/O, no clock read. The other methods belong to
+ * the refresher. */
+export class TenantBudget {
+  constructor(tenant, waker, created, fallbackMode, neverReached) {
+    this.tenant = tenant;
+    this._waker = waker; // wakes the refresher (cheap, never blocks)
+    this._fallbackMode = fallbackMode;
+    this._neverReached = neverReached;
+    // The lease word: tokens held, the low-water mark, closed; and the hot-path counters.
+    this._held = 0;
+    this._mark = 0;
+    this._closed = true;
+    this._successes = 0;
+    this._denied = 0;
+    this._refunds = 0;
+    this._syncWanted = false;
+    // Refresher side.
+    this._mode = AWAITING;
+    this._ledger = new ledgerMod.TenantLedger();
+    this._demand = new DemandEstimator(created);
+    this._expiry = INFINITE_PAST;
+    this._nextDue = INFINITE_PAST;
+    this._dryUntil = INFINITE_PAST;
+    this._error = null;
+    this._safeShares = new RecentSmallest();
+    this._lastSafeShareAt = INFINITE_PAST;
+    this._fallback = null;
+    // Fallback episodes: {cap, refill, start, end (null while in it)}; see fallbackAllowance().
+    this._episodes = [];
+  }
+
+  // ---- worker side (hot path) ----
+
+  /** Asks for one retry: true when a token was taken (send the retry), false when none is
+   * available (fail the call now). On false, or when the lease runs low, it wakes the
+   * refresher so a grant arrives within one round trip. */
+  tryAcquire() {
+    if (this._closed || this._held === 0) {
+      this._denied++;
+      if (!this._syncWanted) this._requestSync();
+      return false;
+    }
+    this._held--;
+    if (this._held === this._mark && !this._syncWanted) this._requestSync();
+    return true;
+  }
+
+  /** Gives back a token taken by tryAcquire() for a retry that was never sent (e.g. aborted
+   * during its backoff). At most once per successful tryAcquire(). */
+  refund() {
+    this._held++;
+    this._refunds++;
+  }
+
+  /** Records one successful logical call; it earns the budget `success_credit`. */
+  recordSuccess() {
+    this._successes++;
+  }
+
+  _requestSync() {
+    // The first worker to find the lease low or empty since the last applied response wakes
+    // the refresher; later ones see the flag set.
+    this._syncWanted = true;
+    this._waker();
+  }
+
+  /** The public mode right now: 'no_lease', 'lease', 'fallback' or 'deny_fallback'. */
+  get mode() {
+    return publicMode(this._mode);
+  }
+
+  /** A snapshot of this process's counters for the tenant (allocates; not a hot-path call). */
+  stats() {
+    const held = this._held;
+    return {
+      successes: this._successes,
+      retriesAllowed: this._ledger.exactSpent(held),
+      retriesDenied: this._denied,
+      fallbackAllowed: this._ledger.exactFallbackSpent(held),
+      tokensReceived: this._ledger.tokensReceived,
+      tokensReturned: this._ledger.tokensReturned,
+      tokensHeld: held,
+      refunds: this._refunds,
+      leaseActive: this._mode === LEASED && !this._closed,
+      mode: publicMode(this._mode),
+      error: this._error,
+    };
+  }
+
+  /** What this tenant's fallback buckets may have handed out up to `now` (client clock
+   * seconds): the sum over its fallback episodes of capacity (at least 1 when refilling) +
+   * refill * seconds in fallback. For fleet checks. */
+  fallbackAllowance(now) {
+    let total = 0;
+    for (const e of this._episodes) total += e.cap + e.refill * ((e.end === null ? now : e.end) - e.start);
+    return total;
+  }
+
+  // ---- the lease word, refresher side ----
+
+  _deposit(tokens, mark) {
+    const added = this._held >= MAX_LEASE_TOKENS ? 0 : Math.min(tokens, MAX_LEASE_TOKENS - this._held);
+    this._held += added;
+    this._mark = mark;
+    this._closed = false;
+    return added;
+  }
+
+  _replace(tokens, mark) {
+    const old = this._held;
+    this._held = Math.min(tokens, MAX_LEASE_TOKENS);
+    this._mark = mark;
+    this._closed = false;
+    return old;
+  }
+
+  _withdrawAndClose() {
+    const old = this._held;
+    this._held = 0;
+    this._mark = 0;
+    this._closed = true;
+    return old;
+  }
+
+  // ---- refresher side ----
+
+  syncDueAt() {
+    if (this._mode === SHUTDOWN) return INFINITE_FUTURE;
+    if (this._syncWanted) return Math.min(this._nextDue, this._dryUntil);
+    return this._nextDue;
+  }
+
+  leaseEndsAt() {
+    return this._mode === LEASED ? this._expiry : INFINITE_FUTURE;
+  }
+
+  _endEpisode(now) {
+    const last = this._episodes[this._episodes.length - 1];
+    if (last !== undefined && last.end === null) last.end = now;
+  }
+
+  _withdrawAll(now) {
+    const withdrawn = this._withdrawAndClose();
+    this._ledger.withdrew(withdrawn, this._held);
+    this._ledger.switchTo(ledgerMod.LEASE);
+    if (this._fallback !== null) this._endEpisode(now);
+    this._fallback = null;
+  }
+
+  _fallbackMark() {
+    // A full bucket asks to hear of the very first take (mark = held - 1, and the wake flag
+    // cleared) so its refill restarts at once; otherwise an empty word wakes the refresher.
+    const fb = this._fallback;
+    if (!fb.full() || fb.held === 0) return 0;
+    this._syncWanted = false;
+    return fb.held - 1;
+  }
+
+  _enterFallback(now) {
+    if (this._fallbackMode === 'deny') {
+      this._withdrawAll(now);
+      this._mode = IN_DENY_FALLBACK;
+      return;
+    }
+    const share = this._lastSafeShareAt === INFINITE_PAST ? null : this._safeShares.get(this._lastSafeShareAt);
+    this._fallback = new FallbackBucket(share ?? this._neverReached, now);
+    this._episodes.push({ cap: this._fallback.cap, refill: this._fallback.shape.refillPerSecond, start: now, end: null });
+    const first = this._fallback.refill(now, 0);
+    const withdrawn = this._replace(first, this._fallbackMark());
+    this._ledger.withdrew(withdrawn, 0);
+    this._ledger.switchTo(ledgerMod.FALLBACK);
+    this._ledger.fallbackDeposited(Math.min(first, MAX_LEASE_TOKENS));
+    this._mode = IN_FALLBACK;
+  }
+
+  _refillFallback(now) {
+    const add = this._fallback.refill(now, this._held);
+    this._ledger.fallbackDeposited(this._deposit(add, this._fallbackMark()));
+    return this._fallback.nextTokenAt();
+  }
+
+  /** One refresher step at `now`: ends a lease at its expiry, enters / refills / leaves
+   * fallback. Returns when this tenant next needs a step. */
+  step(now, server) {
+    if (this._mode === LEASED) {
+      if (now < this._expiry) return this._expiry;
+      if (server === UNREACHABLE) {
+        this._enterFallback(now);
+        return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
+      }
+      // The lease ends at send time + TTL: every unspent token goes back.
+      this._withdrawAll(now);
+      this._mode = EXPIRED;
+      return INFINITE_FUTURE;
+    }
+    if (this._mode === IN_FALLBACK) {
+      if (server !== REFUSING) return this._refillFallback(now);
+      this._withdrawAll(now);
+      this._mode = EXPIRED;
+      return INFINITE_FUTURE;
+    }
+    if (this._mode === IN_DENY_FALLBACK && server === REFUSING) this._mode = EXPIRED;
+    if ((this._mode === AWAITING || this._mode === EXPIRED) && server === UNREACHABLE) {
+      this._enterFallback(now);
+      return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
+    }
+    // A closed word: tokens can only be there from a refund after a withdrawal.
+    if (this._held > 0) {
+      const withdrawn = this._withdrawAndClose();
+      this._ledger.withdrew(withdrawn, this._held);
+    }
+    return INFINITE_FUTURE;
+  }
+
+  _counters(held) {
+    return {
+      tenant: this.tenant,
+      successes: this._successes,
+      retriesSpent: this._ledger.reportSpent(held),
+      retriesDenied: this._denied,
+      tokensReturned: this._ledger.tokensReturned,
+      tokensReceived: this._ledger.tokensReceived,
+      want: 0,
+      fallbackSpent: this._ledger.reportedFallbackSpent,
+    };
+  }
+
+  /** The TenantSync entry of a NEW request built at `now`. */
+  fillSync(now, policy) {
+    const held = this._held;
+    const entry = this._counters(held);
+    this._demand.observe(now, entry.retriesSpent + entry.retriesDenied);
+    const leased = this._ledger.source === ledgerMod.LEASE ? held : 0;
+    entry.want = wantFor(this._demand.rate, policy.refreshPeriod, policy.leaseBurst, leased);
+    return entry;
+  }
+
+  /** Applies a grant answering a request first sent at `sent`: the lease (every token held)
+   * now ends at `sent` + lease_ttl_ms. */
+  applyGrant(grant, sentEntry, sent, received, policy) {
+    if (this._mode === SHUTDOWN) return;
+    // Cleared before the tokens land: a worker that runs dry after this wakes the refresher
+    // again; one that ran dry before is served by this grant.
+    this._syncWanted = false;
+    // At most what a lease can hold: the rest is never counted as received, so the server
+    // reclaims it (and the cumulative counters stay far below 2^53).
+    const granted = Math.min(wholeCount(grant.granted), MAX_LEASE_TOKENS);
+    let deposited;
+    if (this._ledger.source === ledgerMod.FALLBACK) {
+      // Back from fallback: swap the fallback tokens for the leased ones at once.
+      deposited = Math.min(granted, MAX_LEASE_TOKENS);
+      const withdrawn = this._replace(granted, lowWaterMark(deposited));
+      this._ledger.withdrew(withdrawn, 0);
+      this._ledger.switchTo(ledgerMod.LEASE);
+      this._endEpisode(received);
+      this._fallback = null;
+    } else {
+      deposited = this._deposit(granted, lowWaterMark(Math.min(granted, MAX_LEASE_TOKENS)));
+    }
+    this._ledger.received(granted, deposited);
+    const share = grant.safeShare;
+    if (share !== null && share !== undefined && typeof share === 'object') {
+      this._safeShares.note({ capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond) }, received);
+      this._lastSafeShareAt = received;
+    }
+    // A TTL <= 0 (or unreadable) ends the lease at once: the safe reading of a missing value.
+    const ttl = Number(grant.leaseTtlMs);
+    this._expiry = sent + (Number.isFinite(ttl) && ttl > 0 ? ttl : 0) / 1000;
+    this._mode = LEASED;
+    this._error = null;
+    const nextMs = Number(grant.nextSyncMs);
+    const delay = nextSyncDelay(Number.isFinite(nextMs) ? nextMs : 0, policy);
+    this._nextDue = received + delay;
+    // Granted less than asked: the bucket is dry; next_sync_ms is then the server's retry-after.
+    this._dryUntil = granted < sentEntry.want ? received + delay : INFINITE_PAST;
+  }
+
+  applyRefusal(codeName, message, received, policy) {
+    if (this._mode === SHUTDOWN) return;
+    this._syncWanted = false;
+    if (this._mode === LEASED || this._mode === IN_FALLBACK || this._held > 0) this._withdrawAll(received);
+    this._mode = REFUSED;
+    this._error = `${codeName}: budget server refused tenant "${this.tenant}": ${message}`;
+    this._nextDue = received + policy.refreshPeriod;
+    this._dryUntil = this._nextDue;
+  }
+
+  /** The server did not apply this tenant's entry (it named another owner, or none can grant
+   * now): the lease stays as it is; the next sync is due at `due`. */
+  syncAgainAt(due) {
+    if (this._mode === SHUTDOWN) return;
+    this._nextDue = due;
+    this._dryUntil = due;
+  }
+
+  /** Shuts the tenant down for good: withdraws every token; the final counters (want 0). */
+  fillFinal(now) {
+    this._mode = SHUTDOWN;
+    this._withdrawAll(now);
+    return this._counters(this._held);
+  }
+}
