@@ -12,3 +12,5 @@ export { retryInterceptor, BUDGET_EXHAUSTED_TRAILER } from './interceptor.js';
 export { DEFAULT_OPTIONS } from './options.js';
 export { budgetServices, loadProto, protoDir } from './proto.js';
 export { Status } from './codes.js';
+// The grpc-js this package uses (an interceptor must be given to clients of the same grpc-js).
+export * as grpc from '@grpc/grpc-js';

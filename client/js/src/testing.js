@@ -120,3 +120,12 @@ export class AdminClient {
     this.stub.close();
   }
 }
+
+/** A TenantBudget with no server behind it whose lease holds `tokens` (never refilled): for
+ * unit tests of code that takes a budget (callWithRetry, the interceptor). */
+export async function localBudget(tokens, name = 'local') {
+  const { TenantBudget } = await import('./tenant-budget.js');
+  const budget = new TenantBudget(name, () => {}, 0, 'deny', { capacity: 0, refillPerSecond: 0 });
+  budget._deposit(tokens, 0);
+  return budget;
+}

@@ -1,0 +1,419 @@
+// The JS client's protocol logic without a server, on an injected clock (seconds) and scripted
+// Sync outcomes: the numbers of the C++ client's refresh_policy / demand_estimator /
+// fallback_bucket / tenant_ledger, and every rule of client/refresher.h's class comment,
+// including hostile responses. No real sleeps: time only moves when a test moves it.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import {
+  DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, retryBackoff,
+  wantFor, MAX_LEASE_TOKENS,
+} from '../../client/js/src/math.js';
+import { TenantLedger, FALLBACK } from '../../client/js/src/ledger.js';
+import { SyncEngine, MAX_REDIRECT_HOPS, tenantLimitIn } from '../../client/js/src/sync-engine.js';
+import { TenantBudget } from '../../client/js/src/tenant-budget.js';
+import { validateOptions } from '../../client/js/src/options.js';
+import { Status } from '../../client/js/src/codes.js';
+import { computeBackoff, retryPolicy } from '../../client/js/src/retry.js';
+
+const POLICY = { refreshPeriod: 0.2, minSyncInterval: 0.005, leaseBurst: 2 };
+
+function rig({ policy = POLICY, syncTimeout = 1, fallback = 'local_bucket', neverReached = { capacity: 1, refillPerSecond: 0.1 } } = {}) {
+  const clock = { t: 0 };
+  const now = () => clock.t;
+  const tenants = [];
+  const wakes = { n: 0 };
+  const engine = new SyncEngine({ instanceId: 'unit', policy, syncTimeout, clock: now, registry: { snapshot: () => tenants } });
+  return {
+    clock, engine, tenants, wakes,
+    add(name) {
+      const t = new TenantBudget(name, () => wakes.n++, now(), fallback, neverReached);
+      tenants.push(t);
+      return t;
+    },
+    // One refresher step; `respond(plan)` gives each attempt's outcome.
+    step(respond) {
+      const sent = [];
+      let plan = engine.beginStep();
+      while (plan !== null) {
+        sent.push(structuredClone(plan));
+        engine.endAttempt(plan, respond(plan, sent.length - 1));
+        plan = engine.nextPlan();
+      }
+      return { sent, next: engine.endStep() };
+    },
+  };
+}
+
+function grants(plan, over = {}) {
+  return {
+    code: null,
+    response: {
+      stale: false,
+      tenants: plan.request.tenants.map((e) => ({
+        tenant: e.tenant, granted: e.want, leaseTtlMs: 1000, nextSyncMs: 200,
+        safeShare: { capacity: 4, refillPerSecond: 2 }, bucketTokens: 50, capacity: 100,
+        activeInstances: 1, error: null, ...(typeof over === 'function' ? over(e) : over),
+      })),
+    },
+  };
+}
+const unavailable = () => ({ code: Status.UNAVAILABLE, details: 'down' });
+
+test('bucket math matches the C++ client', () => {
+  assert.deepEqual([0, 1, 5, 6, 100].map(lowWaterMark), [0, 1, 1, 2, 20]);
+  assert.equal(nextSyncDelay(0, POLICY), 0.2);
+  assert.equal(nextSyncDelay(50, POLICY), 0.05);
+  assert.equal(nextSyncDelay(1, POLICY), 0.005);
+  assert.equal(nextSyncDelay(10_000, POLICY), 0.2);
+  assert.equal(nextSyncDelay(-5, POLICY), 0.2);
+  assert.deepEqual([1, 2, 3, 7, 20].map((f) => retryBackoff(f, POLICY)), [0.02, 0.04, 0.08, 1.0, 1.0]);
+  assert.equal(wantFor(0, 0.2, 2, 0), 2);
+  assert.equal(wantFor(100, 0.2, 2, 5), 17);
+  assert.equal(wantFor(100, 0.2, 2, 50), 0);
+  assert.equal(wantFor(1e12, 1, 0, 0), 1_000_000);
+  const d = new DemandEstimator(0);
+  for (let i = 1; i <= 100; i++) d.observe(i * 0.1, i * 10);
+  assert.ok(Math.abs(d.rate - 100) < 10, `rate ${d.rate}`);
+});
+
+test('a fallback bucket never hands out more than capacity + refill * elapsed', () => {
+  let seed = 3;
+  const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  const bucket = new FallbackBucket({ capacity: 5, refillPerSecond: 20 }, 0);
+  let held = 0;
+  let handedOut = 0;
+  let now = 0;
+  for (let i = 0; i < 5000; i++) {
+    now += rnd() * 0.01;
+    const added = bucket.refill(now, held);
+    held += added;
+    handedOut += added;
+    held -= Math.floor(rnd() * (held + 1));
+  }
+  assert.ok(handedOut - held <= 5 + 20 * now + 1e-6);
+  assert.ok(handedOut - held >= 0.9 * (5 + 20 * now) - 5);
+  const small = new FallbackBucket({ capacity: 0.25, refillPerSecond: 0.5 }, 0);
+  assert.equal(small.refill(0, 0), 0);
+  assert.equal(small.refill(2, 0), 1);
+  assert.equal(small.nextTokenAt(), Infinity);
+  // A lie (NaN, negative, huge) is a bucket of nothing, or of at most a lease's worth.
+  for (const shape of [{ capacity: NaN, refillPerSecond: NaN }, { capacity: -5, refillPerSecond: -1 }]) {
+    const b = new FallbackBucket(shape, 0);
+    assert.equal(b.refill(0, 0) + b.refill(1000, 0), 0);
+  }
+  assert.ok(new FallbackBucket({ capacity: 1e300, refillPerSecond: 0 }, 0).refill(0, 0) <= MAX_LEASE_TOKENS);
+});
+
+test('the smallest share of the last minute is kept', () => {
+  const r = new RecentSmallest();
+  r.note({ capacity: 10, refillPerSecond: 30 }, 0);
+  r.note({ capacity: 40, refillPerSecond: 90 }, 30);
+  assert.deepEqual(r.get(59), { capacity: 10, refillPerSecond: 30 });
+  assert.equal(r.get(200), null);
+});
+
+test('ledger counters never go back', () => {
+  const l = new TenantLedger();
+  l.received(10, 10);
+  assert.equal(l.reportSpent(7), 3);
+  assert.equal(l.reportSpent(8), 3);
+  l.withdrew(8, 0);
+  assert.equal(l.tokensReturned, 7);
+  assert.equal(l.reportSpent(0), 3);
+  l.switchTo(FALLBACK);
+  l.fallbackDeposited(4);
+  assert.equal(l.reportSpent(1), 6);
+  assert.equal(l.reportedFallbackSpent, 3);
+});
+
+test('full-jitter backoff and retry policy validation', () => {
+  const p = retryPolicy({ initialBackoffMs: 50, maxBackoffMs: 1000, multiplier: 2 });
+  assert.equal(computeBackoff(p, 1, 0.5), 25);
+  assert.ok(Math.abs(computeBackoff(p, 3, 0.999) - 199.8) < 1e-9);
+  assert.equal(computeBackoff(p, 10, 0.5), 500);
+  assert.ok(computeBackoff(p, 2, 7) < 100);
+  assert.equal(computeBackoff(p, 2, NaN), 0);
+  assert.throws(() => retryPolicy({ maxAttempts: 0 }), { name: 'RangeError', message: /options\.maxAttempts is 0/ });
+  assert.throws(() => retryPolicy({ multiplier: 'x' }), { name: 'TypeError', message: /options\.multiplier is "x"/ });
+  assert.throws(() => retryPolicy({ maxBackoffMs: 1, initialBackoffMs: 5 }), { name: 'RangeError', message: /options\.maxBackoffMs is 1/ });
+});
+
+test('bad client options name the option and its value', () => {
+  assert.throws(() => validateOptions({ refreshPeriodMs: -1 }), { name: 'RangeError', message: /options\.refreshPeriodMs is -1/ });
+  assert.throws(() => validateOptions({ minSyncIntervalMs: 500 }), { name: 'RangeError', message: /options\.minSyncIntervalMs is 500/ });
+  assert.throws(() => validateOptions({ syncTimeoutMs: '1s' }), { name: 'TypeError', message: /options\.syncTimeoutMs is "1s"/ });
+  assert.throws(() => validateOptions({ leaseBurst: 1.5 }), { name: 'RangeError', message: /options\.leaseBurst is 1\.5/ });
+  assert.throws(() => validateOptions({ fallback: 'open' }), { name: 'RangeError', message: /options\.fallback is "open"/ });
+  assert.throws(() => validateOptions({ fallbackCapacity: Infinity }), { name: 'RangeError', message: /options\.fallbackCapacity is Infinity/ });
+  assert.throws(() => validateOptions({ bearerToken: 'a b' }), { name: 'RangeError', message: /options\.bearerToken has character code 32/ });
+  assert.throws(() => validateOptions({ instanceId: 'x'.repeat(129) }), { name: 'RangeError', message: /options\.instanceId/ });
+  assert.throws(() => validateOptions({ target: '' }), { name: 'TypeError', message: /options\.target is ""/ });
+  assert.throws(() => validateOptions({ refreshPeriod: 5 }), { name: 'TypeError', message: /options\.refreshPeriod is not an option/ });
+  assert.match(validateOptions({}).instanceId, /^rb-[0-9a-f]{32}$/);
+});
+
+test('a failed Sync is resent unchanged (same seq) while younger than the refresh period, then abandoned for a new seq', () => {
+  const r = rig();
+  r.add('a');
+  const first = r.step(unavailable);
+  assert.equal(first.sent.length, 1);
+  assert.equal(first.sent[0].request.seq, 1);
+  assert.equal(first.sent[0].waitForReady, false); // the first attempt after a success fails fast
+  r.clock.t = 0.05;
+  const second = r.step(unavailable);
+  assert.equal(second.sent.length, 1);
+  assert.deepEqual(second.sent[0].request, first.sent[0].request); // the same bytes
+  assert.equal(second.sent[0].waitForReady, true);
+  r.clock.t = 0.25; // older than refresh_period: a new request
+  const third = r.step(unavailable);
+  assert.equal(third.sent[0].request.seq, 2);
+});
+
+test('the lease ends at the FIRST send + TTL, not the resend', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step(unavailable); // first send at 0
+  r.clock.t = 0.1;
+  r.step((plan) => grants(plan, { leaseTtlMs: 1000 })); // the resend at 0.1 is answered
+  assert.equal(a.mode, 'lease');
+  assert.equal(a.leaseEndsAt(), 1.0);
+  r.clock.t = 1.0;
+  r.engine.beginStep(); // steps the tenants: the lease ends at 1.0 exactly
+  assert.equal(a.mode, 'no_lease');
+  assert.equal(a.stats().tokensHeld, 0);
+});
+
+test('counters are cumulative and want follows demand', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step((plan) => grants(plan, { granted: 10 }));
+  for (let i = 0; i < 10; i++) assert.ok(a.tryAcquire());
+  a.recordSuccess();
+  r.clock.t = 0.3;
+  const { sent } = r.step((plan) => grants(plan, { granted: 0 }));
+  const e = sent[0].request.tenants[0];
+  assert.equal(e.retriesSpent, 10);
+  assert.equal(e.successes, 1);
+  assert.equal(e.tokensReceived, 10);
+  assert.equal(e.want, 4, 'ceil(rate 10/s * 0.2 s) + burst 2 - held 0');
+  r.clock.t = 0.6;
+  const again = r.step((plan) => grants(plan, { granted: 0 })).sent[0].request.tenants[0];
+  assert.ok(again.retriesSpent >= 10 && again.tokensReceived === 10); // never back
+});
+
+test('an empty or low lease wakes the refresher once per applied response', () => {
+  const r = rig();
+  const a = r.add('a');
+  assert.equal(a.tryAcquire(), false);
+  assert.equal(a.tryAcquire(), false);
+  assert.equal(r.wakes.n, 1);
+  r.step((plan) => grants(plan, { granted: 5 })); // low-water mark ceil(5 * 0.2) = 1
+  assert.ok(a.tryAcquire() && a.tryAcquire() && a.tryAcquire());
+  assert.equal(r.wakes.n, 1);
+  assert.ok(a.tryAcquire()); // 1 left: the mark
+  assert.equal(r.wakes.n, 2);
+  assert.equal(a.syncDueAt(), -Infinity); // wanted now (the last grant was not short)
+});
+
+test('hostile responses are clamped or refused, never fail open', () => {
+  const r = rig();
+  const [a, b] = [r.add('a'), r.add('b')];
+  // Huge grant: at most a lease's worth lands and is counted as received.
+  r.step((plan) => grants(plan, (e) => (e.tenant === 'a' ? { granted: 2 ** 60 } : { granted: -7 })));
+  assert.equal(a.stats().tokensHeld, MAX_LEASE_TOKENS);
+  assert.equal(a.stats().tokensReceived, MAX_LEASE_TOKENS);
+  assert.equal(b.stats().tokensHeld, 0);
+  // A TTL <= 0 ends the lease at once; NaN next_sync_ms is the refresh period.
+  r.clock.t = 0.3;
+  r.step((plan) => grants(plan, { granted: 3, leaseTtlMs: -1, nextSyncMs: NaN }));
+  r.engine.beginStep();
+  assert.equal(a.stats().tokensHeld, 0);
+  assert.equal(a.mode, 'no_lease');
+  // Wrong tenant names and a short response: nothing applied to the others.
+  r.clock.t = 0.6;
+  r.step((plan) => ({ code: null, response: { stale: false, tenants: [{ tenant: 'zzz', granted: 50, leaseTtlMs: 5000, error: null }] } }));
+  assert.equal(a.stats().tokensHeld + b.stats().tokensHeld, 0);
+  // Stale: dropped.
+  r.clock.t = 0.9;
+  r.step((plan) => ({ ...grants(plan, { granted: 9 }), response: { ...grants(plan, { granted: 9 }).response, stale: true } }));
+  assert.equal(a.stats().tokensHeld, 0);
+  // A response with no tenants at all, or not an object.
+  r.clock.t = 1.2;
+  r.step(() => ({ code: null, response: {} }));
+  r.clock.t = 1.5;
+  r.step(() => ({ code: null, response: null }));
+  assert.equal(a.stats().tokensHeld + b.stats().tokensHeld, 0);
+});
+
+test('fallback uses the smallest share of the last minute (NaN share: nothing), and deny mode denies', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step((plan) => grants(plan, { granted: 2, leaseTtlMs: 1000, safeShare: { capacity: 3, refillPerSecond: 1 } }));
+  r.clock.t = 0.5;
+  r.step((plan) => grants(plan, { granted: 0, leaseTtlMs: 1000, safeShare: { capacity: 8, refillPerSecond: 9 } }));
+  r.clock.t = 1.6; // lease over, server down
+  r.step(unavailable);
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  assert.equal(a.stats().tokensHeld, 3); // the smaller share's capacity, not 8
+  let taken = 0;
+  while (a.tryAcquire()) taken++;
+  assert.equal(taken, 3);
+  // Tokens taken between two steps count as taken just before the later one: the bucket was
+  // full until 2.6, and refills from there.
+  r.clock.t = 2.6;
+  r.step(unavailable);
+  assert.equal(a.stats().tokensHeld, 0);
+  r.clock.t = 3.6;
+  r.step(unavailable);
+  assert.equal(a.stats().tokensHeld, 1); // refill 1/s
+  assert.ok(Math.abs(a.fallbackAllowance(3.6) - 5) < 1e-9, `${a.fallbackAllowance(3.6)}`);
+  assert.equal(a.stats().fallbackAllowed, 3);
+
+  const n = rig();
+  const x = n.add('x');
+  n.step((plan) => grants(plan, { granted: 0, safeShare: { capacity: NaN, refillPerSecond: -1 } }));
+  n.clock.t = 2;
+  n.step(unavailable);
+  assert.equal(x.mode, 'fallback');
+  assert.equal(x.stats().tokensHeld, 0);
+
+  const d = rig({ fallback: 'deny' });
+  const y = d.add('y');
+  d.step(unavailable);
+  assert.equal(y.mode, 'deny_fallback');
+  assert.equal(y.tryAcquire(), false);
+});
+
+test('back from fallback the fallback tokens are swapped for the grant and reported as fallback_spent', () => {
+  const r = rig({ neverReached: { capacity: 2, refillPerSecond: 0 } });
+  const a = r.add('a');
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  assert.ok(a.tryAcquire());
+  r.clock.t = 0.1;
+  const { sent } = r.step((plan) => grants(plan, { granted: 4 }));
+  assert.equal(a.mode, 'lease');
+  assert.equal(a.stats().tokensHeld, 4);
+  r.clock.t = 0.4;
+  const e = r.step((plan) => grants(plan, { granted: 0 })).sent[0].request.tenants[0];
+  assert.equal(e.fallbackSpent, 1);
+  assert.equal(e.retriesSpent, 1);
+  assert.ok(sent.length >= 1);
+});
+
+test('UNAUTHENTICATED / PERMISSION_DENIED deny instead of falling back; a whole-request refusal denies one tenant or splits many', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step(() => ({ code: Status.PERMISSION_DENIED, details: 'no' }));
+  assert.equal(a.mode, 'no_lease');
+  assert.equal(a.tryAcquire(), false);
+
+  const s = rig();
+  s.add('a');
+  s.add('b');
+  s.add('c');
+  s.add('d');
+  const { sent } = s.step((plan) => (plan.request.tenants.length > 1 ? { code: Status.INVALID_ARGUMENT, details: 'at most 1 tenants are allowed in one request' } : grants(plan)));
+  assert.equal(sent[0].request.tenants.length, 4);
+  assert.equal(sent[1].request.tenants.length, 1);
+  assert.equal(tenantLimitIn('too many: at most 17 are allowed in one request'), 17);
+  const one = rig();
+  const z = one.add('z');
+  one.step(() => ({ code: Status.INVALID_ARGUMENT, details: 'counters went backwards' }));
+  assert.match(z.stats().error, /INVALID_ARGUMENT/);
+  assert.equal(z.mode, 'no_lease');
+});
+
+test('a redirect moves the tenant to its owner in the same step; loops, garbage owners and UNAVAILABLE park it', () => {
+  const r = rig();
+  const a = r.add('a');
+  const { sent } = r.step((plan) => (plan.address === null
+    ? grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: 'not mine', owner: '127.0.0.1:7001' } })
+    : grants(plan, { granted: 3 })));
+  assert.deepEqual(sent.map((p) => p.address), [null, '127.0.0.1:7001']);
+  assert.ok(sent[1].request.seq > sent[0].request.seq); // seq grows across routes
+  assert.equal(a.stats().tokensHeld, 3);
+  // Later Syncs of the tenant go to the owner only.
+  r.clock.t = 0.3;
+  assert.deepEqual(r.step((plan) => grants(plan, { granted: 0 })).sent.map((p) => p.address), ['127.0.0.1:7001']);
+
+  // A loop: every server names another; parked after MAX_REDIRECT_HOPS.
+  const l = rig();
+  const b = l.add('b');
+  let hop = 0;
+  const loop = l.step((plan) => {
+    l.clock.t += 0.01; // each round trip takes 10 ms
+    return grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: `127.0.0.1:${7100 + (hop++ % 2)}` } });
+  });
+  assert.ok(loop.sent.length <= MAX_REDIRECT_HOPS + 1, `${loop.sent.length} sends`);
+  assert.equal(l.engine.stateFor(b), 'unreachable');
+  l.step(unavailable);
+  assert.equal(b.mode, 'fallback'); // never fail open, never crash
+
+  const g = rig();
+  const c = g.add('c');
+  const garbage = g.step((plan) => grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: 'not an address\n' } }));
+  assert.equal(garbage.sent.length, 1);
+  assert.equal(g.engine.stateFor(c), 'unreachable');
+
+  const u = rig();
+  const d = u.add('d');
+  u.step((plan) => grants(plan, { granted: 2 })); // a lease
+  u.clock.t = 0.3;
+  u.step((plan) => grants(plan, { error: { code: Status.UNAVAILABLE, message: 'failover', owner: '' } }));
+  assert.equal(d.mode, 'lease'); // the lease runs to its expiry
+  assert.equal(d.syncDueAt(), 0.3 + 0.2); // asked again a refresh period later
+  u.clock.t = 1.0;
+  u.step((plan) => grants(plan, { error: { code: Status.UNAVAILABLE, message: 'failover', owner: '' } }));
+  assert.equal(d.mode, 'fallback');
+});
+
+test('an owner failing for a whole refresh period sends its tenants back to the main target', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step((plan) => (plan.address === null
+    ? grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: '127.0.0.1:7001' } })
+    : unavailable()));
+  for (let t = 0.05; t < 0.4; t += 0.05) {
+    r.clock.t = t;
+    r.step((plan) => (plan.address === null ? grants(plan, { granted: 1 }) : unavailable()));
+  }
+  assert.equal(a.stats().tokensHeld > 0 || a.mode === 'fallback', true);
+  assert.ok(!r.engine.owners.has('127.0.0.1:7001') || r.engine.routed.get(a).owner === null);
+});
+
+test('the final Sync carries final=true, every counter, want 0, and returns every token', () => {
+  const r = rig();
+  const a = r.add('a');
+  r.step((plan) => grants(plan, { granted: 6 }));
+  a.tryAcquire();
+  a.recordSuccess();
+  const finals = r.engine.beginFinal();
+  assert.equal(finals.length, 1);
+  const req = finals[0].request;
+  assert.equal(req.final, true);
+  assert.equal(req.seq, 2);
+  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0 });
+  assert.equal(a.tryAcquire(), false);
+  assert.deepEqual(r.engine.beginFinal(), []); // once
+});
+
+test('a Sync is cut short by the next lease expiry and resent at once with the same seq', () => {
+  const r = rig({ policy: { refreshPeriod: 2, minSyncInterval: 0.005, leaseBurst: 2 } });
+  r.add('a');
+  r.step((plan) => grants(plan, { granted: 2, leaseTtlMs: 1000 }));
+  r.clock.t = 0.05;
+  assert.equal(r.engine.beginStep(), null); // nothing due yet (next sync at 0.2)
+  r.clock.t = 0.2;
+  const plan = r.engine.beginStep();
+  assert.equal(plan.deadline, 1.0); // the lease's end, before 0.2 + sync_timeout
+  r.clock.t = plan.deadline;
+  r.engine.endAttempt(plan, { code: Status.DEADLINE_EXCEEDED, details: 'cut' });
+  assert.equal(r.engine.main.failures, 0); // no verdict on the server
+  assert.equal(r.engine.main.retryAt, plan.deadline);
+  r.engine.endStep();
+  const again = r.engine.beginStep();
+  assert.equal(again.request.seq, plan.request.seq);
+});
