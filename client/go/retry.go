@@ -1,0 +1,363 @@
+package retrybudget
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	mrand "math/rand"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Attempt is what one attempt of a logical call is told about itself.
+type Attempt struct {
+	// Number is 1 for the first attempt, 2 for the first retry, ...
+	Number int
+	// IdempotencyKey is the same for every attempt of one logical call: pass it to the server
+	// as the dedup key.
+	IdempotencyKey string
+}
+
+// PreviousAttempts is the number of attempts made before this one.
+func (a Attempt) PreviousAttempts() int { return a.Number - 1 }
+
+// RetryOption configures Do and UnaryClientInterceptor.
+type RetryOption func(*retryConfig)
+
+type retryConfig struct {
+	maxAttempts       int
+	initialBackoff    time.Duration
+	maxBackoff        time.Duration
+	multiplier        float64
+	perAttemptTimeout time.Duration // 0: only the overall deadline
+	retryable         func(error) bool
+	idempotencyKey    string
+	clock             Clock
+	random            func() float64
+	err               error // the first bad option
+}
+
+// WithMaxAttempts: most attempts of one logical call, the first included (1: never retry).
+// Default 4; >= 1.
+func WithMaxAttempts(n int) RetryOption {
+	return func(c *retryConfig) {
+		if n < 1 {
+			c.fail(invalidf("WithMaxAttempts(%d): it must be >= 1", n))
+		}
+		c.maxAttempts = n
+	}
+}
+
+// WithBackoff: the backoff before retry k is uniform in
+// [0, min(max, initial * multiplier^(k-1))) (full jitter). Default 50 ms, 5 s, 2.
+func WithBackoff(initial, max time.Duration, multiplier float64) RetryOption {
+	return func(c *retryConfig) {
+		switch {
+		case initial < 0:
+			c.fail(invalidf("WithBackoff: initial is %v; it must be >= 0", initial))
+		case max < initial:
+			c.fail(invalidf("WithBackoff: max is %v; it must be >= initial (%v)", max, initial))
+		case math.IsNaN(multiplier) || math.IsInf(multiplier, 0) || multiplier < 1:
+			c.fail(invalidf("WithBackoff: multiplier is %v; it must be finite and >= 1", multiplier))
+		}
+		c.initialBackoff, c.maxBackoff, c.multiplier = initial, max, multiplier
+	}
+}
+
+// WithPerAttemptTimeout: each attempt's context ends at min(overall deadline, attempt start +
+// d). Default: only the overall deadline; d > 0.
+func WithPerAttemptTimeout(d time.Duration) RetryOption {
+	return func(c *retryConfig) {
+		if d <= 0 {
+			c.fail(invalidf("WithPerAttemptTimeout(%v): it must be > 0", d))
+		}
+		c.perAttemptTimeout = d
+	}
+}
+
+// WithRetryable replaces the classification of errors (DefaultRetryable). An error that is
+// ErrBudgetExhausted is never retried, whatever this says: stacked retry layers must not
+// multiply.
+func WithRetryable(f func(error) bool) RetryOption {
+	return func(c *retryConfig) {
+		if f == nil {
+			c.fail(invalidf("WithRetryable(nil)"))
+		}
+		c.retryable = f
+	}
+}
+
+// WithIdempotencyKey sets the call's dedup key (default: a fresh random 128-bit key).
+func WithIdempotencyKey(key string) RetryOption {
+	return func(c *retryConfig) { c.idempotencyKey = key }
+}
+
+// WithClock sets the clock the backoffs wait on (default RealClock()). Deadlines stay those
+// of the context (real time).
+func WithClock(clock Clock) RetryOption {
+	return func(c *retryConfig) {
+		if clock == nil {
+			c.fail(invalidf("WithClock(nil)"))
+		}
+		c.clock = clock
+	}
+}
+
+// WithRandom sets the jitter source (values in [0, 1); others are clamped).
+func WithRandom(f func() float64) RetryOption {
+	return func(c *retryConfig) {
+		if f == nil {
+			c.fail(invalidf("WithRandom(nil)"))
+		}
+		c.random = f
+	}
+}
+
+func (c *retryConfig) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+var (
+	randMu  sync.Mutex
+	randSrc = mrand.New(mrand.NewSource(time.Now().UnixNano()))
+)
+
+func defaultRandom() float64 {
+	randMu.Lock()
+	defer randMu.Unlock()
+	return randSrc.Float64()
+}
+
+func newRetryConfig(opts []RetryOption) retryConfig {
+	c := retryConfig{maxAttempts: 4, initialBackoff: 50 * time.Millisecond, maxBackoff: 5 * time.Second,
+		multiplier: 2, retryable: DefaultRetryable, clock: RealClock(), random: defaultRandom}
+	for _, o := range opts {
+		o(&c)
+	}
+	return c
+}
+
+// NewIdempotencyKey is a fresh random 128-bit key as 32 lowercase hex characters.
+func NewIdempotencyKey() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("retrybudget: no randomness for an idempotency key: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// DefaultRetryable: gRPC UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED and DEADLINE_EXCEEDED (the
+// C++ RetryPolicy's retryable_codes), context.DeadlineExceeded (an attempt's own timeout),
+// and net.Error timeouts and connection errors.
+func DefaultRetryable(err error) bool {
+	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
+		switch s.Code() {
+		case codes.Unavailable, codes.ResourceExhausted, codes.Aborted, codes.DeadlineExceeded:
+			return true
+		}
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return true
+	}
+	var oe *net.OpError
+	return errors.As(err, &oe)
+}
+
+// computeBackoff is the full-jitter backoff before retry `retry` (1 = the first retry).
+func computeBackoff(c *retryConfig, retry int, r float64) time.Duration {
+	ceiling := c.maxBackoff
+	if s := c.initialBackoff.Seconds() * math.Pow(c.multiplier, float64(retry-1)); s < c.maxBackoff.Seconds() {
+		ceiling = time.Duration(s * 1e9)
+	}
+	if !(r > 0) {
+		r = 0
+	}
+	if r >= 1 {
+		r = math.Nextafter(1, 0)
+	}
+	d := time.Duration(float64(ceiling) * r)
+	if d >= ceiling && ceiling > 0 {
+		d = ceiling - 1
+	}
+	return d
+}
+
+// Pushback wraps err with the server's requested delay before the next attempt (gRPC's
+// `grpc-retry-pushback-ms`): d >= 0 replaces the computed backoff (the retry still needs a
+// token and must start before the deadline); d < 0 means "do not retry". Return it from the
+// function given to Do.
+func Pushback(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &pushbackError{err: err, delay: d}
+}
+
+type pushbackError struct {
+	err   error
+	delay time.Duration
+}
+
+func (p *pushbackError) Error() string { return p.err.Error() }
+func (p *pushbackError) Unwrap() error { return p.err }
+
+// GRPCStatus keeps status.Code and status.FromError working through the wrapper.
+func (p *pushbackError) GRPCStatus() *status.Status { return status.Convert(p.err) }
+
+// CallError is what Do returns when the budget, the context or the deadline ended the call
+// (rather than the operation's own error): errors.Is(err, ErrBudgetExhausted),
+// errors.Is(err, context.Canceled) or errors.Is(err, context.DeadlineExceeded) tell which,
+// and errors.As / errors.Unwrap reach Last, the last attempt's error (nil if none ran).
+type CallError struct {
+	Reason   error // ErrBudgetExhausted, context.Canceled or context.DeadlineExceeded
+	Last     error
+	Attempts int
+	detail   string
+}
+
+func (e *CallError) Error() string {
+	msg := fmt.Sprintf("retrybudget: %v %s", e.Reason, e.detail)
+	if e.Last != nil {
+		msg += ": last error: " + e.Last.Error()
+	}
+	return msg
+}
+
+// Unwrap is the last attempt's error.
+func (e *CallError) Unwrap() error { return e.Last }
+
+// Is matches the Reason.
+func (e *CallError) Is(target error) bool { return errors.Is(e.Reason, target) }
+
+// GRPCStatus: a call the budget or the context ended keeps the last attempt's status
+// (budget) or the context's code, so gRPC callers of the interceptor see a gRPC status.
+func (e *CallError) GRPCStatus() *status.Status {
+	switch {
+	case e.Reason == ErrBudgetExhausted && e.Last != nil:
+		s := status.Convert(e.Last)
+		return status.New(s.Code(), e.Error())
+	case errors.Is(e.Reason, context.Canceled):
+		return status.New(codes.Canceled, e.Error())
+	case errors.Is(e.Reason, context.DeadlineExceeded):
+		return status.New(codes.DeadlineExceeded, e.Error())
+	}
+	return status.New(codes.Unknown, e.Error())
+}
+
+// Do runs fn and retries it when it fails with a retryable error, each retry only when
+// budget.TryAcquire allows (one token per retry). What one logical call does:
+//   - The first attempt is always sent (unless ctx is already done); the budget decides
+//     every retry.
+//   - After a failed attempt, in this order: ctx done? (return at once) -> retryable
+//     (DefaultRetryable or WithRetryable; never an error that is already ErrBudgetExhausted:
+//     stacked layers must not multiply)? -> attempts left? -> pushback < 0 (do not retry)? ->
+//     backoff (the pushback, or full jitter) -> would the backoff end at or after ctx's
+//     deadline? (a CallError with context.DeadlineExceeded now, no token taken) ->
+//     TryAcquire (denied: a CallError with ErrBudgetExhausted wrapping the last error) ->
+//     the backoff raced against ctx.Done() (cancelled: the token is refunded and a CallError
+//     with ctx.Err() returned at once) -> the next attempt.
+//   - Each attempt gets ctx (with WithPerAttemptTimeout, a child with its own deadline).
+//   - A call that succeeds, at any attempt, calls RecordSuccess exactly once.
+//   - Every attempt sees the same IdempotencyKey.
+//
+// Returns nil, the operation's last error unchanged (not retryable, or no attempts left), a
+// *CallError, or an ErrInvalidOptions error for a bad option (no attempt made). Starts no
+// goroutine; safe for concurrent use.
+func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt Attempt) error, opts ...RetryOption) error {
+	c := newRetryConfig(opts)
+	if c.err != nil {
+		return c.err
+	}
+	if budget == nil || fn == nil {
+		return invalidf("Do: budget and fn must not be nil")
+	}
+	key := c.idempotencyKey
+	if key == "" {
+		key = NewIdempotencyKey()
+	}
+	deadline, hasDeadline := ctx.Deadline()
+	var last error
+	for number := 1; ; number++ {
+		if err := ctx.Err(); err != nil {
+			return &CallError{Reason: err, Last: last, Attempts: number - 1,
+				detail: fmt.Sprintf("before attempt %d", number)}
+		}
+		actx, cancel := ctx, context.CancelFunc(func() {})
+		if c.perAttemptTimeout > 0 {
+			actx, cancel = context.WithTimeout(ctx, c.perAttemptTimeout)
+		}
+		err := fn(actx, Attempt{Number: number, IdempotencyKey: key})
+		cancel()
+		if err == nil {
+			budget.RecordSuccess()
+			return nil
+		}
+		var pushback *pushbackError
+		hasPushback := errors.As(err, &pushback)
+		if hasPushback {
+			last = pushback.err
+		} else {
+			last = err
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return &CallError{Reason: cerr, Last: last, Attempts: number,
+				detail: fmt.Sprintf("during attempt %d", number)}
+		}
+		if errors.Is(last, ErrBudgetExhausted) || !c.retryable(last) {
+			return last
+		}
+		// An attempt's own timeout is worth retrying; the overall deadline running out is not.
+		if hasDeadline && !time.Now().Before(deadline) &&
+			(status.Code(last) == codes.DeadlineExceeded || errors.Is(last, context.DeadlineExceeded)) {
+			return last
+		}
+		if number >= c.maxAttempts {
+			return last
+		}
+		if hasPushback && pushback.delay < 0 {
+			return last
+		}
+		// Decide the wait before asking for a token: a retry that cannot start before the
+		// deadline must not spend one.
+		var wait time.Duration
+		if hasPushback {
+			wait = pushback.delay
+		} else {
+			wait = computeBackoff(&c, number, c.random())
+		}
+		if hasDeadline && !time.Now().Add(wait).Before(deadline) {
+			return &CallError{Reason: context.DeadlineExceeded, Last: last, Attempts: number,
+				detail: fmt.Sprintf("a backoff of %v after attempt %d would end at or after the deadline (%v left)",
+					wait, number, time.Until(deadline).Round(time.Millisecond))}
+		}
+		if !budget.TryAcquire() {
+			return &CallError{Reason: ErrBudgetExhausted, Last: last, Attempts: number,
+				detail: fmt.Sprintf("after %d attempt(s)", number)}
+		}
+		if wait > 0 {
+			t := c.clock.NewTimer(wait)
+			select {
+			case <-t.C():
+			case <-ctx.Done():
+				t.Stop()
+				budget.Refund() // the retry is never sent
+				return &CallError{Reason: ctx.Err(), Last: last, Attempts: number,
+					detail: fmt.Sprintf("during the backoff before attempt %d", number+1)}
+			}
+		}
+	}
+}

@@ -1,0 +1,477 @@
+package retrybudget
+
+import (
+	"fmt"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pb "github.com/retry-budget/retry-budget/client/go/budgetpb"
+	"google.golang.org/grpc/codes"
+)
+
+// Budget is what the retry helpers need of a tenant's budget; *TenantBudget implements it.
+type Budget interface {
+	// TryAcquire asks for one retry: true when a token was taken (send the retry), false
+	// when none is available (fail the call now). Never blocks, never performs I/O.
+	TryAcquire() bool
+	// Refund gives back a token taken for a retry that was never sent. At most once per
+	// successful TryAcquire.
+	Refund()
+	// RecordSuccess records one successful logical call.
+	RecordSuccess()
+}
+
+// leaseMode is the tenant's internal state (the C++ LeaseMode). leased and fallback let
+// TryAcquire take tokens (both from the same lease word); every other mode keeps it closed.
+type leaseMode int
+
+const (
+	awaitingLease  leaseMode = iota // no grant yet, server not known unreachable: deny
+	leased                          // a lease is in force until its expiry
+	expired                         // the lease expired, no Sync renewed it (server answering)
+	refused                         // the server refused the tenant: deny
+	inFallback                      // server unreachable, no lease: the local fallback bucket
+	inDenyFallback                  // server unreachable, no lease, FallbackDeny: deny
+	shutdown                        // Close: every token returned
+)
+
+// serverState is what the refresher knows of a route's server from its last Sync attempt.
+type serverState int
+
+const (
+	answering   serverState = iota // no attempt yet, or the last one got a response
+	unreachable                    // the last attempt failed: fall back
+	refusing                       // UNAUTHENTICATED / PERMISSION_DENIED: deny
+)
+
+var tenantNameRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,128}$`)
+
+func checkTenantName(name string) error {
+	if !tenantNameRE.MatchString(name) {
+		return invalidf("tenant %q is malformed; expected 1-128 characters of [A-Za-z0-9._:/-]", name)
+	}
+	return nil
+}
+
+type fallbackConfig struct {
+	mode         FallbackMode
+	neverReached bucketShape
+}
+
+// fallbackEpisode: a bucket's cap and refill from start to end (zero end: still in it).
+type fallbackEpisode struct {
+	cap, refill float64
+	start, end  time.Time
+}
+
+// TenantBudget is a tenant's budget as seen from this process. Thread-safe; owned by its
+// Client. TryAcquire, Refund and RecordSuccess are the hot path: lock-free, atomics only,
+// never blocking, no I/O, no clock read. The other methods take mu; the refresher is their
+// only writer.
+type TenantBudget struct {
+	name  string
+	waker func()
+	fb    fallbackConfig
+
+	lease      *lease
+	_          [56]byte // the word above and the counters below on separate cache lines
+	successes  atomic.Uint64
+	_          [56]byte
+	denied     atomic.Uint64
+	refunds    atomic.Uint64
+	syncWanted atomic.Bool
+
+	mu              sync.Mutex
+	mode            leaseMode
+	ledger          tenantLedger
+	demand          demandEstimator
+	expiry          time.Time
+	nextDue         time.Time
+	dryUntil        time.Time
+	err             error
+	safeShares      recentSmallest
+	lastSafeShareAt time.Time
+	fallback        *fallbackBucket
+	episodes        []fallbackEpisode
+}
+
+func newTenantBudget(name string, waker func(), created time.Time, fb fallbackConfig) *TenantBudget {
+	return &TenantBudget{
+		name:       name,
+		waker:      waker,
+		fb:         fb,
+		lease:      newLease(),
+		demand:     demandEstimator{last: created},
+		expiry:     farPast,
+		nextDue:    farPast,
+		dryUntil:   farPast,
+		safeShares: recentSmallest{window: SafeShareMemory, start: farPast},
+	}
+}
+
+// Tenant is the tenant's name.
+func (t *TenantBudget) Tenant() string { return t.name }
+
+// TryAcquire asks for one retry. It returns true when a token was taken (the retry may be
+// sent), false when none is available (the retry must not be sent: fail the call now). Never
+// blocks, never performs I/O; on false, or when the lease runs low, it wakes the refresher so
+// a grant arrives within one round trip.
+func (t *TenantBudget) TryAcquire() bool {
+	switch t.lease.tryTake() {
+	case taken:
+		return true
+	case takenLow:
+		t.requestSync()
+		return true
+	}
+	t.denied.Add(1)
+	t.requestSync()
+	return false
+}
+
+// Refund gives back a token taken by TryAcquire for a retry that was never sent (for example
+// cancelled during its backoff). Call it at most once per successful TryAcquire.
+func (t *TenantBudget) Refund() {
+	t.lease.refund()
+	t.refunds.Add(1)
+}
+
+// RecordSuccess records one successful logical call; it earns the budget success_credit.
+func (t *TenantBudget) RecordSuccess() { t.successes.Add(1) }
+
+// requestSync: the first worker to find the lease low or empty since the last applied
+// response wakes the refresher; later ones see the flag set.
+func (t *TenantBudget) requestSync() {
+	if !t.syncWanted.Swap(true) {
+		t.waker()
+	}
+}
+
+func publicMode(m leaseMode) Mode {
+	switch m {
+	case leased:
+		return ModeLease
+	case inFallback:
+		return ModeFallback
+	case inDenyFallback:
+		return ModeDenyFallback
+	}
+	return ModeNoLease
+}
+
+// Stats is a snapshot of this process's counters for the tenant (not a hot-path call).
+func (t *TenantBudget) Stats() TenantStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	held := t.lease.held()
+	return TenantStats{
+		Successes:       t.successes.Load(),
+		RetriesAllowed:  t.ledger.exactSpent(held),
+		RetriesDenied:   t.denied.Load(),
+		FallbackAllowed: t.ledger.exactFallbackSpent(held),
+		TokensReceived:  t.ledger.tokensReceived(),
+		TokensReturned:  t.ledger.tokensReturned(),
+		TokensHeld:      int64(held),
+		Refunds:         t.refunds.Load(),
+		LeaseActive:     t.mode == leased && t.lease.open(),
+		Mode:            publicMode(t.mode),
+		Err:             t.err,
+	}
+}
+
+// FallbackAllowance is what this tenant's fallback buckets may have handed out up to `now`
+// (on the client's clock): the sum over its fallback episodes of the bucket's capacity (at
+// least 1 when it refills) + refill * seconds in fallback. For fleet checks; not a hot-path
+// call.
+func (t *TenantBudget) FallbackAllowance(now time.Time) float64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var sum float64
+	for _, e := range t.episodes {
+		end := e.end
+		if end.IsZero() {
+			end = now
+		}
+		sum += e.cap + e.refill*end.Sub(e.start).Seconds()
+	}
+	return sum
+}
+
+// ---- refresher side (t.mu) ----
+
+func (t *TenantBudget) syncDueAt() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mode == shutdown {
+		return farFuture
+	}
+	if t.syncWanted.Load() {
+		// A worker found the lease low or empty: sync now, unless the server said the
+		// bucket is dry (it granted less than wanted): then not before its retry-after.
+		return minTime(t.nextDue, t.dryUntil)
+	}
+	return t.nextDue
+}
+
+func (t *TenantBudget) leaseEndsAt() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mode == leased {
+		return t.expiry
+	}
+	return farFuture
+}
+
+func (t *TenantBudget) endEpisodeLocked(now time.Time) {
+	if n := len(t.episodes); n > 0 && t.episodes[n-1].end.IsZero() {
+		t.episodes[n-1].end = now
+	}
+}
+
+func (t *TenantBudget) withdrawAllLocked(now time.Time) {
+	withdrawn := t.lease.withdrawAndClose()
+	t.ledger.withdrew(withdrawn, t.lease.held())
+	t.ledger.switchTo(sourceLease)
+	if t.fallback != nil {
+		t.endEpisodeLocked(now)
+	}
+	t.fallback = nil
+}
+
+// fallbackMarkLocked: a full bucket asks to hear of the very first take (mark = held - 1, and
+// the wake flag cleared) so its refill restarts at once; otherwise mark 0: an empty word wakes
+// the refresher only if no wake is pending (never a busy loop on an empty bucket: the next
+// token's time is scheduled anyway).
+func (t *TenantBudget) fallbackMarkLocked() uint64 {
+	if !t.fallback.full() || t.fallback.held == 0 {
+		return 0
+	}
+	t.syncWanted.Store(false)
+	return t.fallback.held - 1
+}
+
+func (t *TenantBudget) enterFallbackLocked(now time.Time) {
+	if t.fb.mode == FallbackDeny {
+		t.withdrawAllLocked(now)
+		t.mode = inDenyFallback
+		return
+	}
+	// The instance's share of the fleet's budget as the server last saw it (the smallest of
+	// the minute before its last answer); a tenant never answered for gets the configured
+	// conservative bucket.
+	shape := t.fb.neverReached
+	if !t.lastSafeShareAt.Equal(farPast) {
+		if s := t.safeShares.get(t.lastSafeShareAt); s != nil {
+			shape = *s
+		}
+	}
+	t.fallback = newFallbackBucket(shape, now)
+	t.episodes = append(t.episodes, fallbackEpisode{cap: t.fallback.cap,
+		refill: t.fallback.shape.refillPerSecond, start: now})
+	first := t.fallback.refill(now, 0)
+	withdrawn := t.lease.replace(first, t.fallbackMarkLocked())
+	t.ledger.withdrew(withdrawn, 0) // leased tokens (or raced-in refunds): returned
+	t.ledger.switchTo(sourceFallback)
+	t.ledger.fallbackDeposited(cappedTokens(first))
+	t.mode = inFallback
+}
+
+func (t *TenantBudget) refillFallbackLocked(now time.Time) time.Time {
+	add := t.fallback.refill(now, t.lease.held())
+	// Deposit even 0 tokens: it sets the low-water mark for the new level.
+	t.ledger.fallbackDeposited(t.lease.deposit(add, t.fallbackMarkLocked()))
+	return t.fallback.nextTokenAt()
+}
+
+func (t *TenantBudget) enterFallbackAndRefillLocked(now time.Time) time.Time {
+	t.enterFallbackLocked(now)
+	if t.mode == inFallback {
+		return t.refillFallbackLocked(now)
+	}
+	return farFuture
+}
+
+// step is one refresher step at `now`: ends a lease at its expiry, enters, refills or leaves
+// fallback. Returns when this tenant next needs a step.
+func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch t.mode {
+	case leased:
+		if now.Before(t.expiry) {
+			return t.expiry
+		}
+		if server == unreachable {
+			// The lease ran out while the server cannot be reached: fall back (the leased
+			// tokens left are returned in the next Sync that gets through).
+			return t.enterFallbackAndRefillLocked(now)
+		}
+		// The lease ends at send time + TTL: every unspent token goes back.
+		t.withdrawAllLocked(now)
+		t.mode = expired
+		return farFuture
+	case inFallback:
+		if server != refusing {
+			return t.refillFallbackLocked(now)
+		}
+		// The server answered and refuses this client (credentials): no fallback for that.
+		t.withdrawAllLocked(now)
+		t.mode = expired
+		return farFuture
+	}
+	if t.mode == inDenyFallback && server == refusing {
+		t.mode = expired
+	}
+	if (t.mode == awaitingLease || t.mode == expired) && server == unreachable {
+		return t.enterFallbackAndRefillLocked(now)
+	}
+	// A closed word: tokens can only be there from a Refund racing a withdrawal. They cannot
+	// be spent; give them back too.
+	if t.lease.held() > 0 {
+		withdrawn := t.lease.withdrawAndClose()
+		t.ledger.withdrew(withdrawn, t.lease.held())
+	}
+	return farFuture
+}
+
+func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
+	out.Tenant = t.name
+	out.Successes = t.successes.Load()
+	out.RetriesSpent = t.ledger.reportSpent(held)
+	out.RetriesDenied = t.denied.Load()
+	out.TokensReturned = t.ledger.tokensReturned()
+	out.TokensReceived = t.ledger.tokensReceived()
+	out.FallbackSpent = t.ledger.reportedFallbackSpent()
+}
+
+// fillSync fills the entry of a NEW request built at `now`.
+func (t *TenantBudget) fillSync(now time.Time, p refreshPolicy) *pb.TenantSync {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := &pb.TenantSync{}
+	held := t.lease.held()
+	t.fillCountersLocked(held, out)
+	// Demand is what workers asked for, allowed or not: a starved tenant's denials count.
+	t.demand.observe(now, out.RetriesSpent+out.RetriesDenied)
+	// Fallback tokens are withdrawn when a grant arrives: only leased tokens reduce the want.
+	var leasedHeld uint64
+	if t.ledger.source == sourceLease {
+		leasedHeld = held
+	}
+	out.Want = wantFor(t.demand.rate, p.refreshPeriod, p.leaseBurst, leasedHeld)
+	return out
+}
+
+// applyGrant applies a grant answering a request first sent at `sent`: the lease (every
+// token held) now ends at `sent` + lease_ttl_ms, so the client's clock can only end it
+// earlier than the server's view. A TTL <= 0 ends it at once (the safe reading of a missing
+// value); one above budget.proto's range is read as that range's top.
+func (t *TenantBudget) applyGrant(g *pb.TenantGrant, sentEntry *pb.TenantSync, sent, received time.Time, p refreshPolicy) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mode == shutdown {
+		return
+	}
+	// Cleared before the tokens land: a worker that runs dry after this wakes the refresher
+	// again; one that ran dry before is served by this grant.
+	t.syncWanted.Store(false)
+	granted := g.GetGranted()
+	var deposited uint64
+	if t.ledger.source == sourceFallback {
+		// Back from fallback: swap the fallback tokens for the leased ones in one exchange.
+		// What was spent of them is in the ledger and goes out as fallback_spent.
+		deposited = cappedTokens(granted)
+		withdrawn := t.lease.replace(granted, lowWaterMark(granted))
+		t.ledger.withdrew(withdrawn, 0)
+		t.ledger.switchTo(sourceLease)
+		t.endEpisodeLocked(received)
+		t.fallback = nil
+	} else {
+		deposited = t.lease.deposit(granted, lowWaterMark(granted))
+	}
+	t.ledger.received(granted, deposited)
+	if s := g.GetSafeShare(); s != nil {
+		t.safeShares.note(bucketShape{s.GetCapacity(), s.GetRefillPerSecond()}, received)
+		t.lastSafeShareAt = received
+	}
+	ttl := time.Duration(0)
+	if ms := g.GetLeaseTtlMs(); ms > 0 {
+		ttl = maxLeaseTTL
+		if ms < maxLeaseTTL.Milliseconds() {
+			ttl = time.Duration(ms) * time.Millisecond
+		}
+	}
+	t.expiry = sent.Add(ttl)
+	t.mode = leased
+	t.err = nil
+	delay := nextSyncDelay(g.GetNextSyncMs(), p)
+	t.nextDue = received.Add(delay)
+	// Granted less than asked: the bucket is dry; next_sync_ms is then the retry-after.
+	if granted < sentEntry.GetWant() {
+		t.dryUntil = received.Add(delay)
+	} else {
+		t.dryUntil = farPast
+	}
+}
+
+// TenantError is why the budget server refused a tenant (TenantStats.Err).
+type TenantError struct {
+	Tenant  string
+	Code    codes.Code
+	Message string
+}
+
+func (e *TenantError) Error() string {
+	return fmt.Sprintf("%s: budget server refused tenant %q: %s", e.Code, e.Tenant, e.Message)
+}
+
+func (t *TenantBudget) applyRefusal(code codes.Code, message string, received time.Time, p refreshPolicy) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mode == shutdown {
+		return
+	}
+	t.syncWanted.Store(false)
+	if t.mode == leased || t.mode == inFallback || t.lease.held() > 0 {
+		t.withdrawAllLocked(received)
+	}
+	t.mode = refused
+	if code == codes.OK {
+		code = codes.Unknown
+	}
+	t.err = &TenantError{Tenant: t.name, Code: code, Message: message}
+	t.nextDue = received.Add(p.refreshPeriod)
+	t.dryUntil = t.nextDue
+}
+
+// syncAgainAt: the server did not apply this tenant's entry (it named another owner, or none
+// can grant now): the lease stays as it is; the next sync is due at `due`.
+func (t *TenantBudget) syncAgainAt(due time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.mode == shutdown {
+		return
+	}
+	t.nextDue = due
+	t.dryUntil = due
+}
+
+// fillFinal shuts the tenant down for good: withdraws every token, fills the final counters.
+func (t *TenantBudget) fillFinal(now time.Time) *pb.TenantSync {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.mode = shutdown
+	t.withdrawAllLocked(now)
+	out := &pb.TenantSync{}
+	t.fillCountersLocked(t.lease.held(), out)
+	out.Want = 0
+	return out
+}
+
+func (t *TenantBudget) internalMode() leaseMode {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.mode
+}

@@ -1,0 +1,85 @@
+package retrybudget
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Mode is where a tenant's retry tokens come from right now.
+type Mode int
+
+const (
+	// ModeNoLease: no lease in force and the server answering (none yet, expired, refused,
+	// shut down): TryAcquire denies until a grant arrives.
+	ModeNoLease Mode = iota
+	// ModeLease: a lease from the server is in force.
+	ModeLease
+	// ModeFallback: the server is unreachable and no lease is in force: tokens come from the
+	// local fallback bucket.
+	ModeFallback
+	// ModeDenyFallback: the server is unreachable, no lease is in force, and
+	// ClientOptions.Fallback is FallbackDeny.
+	ModeDenyFallback
+)
+
+// String is "no_lease", "lease", "fallback" or "deny_fallback" (the `mode` label of the
+// client metrics).
+func (m Mode) String() string {
+	switch m {
+	case ModeNoLease:
+		return "no_lease"
+	case ModeLease:
+		return "lease"
+	case ModeFallback:
+		return "fallback"
+	case ModeDenyFallback:
+		return "deny_fallback"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+var allModes = []Mode{ModeNoLease, ModeLease, ModeFallback, ModeDenyFallback}
+
+// FallbackMode is what a client does once the server is unreachable and its lease expired.
+type FallbackMode int
+
+const (
+	// FallbackLocalBucket allows retries from a local token bucket: the SafeShare the server
+	// sent for the tenant (the smallest of SafeShareMemory before its last answer), or
+	// FallbackCapacity / FallbackRefillPerSecond when the server never answered for it.
+	FallbackLocalBucket FallbackMode = iota
+	// FallbackDeny denies every retry until the server answers again.
+	FallbackDeny
+)
+
+// TenantStats are the counters of one tenant in this process, cumulative since the client
+// was created.
+type TenantStats struct {
+	Successes       uint64
+	RetriesAllowed  uint64 // TryAcquire returned true, minus Refund (lease + fallback)
+	RetriesDenied   uint64 // TryAcquire returned false
+	FallbackAllowed uint64 // of RetriesAllowed, from the local fallback bucket
+	TokensReceived  uint64 // granted by the server and received
+	TokensReturned  uint64 // given back unspent
+	TokensHeld      int64  // in the lease right now
+	Refunds         uint64 // Refund calls (already deducted from RetriesAllowed)
+	LeaseActive     bool   // a lease from the server is in force
+	Mode            Mode
+	// Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict
+	// server); nil when the last answer for it was a grant or none came yet.
+	Err error
+}
+
+var (
+	// ErrBudgetExhausted marks an error returned because the retry budget denied a retry:
+	// errors.Is(err, ErrBudgetExhausted). The error also wraps the last attempt's error.
+	ErrBudgetExhausted = errors.New("retry budget exhausted")
+	// ErrInvalidOptions marks a bad option; the message names the option and its value.
+	ErrInvalidOptions = errors.New("invalid options")
+	// ErrClientClosed: a new tenant was asked for after Close.
+	ErrClientClosed = errors.New("retrybudget: client closed")
+)
+
+func invalidf(format string, args ...interface{}) error {
+	return fmt.Errorf("%w: "+format, append([]interface{}{ErrInvalidOptions}, args...)...)
+}
