@@ -14,6 +14,7 @@ packages=(
   etcd-server etcd-client
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client python3-venv python3-pip
+  nodejs npm  # the JS client (client/js; its npm packages come from package-lock.json via npm ci)
 )
 
 missing=()
