@@ -1,0 +1,181 @@
+// Command go_worker is the Go worker of tools/fleet/mixed_fleet.py: the protocol every
+// language's worker follows (mixed_fleet.py's run_worker is the reference):
+//
+//	go_worker --server=TARGET --tenant=T --threads=N --duration=SECONDS --failure-rate=F
+//	          --call-latency=SECONDS --seed=K
+//
+// It prints "ready", waits for the line "go" on stdin (anything else: exit 3), then creates
+// its client (default options), runs N concurrent loops for DURATION (a logical call is
+// attempts to a simulated backend that sleeps CALL_LATENCY and fails with probability F; a
+// failed attempt is retried only when TryAcquire allows; a denied retry ends the call as
+// failed; a success calls RecordSuccess), polls the tenant's mode every 10 ms, closes the
+// client (the final Sync) and prints one JSON line of counts; exit 0.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	retrybudget "github.com/retry-budget/retry-budget/client/go"
+)
+
+type counts struct {
+	Calls          int64 `json:"calls"`
+	Attempts       int64 `json:"attempts"`
+	Successes      int64 `json:"successes"`
+	Failures       int64 `json:"failures"`
+	RetriesAllowed int64 `json:"retries_allowed"`
+	RetriesDenied  int64 `json:"retries_denied"`
+}
+
+type report struct {
+	counts
+	LibRetriesAllowed  uint64  `json:"lib_retries_allowed"`
+	LibFallbackAllowed uint64  `json:"lib_fallback_allowed"`
+	LibTokensHeld      int64   `json:"lib_tokens_held"`
+	FallbackAllowance  float64 `json:"fallback_allowance"`
+	SawFallback        bool    `json:"saw_fallback"`
+	LeaseAfterFallback bool    `json:"lease_after_fallback"`
+	ShutdownStatus     string  `json:"shutdown_status"`
+	MaxTryAcquireMs    float64 `json:"max_try_acquire_ms"`
+}
+
+func main() {
+	server := flag.String("server", "127.0.0.1:50051", "budget server target")
+	tenant := flag.String("tenant", "fleet", "tenant")
+	threads := flag.Int("threads", 4, "concurrent loops")
+	duration := flag.Float64("duration", 5, "seconds of load")
+	failureRate := flag.Float64("failure-rate", 0.5, "probability that an attempt fails")
+	callLatency := flag.Float64("call-latency", 0.001, "seconds per attempt")
+	seed := flag.Int64("seed", 1, "random seed")
+	flag.Parse()
+	os.Exit(run(*server, *tenant, *threads, *duration, *failureRate, *callLatency, *seed))
+}
+
+func run(server, tenant string, threads int, duration, failureRate, callLatency float64, seed int64) int {
+	fmt.Println("ready")
+	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
+	if strings.TrimSpace(line) != "go" {
+		return 3
+	}
+	opts := retrybudget.DefaultClientOptions()
+	opts.Target = server
+	client, err := retrybudget.NewClient(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	budget, err := client.Tenant(tenant)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	// The fallback allowance is on the client's clock (the real one here).
+	clock := retrybudget.RealClock()
+	end := time.Now().Add(time.Duration(duration * float64(time.Second)))
+	latency := time.Duration(callLatency * float64(time.Second))
+
+	var mu sync.Mutex
+	var total counts
+	var maxTry time.Duration
+	var wg sync.WaitGroup
+	for i := 0; i < threads; i++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(seed))
+			var c counts
+			var longest time.Duration
+			for time.Now().Before(end) {
+				c.Calls++
+				for {
+					c.Attempts++
+					if latency > 0 {
+						time.Sleep(latency)
+					}
+					if rng.Float64() >= failureRate {
+						budget.RecordSuccess()
+						c.Successes++
+						break
+					}
+					start := time.Now()
+					allowed := budget.TryAcquire()
+					if d := time.Since(start); d > longest {
+						longest = d
+					}
+					if !allowed {
+						c.RetriesDenied++
+						c.Failures++
+						break
+					}
+					c.RetriesAllowed++
+				}
+			}
+			mu.Lock()
+			total.Calls += c.Calls
+			total.Attempts += c.Attempts
+			total.Successes += c.Successes
+			total.Failures += c.Failures
+			total.RetriesAllowed += c.RetriesAllowed
+			total.RetriesDenied += c.RetriesDenied
+			if longest > maxTry {
+				maxTry = longest
+			}
+			mu.Unlock()
+		}(seed*1000 + int64(i))
+	}
+
+	// Lease -> fallback -> lease, as seen by polling the mode.
+	var sawFallback, leaseAfter bool
+	done := make(chan struct{})
+	monitorDone := make(chan struct{})
+	go func() {
+		defer close(monitorDone)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			switch budget.Stats().Mode {
+			case retrybudget.ModeFallback, retrybudget.ModeDenyFallback:
+				sawFallback = true
+			case retrybudget.ModeLease:
+				if sawFallback {
+					leaseAfter = true
+				}
+			}
+		}
+	}()
+	wg.Wait()
+	close(done)
+	<-monitorDone
+
+	shutdown := "OK"
+	if err := client.Close(); err != nil {
+		shutdown = err.Error()
+	}
+	stats := budget.Stats()
+	out, _ := json.Marshal(report{
+		counts:             total,
+		LibRetriesAllowed:  stats.RetriesAllowed,
+		LibFallbackAllowed: stats.FallbackAllowed,
+		LibTokensHeld:      stats.TokensHeld,
+		FallbackAllowance:  budget.FallbackAllowance(clock.Now()),
+		SawFallback:        sawFallback,
+		LeaseAfterFallback: leaseAfter,
+		ShutdownStatus:     shutdown,
+		MaxTryAcquireMs:    float64(maxTry) / float64(time.Millisecond),
+	})
+	fmt.Println(string(out))
+	return 0
+}
