@@ -1,0 +1,131 @@
+#!/usr/bin/env node
+// The JS worker of the fleet of every language (tools/fleet/mixed_fleet.py runs it beside the
+// C++, Python and Go workers on one tenant). The protocol is mixed_fleet.py's run_worker:
+//
+//   node tools/fleet/js_worker/worker.mjs --server=TARGET --tenant=T --threads=N
+//        --duration=SECONDS --failure-rate=F --call-latency=SECONDS --seed=K
+//
+//  1. prints `ready` once loaded and waits for the line `go` on stdin (anything else: exit 3);
+//  2. then creates its client (TARGET, default options) and the tenant's handle, and runs N
+//     concurrent async loops for DURATION: a logical call is attempts to a simulated backend
+//     (sleep CALL_LATENCY, fail with probability F); a failed attempt is retried only when
+//     tryAcquire() allows; a denied retry ends the call as failed; a success calls
+//     recordSuccess(). A monitor polls the tenant's mode every 10 ms;
+//  3. closes the client (the final Sync) and prints ONE JSON line (fields as run_worker's),
+//     then exits 0 (bad arguments: 2).
+
+import { createInterface } from 'node:readline';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep, setImmediate as yieldNow } from 'node:timers/promises';
+import { BudgetClient } from '../../../client/js/src/index.js';
+
+function parseArgs(argv) {
+  const want = { server: 'string', tenant: 'string', threads: 'int', duration: 'float', 'failure-rate': 'float', 'call-latency': 'float', seed: 'int' };
+  const args = { threads: 1, duration: 1, 'failure-rate': 0, 'call-latency': 0, seed: 1 };
+  for (const a of argv) {
+    const m = /^--([a-z-]+)=(.*)$/.exec(a);
+    if (!m || !(m[1] in want)) throw new Error(`unknown argument ${JSON.stringify(a)}`);
+    const v = want[m[1]] === 'string' ? m[2] : Number(m[2]);
+    if (want[m[1]] !== 'string' && (!Number.isFinite(v) || (want[m[1]] === 'int' && !Number.isInteger(v)))) throw new Error(`--${m[1]} is ${JSON.stringify(m[2])}; expected a number`);
+    args[m[1]] = v;
+  }
+  for (const k of ['server', 'tenant']) if (typeof args[k] !== 'string' || args[k] === '') throw new Error(`--${k} is required`);
+  if (args.threads < 1) throw new Error(`--threads is ${args.threads}; it must be >= 1`);
+  return args;
+}
+
+// xorshift32, seeded per loop: each loop's failures are reproducible.
+function rng(seed) {
+  let s = (seed >>> 0) || 0x9e3779b9;
+  return () => {
+    s ^= s << 13; s >>>= 0; s ^= s >>> 17; s ^= s << 5; s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
+function firstLine() {
+  return new Promise((resolve) => {
+    const rl = createInterface({ input: process.stdin });
+    let done = false;
+    rl.once('line', (line) => {
+      done = true;
+      rl.close();
+      process.stdin.destroy(); // the rest of stdin is ignored (and must not keep the process alive)
+      resolve(line.trim());
+    });
+    rl.once('close', () => { if (!done) resolve(null); });
+  });
+}
+
+async function main() {
+  let args;
+  try {
+    args = parseArgs(process.argv.slice(2));
+  } catch (error) {
+    process.stderr.write(`js_worker: ${error.message}\n`);
+    return 2;
+  }
+  process.stdout.write('ready\n');
+  if ((await firstLine()) !== 'go') return 3;
+  const client = new BudgetClient({ target: args.server });
+  const budget = client.tenant(args.tenant);
+  const totals = { calls: 0, attempts: 0, successes: 0, failures: 0, retries_allowed: 0, retries_denied: 0 };
+  let maxTryAcquire = 0;
+  const end = performance.now() + args.duration * 1000;
+  const latencyMs = args['call-latency'] * 1000;
+  const failureRate = args['failure-rate'];
+
+  const loop = async (seed) => {
+    const random = rng(seed);
+    while (performance.now() < end) {
+      totals.calls++;
+      for (;;) {
+        totals.attempts++;
+        if (latencyMs > 0) await sleep(latencyMs);
+        else await yieldNow();
+        if (random() >= failureRate) {
+          budget.recordSuccess();
+          totals.successes++;
+          break;
+        }
+        const start = performance.now();
+        const allowed = budget.tryAcquire();
+        const took = performance.now() - start;
+        if (took > maxTryAcquire) maxTryAcquire = took;
+        if (!allowed) {
+          totals.retries_denied++;
+          totals.failures++;
+          break;
+        }
+        totals.retries_allowed++;
+      }
+    }
+  };
+
+  // Lease -> fallback -> lease, as seen by polling the mode.
+  const seen = { fallback: false, leaseAfterFallback: false };
+  const monitor = setInterval(() => {
+    const mode = budget.mode;
+    if (mode === 'fallback' || mode === 'deny_fallback') seen.fallback = true;
+    else if (mode === 'lease' && seen.fallback) seen.leaseAfterFallback = true;
+  }, 10);
+  await Promise.all(Array.from({ length: args.threads }, (_, i) => loop(args.seed * 1000 + i)));
+  clearInterval(monitor);
+  const status = await client.close();
+  const stats = budget.stats();
+  const line = {
+    ...totals,
+    lib_retries_allowed: stats.retriesAllowed,
+    lib_fallback_allowed: stats.fallbackAllowed,
+    lib_tokens_held: stats.tokensHeld,
+    fallback_allowance: budget.fallbackAllowance(client.now()),
+    saw_fallback: seen.fallback,
+    lease_after_fallback: seen.leaseAfterFallback,
+    shutdown_status: status === null ? 'OK' : status,
+    max_try_acquire_ms: maxTryAcquire,
+  };
+  process.stdout.write(`${JSON.stringify(line)}\n`);
+  return 0;
+}
+
+process.exitCode = await main();
