@@ -1,0 +1,185 @@
+// Type declarations of @retry-budget/client (hand-written; checked by `tsc --noEmit` against
+// tests/js/types_check.ts in CTest). Durations are milliseconds unless a name says otherwise.
+
+import type * as grpcJs from '@grpc/grpc-js';
+import type { Registry } from 'prom-client';
+
+export * as grpc from '@grpc/grpc-js';
+
+/** Where a tenant's retry tokens come from right now (the `mode` label of the metrics). */
+export type BudgetMode = 'no_lease' | 'lease' | 'fallback' | 'deny_fallback';
+export const NO_LEASE: 'no_lease';
+export const LEASE: 'lease';
+export const FALLBACK: 'fallback';
+export const DENY_FALLBACK: 'deny_fallback';
+export const MODES: readonly BudgetMode[];
+export const MAX_TENANTS_PER_CLIENT: 256;
+
+export interface ClientOptions {
+  /** gRPC target: "127.0.0.1:50051", "dns:///budget:50051", or a cluster's
+   * "ipv4:10.0.0.1:50051,10.0.0.2:50051" (round_robin over its addresses). */
+  target?: string;
+  /** Random when empty; 1-128 printable ASCII characters. */
+  instanceId?: string;
+  /** How often the refresher syncs when nothing wakes it earlier. Default 200. */
+  refreshPeriodMs?: number;
+  /** Never sync more often than this. Default 5; in [0, refreshPeriodMs]. */
+  minSyncIntervalMs?: number;
+  /** Deadline of one Sync RPC. Default 1000. */
+  syncTimeoutMs?: number;
+  /** Longest wait between two reconnection attempts. Default 1000; in [1, 3600000]. */
+  maxReconnectBackoffMs?: number;
+  /** Tokens asked for on top of one refresh period's estimated spend. Default 2. */
+  leaseBurst?: number;
+  /** Monotonic time source in milliseconds. Default performance.now. */
+  clock?: (() => number) | null;
+  /** When the server is unreachable and the lease has ended. Default 'local_bucket'. */
+  fallback?: 'local_bucket' | 'deny';
+  /** The local bucket of a tenant the server never answered for. Defaults 1 and 0.1. */
+  fallbackCapacity?: number;
+  fallbackRefillPerSecond?: number;
+  /** A prom-client Registry for the retry_budget_client_* metrics (one client per registry). */
+  metricsRegistry?: Registry | null;
+  /** TLS / mTLS credentials; null: insecure plaintext (loopback, tests). */
+  channelCredentials?: grpcJs.ChannelCredentials | null;
+  /** When non-empty, every Sync carries `authorization: Bearer <bearerToken>`. */
+  bearerToken?: string;
+  /** Directory holding retrybudget/v1/budget.proto. Default $RETRY_BUDGET_PROTO_DIR or the
+   * repository's proto/. */
+  protoDir?: string | null;
+  /** Where the client's log lines go. Default: errors to stderr. */
+  logger?: ((level: 'error' | 'info', line: string) => void) | null;
+}
+
+export const DEFAULT_OPTIONS: Readonly<Required<ClientOptions>>;
+
+/** Counters of one tenant in this process, cumulative since the client was created. */
+export interface TenantStats {
+  successes: number;
+  /** tryAcquire() true, minus refund() (lease + fallback). */
+  retriesAllowed: number;
+  retriesDenied: number;
+  /** Of retriesAllowed, from the local fallback bucket. */
+  fallbackAllowed: number;
+  tokensReceived: number;
+  tokensReturned: number;
+  tokensHeld: number;
+  refunds: number;
+  leaseActive: boolean;
+  mode: BudgetMode;
+  /** Why the server refused this tenant in the last Sync; null after a grant. */
+  error: string | null;
+}
+
+/** One tenant's budget in this process. The hot path (tryAcquire, refund, recordSuccess) is
+ * synchronous, allocation-free and never does I/O. */
+export class TenantBudget {
+  private constructor();
+  readonly tenant: string;
+  /** True: a token was taken, send the retry. False: fail the call now. */
+  tryAcquire(): boolean;
+  /** Gives back a token taken for a retry that was never sent. */
+  refund(): void;
+  /** Records one successful logical call. */
+  recordSuccess(): void;
+  readonly mode: BudgetMode;
+  stats(): TenantStats;
+  /** What this tenant's fallback buckets may have handed out up to `nowSeconds`
+   * (BudgetClient.now()). */
+  fallbackAllowance(nowSeconds: number): number;
+}
+
+export class ClientClosedError extends Error {}
+
+export class BudgetClient implements AsyncDisposable {
+  /** Throws TypeError / RangeError naming a bad option and its value. */
+  constructor(options?: ClientOptions);
+  readonly options: Readonly<Required<ClientOptions>>;
+  readonly instanceId: string;
+  /** The tenant's handle (the same object on every call). */
+  tenant(name: string): TenantBudget;
+  /** null when the last Sync attempt got a response, else "CODE: message". */
+  lastSyncStatus(): string | null;
+  /** The client's clock in seconds. */
+  now(): number;
+  /** The final Sync, then stops; null when it got a response, else "CODE: message". */
+  close(): Promise<string | null>;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** What an attempt is told about itself; it may set pushbackMs (>= 0: wait exactly this
+ * long; < 0: do not retry) before throwing. */
+export interface Attempt {
+  readonly number: number;
+  readonly previousAttempts: number;
+  readonly idempotencyKey: string;
+  /** Overall and this attempt's deadline, in the call's clock (ms); Infinity: none. */
+  readonly deadline: number;
+  readonly attemptDeadline: number;
+  pushbackMs: number | null;
+}
+
+export interface RetryPolicyOptions {
+  /** Most attempts, the first included. Default 4. */
+  maxAttempts?: number;
+  /** Full jitter: uniform in [0, min(maxBackoffMs, initialBackoffMs * multiplier^(k-1))). */
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+  multiplier?: number;
+  perAttemptTimeoutMs?: number | null;
+  isRetryable?: (error: unknown) => boolean;
+}
+
+export interface RetryPolicy extends Required<RetryPolicyOptions> {}
+
+export interface CallOptions extends RetryPolicyOptions {
+  /** Aborting it rejects the call with signal.reason at once (a backoff's token refunded). */
+  signal?: AbortSignal | null;
+  /** Overall time allowed to the logical call. */
+  timeoutMs?: number | null;
+  /** Absolute overall deadline on `clock` (ms). */
+  deadline?: number | null;
+  /** The same on every attempt; a fresh random key when empty. */
+  idempotencyKey?: string;
+  /** Jitter source in [0, 1). */
+  random?: () => number;
+  /** Time source (ms). Default performance.now. */
+  clock?: () => number;
+}
+
+export function callWithRetry<T>(budget: TenantBudget, fn: (attempt: Attempt, signal: AbortSignal) => Promise<T> | T, options?: CallOptions): Promise<T>;
+
+export class BudgetExhaustedError extends Error {
+  constructor(lastError: unknown, attempts: number);
+  readonly attempts: number;
+  readonly cause: unknown;
+}
+
+export class RetryDeadlineExceededError extends Error {
+  constructor(message: string, lastError?: unknown);
+  readonly cause: unknown;
+}
+
+export function retryPolicy(options?: RetryPolicyOptions): RetryPolicy;
+export function computeBackoff(policy: RetryPolicy, retry: number, random: number): number;
+export function defaultIsRetryable(error: unknown): boolean;
+export function newIdempotencyKey(): string;
+export function parseRetryPushback(metadata: grpcJs.Metadata | null | undefined): number | null;
+export function abortableSleep(ms: number, signal?: AbortSignal | null): Promise<void>;
+export const IDEMPOTENCY_KEY_HEADER: 'x-idempotency-key';
+export const PREVIOUS_ATTEMPTS_HEADER: 'grpc-previous-rpc-attempts';
+export const RETRY_PUSHBACK_HEADER: 'grpc-retry-pushback-ms';
+
+/** A grpc-js client interceptor retrying unary calls through `budget`. */
+export function retryInterceptor(budget: TenantBudget, options?: RetryPolicyOptions): grpcJs.Interceptor;
+export const BUDGET_EXHAUSTED_TRAILER: 'retry-budget-exhausted';
+
+/** grpc-js client constructors of the wire contract, loaded from proto/ at run time. */
+export function budgetServices(protoDir?: string | null): {
+  RetryBudgetService: grpcJs.ServiceClientConstructor;
+  BudgetAdminService: grpcJs.ServiceClientConstructor;
+};
+export function loadProto(file: string, includeDir: string): grpcJs.GrpcObject;
+export function protoDir(dir?: string | null): string;
+
+export const Status: Readonly<Record<'OK' | 'CANCELLED' | 'UNKNOWN' | 'INVALID_ARGUMENT' | 'DEADLINE_EXCEEDED' | 'NOT_FOUND' | 'ALREADY_EXISTS' | 'PERMISSION_DENIED' | 'RESOURCE_EXHAUSTED' | 'FAILED_PRECONDITION' | 'ABORTED' | 'OUT_OF_RANGE' | 'UNIMPLEMENTED' | 'INTERNAL' | 'UNAVAILABLE' | 'DATA_LOSS' | 'UNAUTHENTICATED', number>>;

@@ -1,0 +1,41 @@
+// A TypeScript user of @retry-budget/client: compiled with `tsc --noEmit` (CTest js_types_test)
+// so the hand-written declarations match what the package offers. The @ts-expect-error lines
+// must stay errors: they prove the check can fail.
+import {
+  BudgetClient, BudgetExhaustedError, callWithRetry, grpc, retryInterceptor, type Attempt,
+  type BudgetMode, type ClientOptions, type TenantBudget, type TenantStats,
+} from '@retry-budget/client';
+import { localBudget, ServerProcess } from '@retry-budget/client/testing';
+import { Registry } from 'prom-client';
+
+async function worker(signal: AbortSignal): Promise<number> {
+  const options: ClientOptions = { target: 'ipv4:127.0.0.1:1,127.0.0.1:2', refreshPeriodMs: 100, fallback: 'deny', metricsRegistry: new Registry() };
+  await using client = new BudgetClient(options);
+  const budget: TenantBudget = client.tenant('payments');
+  const ok: boolean = budget.tryAcquire();
+  budget.recordSuccess();
+  const stats: TenantStats = budget.stats();
+  const mode: BudgetMode = stats.mode;
+  const value = await callWithRetry(budget, async (attempt: Attempt, s: AbortSignal) => {
+    attempt.pushbackMs = s.aborted ? -1 : null;
+    return attempt.idempotencyKey.length;
+  }, { signal, timeoutMs: 2000, maxAttempts: 3 });
+  try {
+    await callWithRetry(budget, () => { throw new Error('x'); });
+  } catch (e) {
+    if (e instanceof BudgetExhaustedError) console.log(e.attempts, e.cause);
+  }
+  const interceptor: grpc.Interceptor = retryInterceptor(budget, { maxAttempts: 2 });
+  const status: string | null = await client.close();
+  // @ts-expect-error: fallback is 'local_bucket' or 'deny'
+  new BudgetClient({ fallback: 'open' });
+  // @ts-expect-error: durations are numbers of milliseconds
+  new BudgetClient({ syncTimeoutMs: '1s' });
+  void ok; void mode; void interceptor; void status;
+  const local = await localBudget(3);
+  const server = new ServerProcess('/bin/false', '/tmp');
+  void server.target;
+  return value + local.stats().tokensHeld;
+}
+
+void worker(new AbortController().signal);
