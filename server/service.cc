@@ -9,12 +9,11 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "google/protobuf/unknown_field_set.h"
 #include "grpcpp/alarm.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "retrybudget/names.h"
 #include "retrybudget/owner_redirect.h"
 #include "server/arena_messages.h"
+#include "server/request_parsing.h"
 
 namespace retrybudget {
 namespace {
@@ -116,56 +115,6 @@ class Call {
   grpc::ServerUnaryReactor* const reactor_;
 };
 
-constexpr absl::string_view kNotASyncRequest = "request is not a valid retrybudget.v1.SyncRequest: ";
-
-// Why `bytes`, which failed to parse as a SyncRequest, are not one: the first string field
-// that is not valid (invalid UTF-8 is never a valid instance id or tenant name), else the
-// encoding. Runs only on a failed parse.
-absl::Status DiagnoseUnparseable(const std::string& bytes) {
-  using google::protobuf::UnknownField;
-  using google::protobuf::UnknownFieldSet;
-  auto invalid = [](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(kNotASyncRequest, why));
-  };
-  UnknownFieldSet fields;
-  if (!fields.ParseFromString(bytes)) return invalid("the bytes are not a protobuf encoding");
-  // The wire type each field of SyncRequest and TenantSync has (budget.proto).
-  auto expected = [](int number, bool entry) {
-    const bool text = entry ? number == 1 : number == 1 || number == 3;
-    return text ? UnknownField::TYPE_LENGTH_DELIMITED : UnknownField::TYPE_VARINT;
-  };
-  int tenant_index = 0;
-  for (int i = 0; i < fields.field_count(); ++i) {
-    const UnknownField& f = fields.field(i);
-    if (f.number() < 1 || f.number() > 4) continue;  // unknown fields are allowed
-    if (f.type() != expected(f.number(), false)) {
-      return invalid(absl::StrCat("field ", f.number(), " has the wrong wire type"));
-    }
-    if (f.number() == 1) {
-      if (auto s = ValidateInstanceId(f.length_delimited()); !s.ok()) return invalid(s.message());
-    } else if (f.number() == 3) {
-      const std::string field = absl::StrCat("tenants[", tenant_index++, "]");
-      UnknownFieldSet entry;
-      if (!entry.ParseFromString(f.length_delimited())) {
-        return invalid(absl::StrCat(field, " is not a protobuf encoding"));
-      }
-      for (int j = 0; j < entry.field_count(); ++j) {
-        const UnknownField& e = entry.field(j);
-        if (e.number() < 1 || e.number() > 8) continue;
-        if (e.type() != expected(e.number(), true)) {
-          return invalid(absl::StrCat(field, " field ", e.number(), " has the wrong wire type"));
-        }
-        if (e.number() == 1) {
-          if (auto s = ValidateTenantName(e.length_delimited(), field + ".tenant"); !s.ok()) {
-            return invalid(s.message());
-          }
-        }
-      }
-    }
-  }
-  return invalid("the encoding does not parse");
-}
-
 }  // namespace
 
 // The count and the draining flag are atomics, not a lock: every RPC passes here twice. The
@@ -233,22 +182,6 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 // ---- RetryBudgetService ----
 
-absl::Status ParseSyncRequest(const grpc::ByteBuffer& bytes, v1::SyncRequest* request) {
-  grpc::ByteBuffer shared(bytes);  // shares the slices; the reader consumes this copy
-  {
-    grpc::ProtoBufferReader reader(&shared);
-    if (request->ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
-  }
-  std::vector<grpc::Slice> slices;
-  std::string flat;
-  if (bytes.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) {
-      flat.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    }
-  }
-  return DiagnoseUnparseable(flat);
-}
-
 RetryBudgetServiceImpl::RetryBudgetServiceImpl(ServiceOptions options)
     : options_(WithDefaults(std::move(options))) {}
 
@@ -261,7 +194,7 @@ grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerConte
   // Parsed and answered on an arena that lives until the response is serialised below.
   ArenaMessages<v1::SyncRequest, v1::SyncResponse> messages;
   v1::SyncRequest* request = messages.request();
-  if (absl::Status s = ParseSyncRequest(*request_bytes, request); !s.ok()) return call.Finish(s);
+  if (absl::Status s = ParseRequest(*request_bytes, request); !s.ok()) return call.Finish(s);
   absl::InlinedVector<absl::string_view, 16> tenants;
   tenants.reserve(request->tenants_size());
   for (const auto& t : request->tenants()) tenants.push_back(t.tenant());
@@ -270,15 +203,7 @@ grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerConte
 
   // The core never blocks on I/O, so it runs inline on the callback thread.
   absl::Status result = options_.core->Sync(*request, messages.response(), principal);
-  if (result.ok()) {
-    bool own_buffer = false;
-    const grpc::Status serialized = grpc::SerializationTraits<v1::SyncResponse>::Serialize(
-        *messages.response(), response_bytes, &own_buffer);
-    if (!serialized.ok()) {
-      result = absl::InternalError(
-          absl::StrCat("could not serialise the response: ", serialized.error_message()));
-    }
-  }
+  if (result.ok()) result = SerializeResponse(*messages.response(), response_bytes);
   if (options_.testonly_sync_response_delay > absl::ZeroDuration()) {
     return call.FinishAfter(options_.testonly_sync_response_delay, result);
   }
@@ -290,67 +215,107 @@ grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerConte
 BudgetAdminServiceImpl::BudgetAdminServiceImpl(ServiceOptions options)
     : options_(WithDefaults(std::move(options))) {}
 
+template <typename Request, typename Response, typename TenantsOf, typename Body>
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::Handle(grpc::CallbackServerContext* context,
+                                                         Rpc rpc,
+                                                         const grpc::ByteBuffer* request_bytes,
+                                                         grpc::ByteBuffer* response_bytes,
+                                                         TenantsOf tenants_of, Body body) {
+  Call call(options_, context, rpc);
+  Request request;
+  if (absl::Status s = ParseRequest(*request_bytes, &request); !s.ok()) return call.Finish(s);
+  const absl::InlinedVector<absl::string_view, 1> tenants = tenants_of(request);
+  if (absl::Status s = call.Admit(tenants); !s.ok()) return call.Finish(s);
+  Response response;
+  absl::Status result = body(request, &response);
+  if (result.ok()) result = SerializeResponse(response, response_bytes);
+  return call.Finish(result);
+}
+
+namespace {
+
+template <typename Request>
+absl::InlinedVector<absl::string_view, 1> TheTenant(const Request& request) {
+  return {request.tenant()};
+}
+
+template <typename Request>
+absl::InlinedVector<absl::string_view, 1> NoTenant(const Request&) {
+  return {};
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* BudgetAdminServiceImpl::GetBudget(grpc::CallbackServerContext* context,
-                                                            const v1::GetBudgetRequest* request,
-                                                            v1::GetBudgetResponse* response) {
-  Call call(options_, context, Rpc::kGetBudget);
-  const absl::string_view tenant = request->tenant();
-  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  absl::StatusOr<v1::BudgetStatus> result = options_.core->GetBudget(tenant);
-  if (result.ok()) *response->mutable_budget() = *std::move(result);
-  return call.Finish(result.status());
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return Handle<v1::GetBudgetRequest, v1::GetBudgetResponse>(
+      context, Rpc::kGetBudget, request, response, TheTenant<v1::GetBudgetRequest>,
+      [this](const v1::GetBudgetRequest& r, v1::GetBudgetResponse* out) {
+        absl::StatusOr<v1::BudgetStatus> result = options_.core->GetBudget(r.tenant());
+        if (result.ok()) *out->mutable_budget() = *std::move(result);
+        return result.status();
+      });
 }
 
-grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListBudgets(
-    grpc::CallbackServerContext* context, const v1::ListBudgetsRequest* request,
-    v1::ListBudgetsResponse* response) {
-  Call call(options_, context, Rpc::kListBudgets);
-  if (absl::Status s = call.Admit({}); !s.ok()) return call.Finish(s);
-  absl::StatusOr<v1::ListBudgetsResponse> result = options_.core->ListBudgets(*request);
-  if (result.ok()) *response = *std::move(result);
-  return call.Finish(result.status());
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListBudgets(grpc::CallbackServerContext* context,
+                                                              const grpc::ByteBuffer* request,
+                                                              grpc::ByteBuffer* response) {
+  return Handle<v1::ListBudgetsRequest, v1::ListBudgetsResponse>(
+      context, Rpc::kListBudgets, request, response, NoTenant<v1::ListBudgetsRequest>,
+      [this](const v1::ListBudgetsRequest& r, v1::ListBudgetsResponse* out) {
+        absl::StatusOr<v1::ListBudgetsResponse> result = options_.core->ListBudgets(r);
+        if (result.ok()) *out = *std::move(result);
+        return result.status();
+      });
 }
 
-grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListShards(
-    grpc::CallbackServerContext* context, const v1::ListShardsRequest*,
-    v1::ListShardsResponse* response) {
-  Call call(options_, context, Rpc::kListShards);
-  if (absl::Status s = call.Admit({}); !s.ok()) return call.Finish(s);
-  if (options_.list_shards) *response = options_.list_shards();
-  return call.Finish(absl::OkStatus());
+grpc::ServerUnaryReactor* BudgetAdminServiceImpl::ListShards(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* request,
+                                                             grpc::ByteBuffer* response) {
+  return Handle<v1::ListShardsRequest, v1::ListShardsResponse>(
+      context, Rpc::kListShards, request, response, NoTenant<v1::ListShardsRequest>,
+      [this](const v1::ListShardsRequest&, v1::ListShardsResponse* out) {
+        if (options_.list_shards) *out = options_.list_shards();
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServerContext* context,
-                                                            const v1::PutPolicyRequest* request,
-                                                            v1::PutPolicyResponse* response) {
-  Call call(options_, context, Rpc::kPutPolicy);
-  const absl::string_view tenant = request->tenant();
-  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  absl::StatusOr<v1::BudgetStatus> result =
-      options_.put_policy ? options_.put_policy(tenant, request->policy())
-                          : options_.core->PutPolicy(tenant, request->policy());
-  if (result.ok() && options_.log) {
-    const v1::BudgetPolicy& p = result->policy();
-    options_.log(absl::StrFormat(
-        "admin: tenant %s policy set: capacity %g, refill %g/s, credit %g, lease %d ms; level %g",
-        QuoteForError(tenant), p.capacity(), p.refill_per_second(), p.success_credit(),
-        p.lease_ttl_ms(), result->tokens()));
-  }
-  if (result.ok()) *response->mutable_budget() = *std::move(result);
-  return call.Finish(result.status());
+                                                            const grpc::ByteBuffer* request,
+                                                            grpc::ByteBuffer* response) {
+  return Handle<v1::PutPolicyRequest, v1::PutPolicyResponse>(
+      context, Rpc::kPutPolicy, request, response, TheTenant<v1::PutPolicyRequest>,
+      [this](const v1::PutPolicyRequest& r, v1::PutPolicyResponse* out) {
+        absl::StatusOr<v1::BudgetStatus> result =
+            options_.put_policy ? options_.put_policy(r.tenant(), r.policy())
+                                : options_.core->PutPolicy(r.tenant(), r.policy());
+        if (result.ok() && options_.log) {
+          const v1::BudgetPolicy& p = result->policy();
+          options_.log(absl::StrFormat(
+              "admin: tenant %s policy set: capacity %g, refill %g/s, credit %g, lease %d ms; "
+              "level %g",
+              QuoteForError(r.tenant()), p.capacity(), p.refill_per_second(), p.success_credit(),
+              p.lease_ttl_ms(), result->tokens()));
+        }
+        if (result.ok()) *out->mutable_budget() = *std::move(result);
+        return result.status();
+      });
 }
 
 grpc::ServerUnaryReactor* BudgetAdminServiceImpl::DeleteBudget(
-    grpc::CallbackServerContext* context, const v1::DeleteBudgetRequest* request,
-    v1::DeleteBudgetResponse* /*response*/) {
-  Call call(options_, context, Rpc::kDeleteBudget);
-  const absl::string_view tenant = request->tenant();
-  if (absl::Status s = call.Admit({&tenant, 1}); !s.ok()) return call.Finish(s);
-  absl::Status deleted = options_.core->DeleteBudget(tenant);
-  if (deleted.ok() && options_.log) {
-    options_.log(absl::StrCat("admin: tenant ", QuoteForError(tenant), " budget deleted"));
-  }
-  return call.Finish(deleted);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Handle<v1::DeleteBudgetRequest, v1::DeleteBudgetResponse>(
+      context, Rpc::kDeleteBudget, request, response, TheTenant<v1::DeleteBudgetRequest>,
+      [this](const v1::DeleteBudgetRequest& r, v1::DeleteBudgetResponse*) {
+        absl::Status deleted = options_.core->DeleteBudget(r.tenant());
+        if (deleted.ok() && options_.log) {
+          options_.log(absl::StrCat("admin: tenant ", QuoteForError(r.tenant()),
+                                    " budget deleted"));
+        }
+        return deleted;
+      });
 }
 
 }  // namespace retrybudget

@@ -133,9 +133,10 @@ struct ServiceOptions {
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // Thread-safe (all state is in the BudgetCore). Sync is registered as a raw method: the service
-// parses the request bytes itself, so bytes that are not a valid SyncRequest (invalid UTF-8 in a
-// string field, a broken encoding) get INVALID_ARGUMENT naming what is wrong, not gRPC's bare
-// UNIMPLEMENTED. The request and response live on an arena of their own (arena_messages.h).
+// parses the request bytes itself (request_parsing.h), so bytes that are not a valid SyncRequest
+// (invalid UTF-8 in a string field, a broken encoding) get INVALID_ARGUMENT naming what is wrong,
+// not gRPC's bare UNIMPLEMENTED. The request and response live on an arena of their own
+// (arena_messages.h).
 class RetryBudgetServiceImpl final
     : public v1::RetryBudgetService::WithRawCallbackMethod_Sync<v1::RetryBudgetService::Service> {
  public:
@@ -150,33 +151,45 @@ class RetryBudgetServiceImpl final
   const ServiceOptions options_;
 };
 
-// Parses a SyncRequest from `bytes`. INVALID_ARGUMENT "request is not a valid
-// retrybudget.v1.SyncRequest: ..." naming the field (invalid UTF-8 or characters in instance_id
-// or a tenant name) or the encoding at fault.
-absl::Status ParseSyncRequest(const grpc::ByteBuffer& bytes, v1::SyncRequest* request);
+// Every method is registered as a raw method, for the same reason as Sync: a request whose
+// bytes do not parse (invalid UTF-8 in `tenant`, garbage) gets INVALID_ARGUMENT naming the field.
+using RawBudgetAdminService = v1::BudgetAdminService::WithRawCallbackMethod_GetBudget<
+    v1::BudgetAdminService::WithRawCallbackMethod_ListBudgets<
+        v1::BudgetAdminService::WithRawCallbackMethod_PutPolicy<
+            v1::BudgetAdminService::WithRawCallbackMethod_DeleteBudget<
+                v1::BudgetAdminService::WithRawCallbackMethod_ListShards<
+                    v1::BudgetAdminService::Service>>>>>;
 
 // Thread-safe (all state is in the BudgetCore).
-class BudgetAdminServiceImpl final : public v1::BudgetAdminService::CallbackService {
+class BudgetAdminServiceImpl final : public RawBudgetAdminService {
  public:
   explicit BudgetAdminServiceImpl(ServiceOptions options);
 
   grpc::ServerUnaryReactor* GetBudget(grpc::CallbackServerContext* context,
-                                      const v1::GetBudgetRequest* request,
-                                      v1::GetBudgetResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListBudgets(grpc::CallbackServerContext* context,
-                                        const v1::ListBudgetsRequest* request,
-                                        v1::ListBudgetsResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PutPolicy(grpc::CallbackServerContext* context,
-                                      const v1::PutPolicyRequest* request,
-                                      v1::PutPolicyResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* DeleteBudget(grpc::CallbackServerContext* context,
-                                         const v1::DeleteBudgetRequest* request,
-                                         v1::DeleteBudgetResponse* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListShards(grpc::CallbackServerContext* context,
-                                       const v1::ListShardsRequest* request,
-                                       v1::ListShardsResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
  private:
+  // The shape of every admin method: parse `request_bytes` as a Request, Admit the caller for
+  // the tenants `tenants_of` names, run `body`, serialise its Response into `response_bytes`.
+  template <typename Request, typename Response, typename TenantsOf, typename Body>
+  grpc::ServerUnaryReactor* Handle(grpc::CallbackServerContext* context, Rpc rpc,
+                                   const grpc::ByteBuffer* request_bytes,
+                                   grpc::ByteBuffer* response_bytes, TenantsOf tenants_of,
+                                   Body body);
+
   const ServiceOptions options_;
 };
 
