@@ -416,7 +416,8 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
 void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
                         absl::string_view tenant, absl::string_view instance_id,
                         std::vector<std::string>* fallback_reports) {
-  const double credit = tb.policy.success_credit * static_cast<double>(effect.d_successes);
+  const double credit =
+      tb.policy.success_credit * static_cast<double>(effect.d_credited_successes);
   tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
   tb.NoteCredit(credit, now);
   BudgetTotals& totals = tb.totals;
@@ -485,6 +486,8 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
   out.safe_capacity = share.capacity;
   out.safe_refill_per_second = share.refill_per_second;
+  // Credit is not divided: each success is seen by exactly one instance.
+  out.safe_success_credit = tb.policy.success_credit;
   out.bucket_tokens = tb.bucket.tokens();
   out.capacity = tb.policy.capacity;
   out.active_instances = active;

@@ -27,7 +27,13 @@ struct CumulativeCounters {
   uint64_t tokens_returned = 0;
   uint64_t tokens_received = 0;
   uint64_t fallback_spent = 0;
+  uint64_t successes_credited_locally = 0;
 
+  // Successes the server credits (not credited by the client's fallback bucket). Validated
+  // requests have successes_credited_locally <= successes.
+  uint64_t centrally_credited() const {
+    return successes >= successes_credited_locally ? successes - successes_credited_locally : 0;
+  }
   // Retries spent from leases (not from the local fallback bucket). Validated requests have
   // fallback_spent <= retries_spent.
   uint64_t lease_spent() const {
@@ -42,9 +48,12 @@ struct CounterField {
   uint64_t (v1::TenantSync::*sent)() const;
   uint64_t (v1::InstanceTenantState::*saved)() const;
   void (v1::InstanceTenantState::*save)(uint64_t);
+  // A counter added to the contract after others: hashed into the replay fingerprint only when
+  // non-zero, so a request without it fingerprints as an older server saved it.
+  bool fingerprint_only_when_set = false;
 };
 
-inline constexpr std::array<CounterField, 6> kCumulativeCounters = {{
+inline constexpr std::array<CounterField, 7> kCumulativeCounters = {{
     {"successes", &CumulativeCounters::successes, &v1::TenantSync::successes,
      &v1::InstanceTenantState::successes, &v1::InstanceTenantState::set_successes},
     {"retries_spent", &CumulativeCounters::retries_spent, &v1::TenantSync::retries_spent,
@@ -57,6 +66,10 @@ inline constexpr std::array<CounterField, 6> kCumulativeCounters = {{
      &v1::InstanceTenantState::tokens_received, &v1::InstanceTenantState::set_tokens_received},
     {"fallback_spent", &CumulativeCounters::fallback_spent, &v1::TenantSync::fallback_spent,
      &v1::InstanceTenantState::fallback_spent, &v1::InstanceTenantState::set_fallback_spent},
+    {"successes_credited_locally", &CumulativeCounters::successes_credited_locally,
+     &v1::TenantSync::successes_credited_locally,
+     &v1::InstanceTenantState::successes_credited_locally,
+     &v1::InstanceTenantState::set_successes_credited_locally, true},
 }};
 
 inline CumulativeCounters CountersOf(const v1::TenantSync& sent) {

@@ -50,6 +50,12 @@ ReportEffect ApplyReport(LedgerEntry& entry, const CumulativeCounters& sent) {
   const CumulativeCounters& was = entry.applied;
   ReportEffect e;
   e.d_successes = sent.successes - was.successes;
+  // Successes the client's fallback bucket already credited are not credited again. A client
+  // that claims fewer than it credited gains no more than one that claims more successes.
+  const uint64_t now_central = sent.centrally_credited();
+  const uint64_t was_central = was.centrally_credited();
+  e.d_credited_successes =
+      std::min(e.d_successes, now_central > was_central ? now_central - was_central : 0);
   e.d_retries = sent.retries_spent - was.retries_spent;
   e.d_denied = sent.retries_denied - was.retries_denied;
   e.d_fallback = sent.fallback_spent - was.fallback_spent;

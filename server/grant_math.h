@@ -69,6 +69,9 @@ LedgerEntry Baseline(const CumulativeCounters& sent);
 // `applied`, tokens_received <= expected_received, lease spent + returned <= received.
 struct ReportEffect {
   uint64_t d_successes = 0;
+  // Of d_successes, those the server credits: not credited by the client's fallback bucket
+  // (TenantSync.successes_credited_locally).
+  uint64_t d_credited_successes = 0;
   uint64_t d_retries = 0;
   uint64_t d_denied = 0;
   uint64_t d_fallback = 0;

@@ -41,7 +41,10 @@ uint64_t Fingerprint(const v1::SyncRequest& r) {
   for (const v1::TenantSync& t : r.tenants()) {
     h.Add(t.tenant());
     h.Add(t.want());
-    for (const CounterField& f : kCumulativeCounters) h.Add((t.*f.sent)());
+    for (const CounterField& f : kCumulativeCounters) {
+      const uint64_t v = (t.*f.sent)();
+      if (v != 0 || !f.fingerprint_only_when_set) h.Add(v);
+    }
   }
   return h.Finish();
 }
@@ -62,6 +65,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     out->set_next_sync_ms(r.next_sync_ms);
     out->mutable_safe_share()->set_capacity(r.safe_capacity);
     out->mutable_safe_share()->set_refill_per_second(r.safe_refill_per_second);
+    out->mutable_safe_share()->set_success_credit(r.safe_success_credit);
     out->set_bucket_tokens(r.bucket_tokens);
     out->set_capacity(r.capacity);
     out->set_active_instances(r.active_instances);
@@ -78,6 +82,7 @@ void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* re
     r.next_sync_ms = g.next_sync_ms();
     r.safe_capacity = g.safe_share().capacity();
     r.safe_refill_per_second = g.safe_share().refill_per_second();
+    r.safe_success_credit = g.safe_share().success_credit();
     r.bucket_tokens = g.bucket_tokens();
     r.capacity = g.capacity();
     r.active_instances = g.active_instances();

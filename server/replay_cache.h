@@ -48,6 +48,7 @@ struct GrantRecord {
   int64_t next_sync_ms = 0;
   double safe_capacity = 0;
   double safe_refill_per_second = 0;
+  double safe_success_credit = 0;
   double bucket_tokens = 0;
   double capacity = 0;
   uint32_t active_instances = 0;

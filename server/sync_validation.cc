@@ -71,6 +71,11 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
           "tenants[%d].fallback_spent = %d exceeds retries_spent = %d for tenant %s", i,
           t.fallback_spent(), t.retries_spent(), QuoteForError(t.tenant())));
     }
+    if (t.successes_credited_locally() > t.successes()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].successes_credited_locally = %d exceeds successes = %d for tenant %s", i,
+          t.successes_credited_locally(), t.successes(), QuoteForError(t.tenant())));
+    }
     // Tokens spent from leases plus tokens given back can never exceed tokens received: a
     // client returning what it never had would create tokens. (Each is at most 2^53: the sum
     // cannot overflow.)

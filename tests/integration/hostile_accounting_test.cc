@@ -318,9 +318,53 @@ TEST(HostileAccountingTest, AnInstanceIdOfAnotherCredentialIsPermissionDenied) {
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
+// ---- 7b. successes credited locally (success-funded fallback) ----
+
+v1::SyncRequest WithLocalCredit(v1::SyncRequest r, uint64_t successes, uint64_t local) {
+  r.mutable_tenants(0)->set_successes(successes);
+  r.mutable_tenants(0)->set_successes_credited_locally(local);
+  return r;
+}
+
+TEST(HostileAccountingTest, SuccessesCreditedLocallyOnlyLowerTheCreditAndAreChecked) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "t",
+                                            "capacity: 1000 initial_tokens: 0 "
+                                            "refill_per_second: 0 success_credit: 1")});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  ASSERT_TRUE(c.Sync(SyncOf("i", 1, "t", 0), &r).ok());  // the baseline
+  // Ten successes its fallback bucket credited: nothing here.
+  ASSERT_TRUE(c.Sync(WithLocalCredit(SyncOf("i", 2, "t", 0), 10, 10), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 0);
+  // Ten more, credited here.
+  ASSERT_TRUE(c.Sync(WithLocalCredit(SyncOf("i", 3, "t", 0), 20, 10), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 10);
+  // A client that hides its local credit gains what a client claiming successes gains, no
+  // more: "j" claims 10 successes, none credited locally.
+  ASSERT_TRUE(c.Sync(SyncOf("j", 1, "t", 0), &r).ok());
+  ASSERT_TRUE(c.Sync(WithLocalCredit(SyncOf("j", 2, "t", 0), 10, 0), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 20);
+  // More credited locally than successes, or fewer than already reported: refused, nothing
+  // applied, the seq still free.
+  for (const v1::SyncRequest& bad : {WithLocalCredit(SyncOf("j", 3, "t", 0), 10, 11),
+                                      WithLocalCredit(SyncOf("i", 4, "t", 0), 30, 5)}) {
+    const grpc::Status s = c.Sync(bad, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.ShortDebugString();
+    EXPECT_THAT(s.error_message(), HasSubstr("successes_credited_locally")) << s.error_message();
+  }
+  EXPECT_EQ(Budget(c, "t").tokens(), 20);
+  ASSERT_TRUE(c.Sync(WithLocalCredit(SyncOf("i", 4, "t", 0), 30, 15), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 25);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
 // ---- 8. unparseable bytes ----
 
-grpc::Status SendRaw(const ServerProcess& server, const std::string& bytes) {
+grpc::Status SendRaw(const ServerProcess& server, const std::string& bytes,
+                     const std::string& method = "/retrybudget.v1.RetryBudgetService/Sync") {
   auto channel = grpc::CreateChannel(server.target(), grpc::InsecureChannelCredentials());
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
@@ -329,7 +373,7 @@ grpc::Status SendRaw(const ServerProcess& server, const std::string& bytes) {
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/retrybudget.v1.RetryBudgetService/Sync", grpc::StubOptions(),
+  stub.UnaryCall(&context, method, grpc::StubOptions(),
                  &request, &response, [&](grpc::Status s) { done.set_value(std::move(s)); });
   return done.get_future().get();
 }
@@ -372,6 +416,57 @@ TEST(HostileAccountingTest, UnparseableBytesAreInvalidArgumentNamingWhatIsWrong)
   // A well-formed request through the same path works.
   const grpc::Status ok = SendRaw(*server, SyncOf("fine", 1, "t", 1).SerializeAsString());
   EXPECT_TRUE(ok.ok()) << ok.error_message();
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+TEST(HostileAccountingTest, AdminRequestsWhoseBytesDoNotParseAreInvalidArgumentNamingTheField) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(dir.path(), {});
+  ASSERT_NE(server, nullptr);
+  ServerConnection ops = server->Connect();
+  // A budget that every refused request below must leave as it is.
+  v1::SyncResponse r;
+  ASSERT_TRUE(ops.Sync(SyncOf("inst", 1, "kept", 5), &r).ok());
+  const v1::BudgetStatus before = Budget(ops, "kept");
+  const std::string admin = "/retrybudget.v1.BudgetAdminService/";
+  // Field 1 (tenant) = "k\xff".
+  const std::string bad_tenant("\x0a\x02k\xff", 4);
+  // tenant "kept", policy = two bytes that are no encoding of a BudgetPolicy.
+  const std::string bad_policy("\x0a\x04kept\x12\x02\xff\xff", 10);
+  // page_token (field 2) = "\xc0\x80": an overlong encoding, not UTF-8.
+  const std::string bad_token("\x12\x02\xc0\x80", 4);
+  const std::string garbage("\xff\xff\xff\xff\xff", 5);
+  struct Case {
+    std::string method;
+    std::string bytes;
+    std::string message;  // the request type and the field (or the encoding) named
+  };
+  for (const Case& k : {
+           Case{"GetBudget", bad_tenant, "retrybudget.v1.GetBudgetRequest: tenant"},
+           Case{"DeleteBudget", bad_tenant, "retrybudget.v1.DeleteBudgetRequest: tenant"},
+           Case{"PutPolicy", bad_tenant, "retrybudget.v1.PutPolicyRequest: tenant"},
+           Case{"PutPolicy", bad_policy,
+                "retrybudget.v1.PutPolicyRequest: policy is not a protobuf encoding"},
+           Case{"ListBudgets", bad_token,
+                "retrybudget.v1.ListBudgetsRequest: page_token is not valid UTF-8"},
+           Case{"GetBudget", garbage, "not a protobuf encoding"},
+           Case{"ListShards", garbage, "not a protobuf encoding"},
+       }) {
+    const grpc::Status s = SendRaw(*server, k.bytes, admin + k.method);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << k.method;
+    EXPECT_THAT(s.error_message(), HasSubstr("request is not a valid ")) << k.method;
+    EXPECT_THAT(s.error_message(), HasSubstr(k.message)) << k.method << ": " << s.error_message();
+  }
+  // Nothing was applied: the budget is still there with its policy and totals.
+  const v1::BudgetStatus after = Budget(ops, "kept");
+  EXPECT_EQ(after.policy().ShortDebugString(), before.policy().ShortDebugString());
+  EXPECT_EQ(after.granted_total(), before.granted_total());
+  // Well-formed admin requests through the same raw path work.
+  v1::GetBudgetRequest get;
+  get.set_tenant("kept");
+  EXPECT_TRUE(SendRaw(*server, get.SerializeAsString(), admin + "GetBudget").ok());
+  v1::ListShardsRequest shards;
+  EXPECT_TRUE(SendRaw(*server, shards.SerializeAsString(), admin + "ListShards").ok());
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 

@@ -28,6 +28,7 @@ struct Counters {
   uint64_t received = 0;
   uint64_t want = 0;
   uint64_t fallback = 0;
+  uint64_t credited_locally = 0;
 };
 
 v1::TenantSync Entry(const std::string& tenant, const Counters& c) {
@@ -40,6 +41,7 @@ v1::TenantSync Entry(const std::string& tenant, const Counters& c) {
   t.set_tokens_received(c.received);
   t.set_want(c.want);
   t.set_fallback_spent(c.fallback);
+  t.set_successes_credited_locally(c.credited_locally);
   return t;
 }
 
@@ -133,6 +135,50 @@ TEST_F(BudgetCoreTest, SuccessesEarnTheirCredit) {
   SyncOne("a", 3, {.successes = 70});  // cumulative: 20 new
   EXPECT_NEAR(Tokens(), 7, 1e-9);
   EXPECT_EQ(Status().successes_total(), 70u);
+}
+
+TEST_F(BudgetCoreTest, SuccessesCreditedByTheClientsFallbackBucketAreNotCreditedAgain) {
+  MakeCore(100, 0, 0.5, 0);
+  SyncOne("a", 1, {});  // the baseline
+  // 30 successes, 10 of which the client's fallback bucket already credited: 20 earn credit.
+  SyncOne("a", 2, {.successes = 30, .credited_locally = 10});
+  EXPECT_NEAR(Tokens(), 10, 1e-9);
+  EXPECT_EQ(Status().successes_total(), 30u);  // every success is still counted
+  // Cumulative: 10 more successes, all credited locally, earn nothing here.
+  SyncOne("a", 3, {.successes = 40, .credited_locally = 20});
+  EXPECT_NEAR(Tokens(), 10, 1e-9);
+  // A replay of the earlier request changes nothing; a later one with fewer credited locally
+  // than before is refused (cumulative counters never go back).
+  auto replay = core_->Sync(Request("a", 2, "t", {.successes = 30, .credited_locally = 10}));
+  ASSERT_TRUE(replay.ok());
+  EXPECT_TRUE(replay->stale());
+  auto back = core_->Sync(Request("a", 4, "t", {.successes = 50, .credited_locally = 0}));
+  ASSERT_FALSE(back.ok());
+  EXPECT_THAT(std::string(back.status().message()),
+              HasSubstr("tenants[0].successes_credited_locally = 0"));
+  EXPECT_NEAR(Tokens(), 10, 1e-9);
+  SyncOne("a", 4, {.successes = 50, .credited_locally = 20});
+  EXPECT_NEAR(Tokens(), 15, 1e-9);
+}
+
+TEST_F(BudgetCoreTest, MoreSuccessesCreditedLocallyThanSuccessesIsRefusedNamingBoth) {
+  MakeCore(100, 0, 0.5, 0);
+  SyncOne("a", 1, {});
+  auto r = core_->Sync(Request("a", 2, "t", {.successes = 3, .credited_locally = 4}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("successes_credited_locally = 4 exceeds successes = 3"));
+  EXPECT_NEAR(Tokens(), 0, 1e-9);
+}
+
+TEST_F(BudgetCoreTest, TheSafeShareCarriesTheUndividedSuccessCredit) {
+  MakeCore(100, 10, 0.25);
+  SyncOne("a", 1, {.want = 1});
+  const v1::TenantGrant g = SyncOne("b", 1, {.want = 1});
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 50);
+  EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 5);
+  EXPECT_DOUBLE_EQ(g.safe_share().success_credit(), 0.25);
 }
 
 TEST_F(BudgetCoreTest, DuplicateRequestGetsTheSameResponseAndChangesNothing) {
