@@ -22,18 +22,29 @@ FallbackBucket::FallbackBucket(BucketShape shape, absl::Time now) : last_(now) {
   constexpr double kMost = static_cast<double>(Lease::kMaxTokens);
   shape_.capacity = Sanitize(shape.capacity, kMost);
   shape_.refill_per_second = Sanitize(shape.refill_per_second, kMost);
+  shape_.success_credit = Sanitize(shape.success_credit, kMost);
   cap_ = shape_.refill_per_second > 0 ? std::max(shape_.capacity, 1.0) : shape_.capacity;
   level_ = shape_.capacity;
   held_ = 0;  // nothing in the word yet: the first Refill() puts floor(capacity) in
 }
 
-uint64_t FallbackBucket::Refill(absl::Time now, uint64_t held) {
+uint64_t FallbackBucket::Refill(absl::Time now, uint64_t held, uint64_t successes,
+                                uint64_t* credited) {
   const double dt = std::max(0.0, absl::ToDoubleSeconds(now - last_));
   last_ = std::max(last_, now);
   // Growth since the last step, as if every take since then happened just now.
   const double grown = std::max(level_, std::min(cap_, level_ + shape_.refill_per_second * dt));
   double level = grown - static_cast<double>(held_) + static_cast<double>(held);
   level = std::max(level, static_cast<double>(held));
+  // Success credit, whole successes only, up to the cap: those that do not fit stay the
+  // server's to credit.
+  uint64_t fit = 0;
+  if (successes > 0 && shape_.success_credit > 0 && level < cap_) {
+    const double room = std::floor((cap_ - level) / shape_.success_credit + kEpsilon);
+    fit = room >= static_cast<double>(successes) ? successes : static_cast<uint64_t>(room);
+    level += static_cast<double>(fit) * shape_.success_credit;
+  }
+  if (credited != nullptr) *credited = fit;
   // The epsilon absorbs rounding in rate * time (a token due at t is there at t).
   const double whole = std::floor(level + kEpsilon);
   const uint64_t add = whole > static_cast<double>(held)

@@ -14,13 +14,15 @@ namespace retrybudget::client_internal {
 struct BucketShape {
   double capacity = 0;           // tokens
   double refill_per_second = 0;  // tokens per second
+  double success_credit = 0;     // tokens per success recorded in fallback (not divided)
 };
 
 // The smaller of two shapes in each dimension.
 struct SmallerShape {
   BucketShape operator()(const BucketShape& a, const BucketShape& b) const {
     return {.capacity = std::min(a.capacity, b.capacity),
-            .refill_per_second = std::min(a.refill_per_second, b.refill_per_second)};
+            .refill_per_second = std::min(a.refill_per_second, b.refill_per_second),
+            .success_credit = std::min(a.success_credit, b.success_credit)};
   }
 };
 
@@ -34,7 +36,14 @@ struct SmallerShape {
 // at most one token per instance). Tokens taken between two steps are assumed taken just before
 // the later step, so refill lost while the bucket sat full is never credited: over any run,
 // tokens handed out <= capacity + refill_per_second * elapsed (+ at most one token for a share
-// below one).
+// below one) + success_credit * (successes credited).
+//
+// Success-funded fallback: Refill() also takes the successes recorded since the last step that
+// may be credited here (none the server may already have credited: the caller passes only
+// successes it has put in no request). Each deposits `success_credit`, up to the cap; a success
+// whose credit does not fit is not credited here, and the caller reports it to the server as an
+// ordinary success (credited there). So each success is credited once, locally or centrally,
+// and the fleet's fallback buckets together earn exactly the credit the central bucket would.
 //
 // Not thread-safe: the owner serialises calls.
 class FallbackBucket {
@@ -44,7 +53,9 @@ class FallbackBucket {
 
   // Whole tokens to put into the word at `now`, which holds `held` tokens right now (taken
   // tokens lower it, refunds raise it). The caller deposits exactly the returned count.
-  uint64_t Refill(absl::Time now, uint64_t held);
+  // `successes` may be credited (see above); *credited (if not null) is set to how many were.
+  uint64_t Refill(absl::Time now, uint64_t held, uint64_t successes = 0,
+                  uint64_t* credited = nullptr);
 
   // When the next whole token is due if nobody takes any (InfiniteFuture when the bucket is full
   // or does not refill). Valid after Refill().

@@ -52,6 +52,7 @@ TenantStats TenantBudgetImpl::Stats() const {
   stats.tokens_returned = ledger_.returned();
   stats.tokens_held = static_cast<int64_t>(held);
   stats.refunds = slow_.refunds.load(std::memory_order_relaxed);
+  stats.successes_credited_locally = successes_credited_locally_;
   stats.lease_active = mode_ == LeaseMode::kLeased && lease_.IsOpen();
   stats.mode = PublicMode(mode_);
   stats.error = error_;
@@ -100,7 +101,9 @@ void TenantBudgetImpl::EnterFallbackLocked(absl::Time now) {
       last_safe_share_at_ == absl::InfinitePast() ? std::nullopt
                                                   : safe_shares_.Get(last_safe_share_at_);
   fallback_.emplace(share.value_or(fallback_config_.never_reached), now);
-  const uint64_t first = fallback_->Refill(now, 0);
+  uint64_t credited = 0;
+  const uint64_t first = fallback_->Refill(now, 0, CreditableSuccessesLocked(), &credited);
+  successes_credited_locally_ += credited;
   const uint64_t withdrawn = lease_.Replace(first, FallbackMarkLocked());
   ledger_.Withdrew(withdrawn, 0);  // leased tokens (or raced-in refunds): returned
   ledger_.SwitchTo(TenantLedger::Source::kFallback);
@@ -120,8 +123,18 @@ uint64_t TenantBudgetImpl::FallbackMarkLocked() {
   return fallback_->held() - 1;
 }
 
+uint64_t TenantBudgetImpl::CreditableSuccessesLocked() {
+  const uint64_t successes = successes_.value.load(std::memory_order_relaxed);
+  const uint64_t from = std::max(successes_in_requests_, successes_considered_);
+  successes_considered_ = std::max(successes_considered_, successes);
+  return successes > from ? successes - from : 0;
+}
+
 absl::Time TenantBudgetImpl::RefillFallbackLocked(absl::Time now) {
-  const uint64_t add = fallback_->Refill(now, lease_.Held());
+  uint64_t credited = 0;
+  const uint64_t add =
+      fallback_->Refill(now, lease_.Held(), CreditableSuccessesLocked(), &credited);
+  successes_credited_locally_ += credited;
   // Deposit even 0 tokens: it sets the low-water mark for the new level.
   ledger_.FallbackDeposited(lease_.Deposit(add, FallbackMarkLocked()));
   return fallback_->NextTokenAt();
@@ -175,6 +188,9 @@ void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
   out->set_tokens_returned(ledger_.returned());
   out->set_tokens_received(ledger_.received());
   out->set_fallback_spent(ledger_.reported_fallback_spent());
+  out->set_successes_credited_locally(successes_credited_locally_);
+  // From now on the server may credit every success this request carries.
+  successes_in_requests_ = std::max(successes_in_requests_, out->successes());
 }
 
 void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
@@ -215,7 +231,8 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
   ledger_.Received(granted, deposited);
   if (grant.has_safe_share()) {
     safe_shares_.Note({.capacity = grant.safe_share().capacity(),
-                       .refill_per_second = grant.safe_share().refill_per_second()},
+                       .refill_per_second = grant.safe_share().refill_per_second(),
+                       .success_credit = grant.safe_share().success_credit()},
                       received);
     last_safe_share_at_ = received;
   }

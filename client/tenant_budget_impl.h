@@ -153,8 +153,13 @@ class TenantBudgetImpl final : public TenantBudget {
   void EnterFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The low-water mark for the fallback tokens in the word (see the .cc).
   uint64_t FallbackMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts the tokens the fallback bucket owes into the word; returns the next token's time.
+  // Puts the tokens the fallback bucket owes into the word, with the credit of the successes
+  // that may be credited locally (CreditableSuccessesLocked); returns the next token's time.
   absl::Time RefillFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Successes recorded since the last fallback step that no request built so far carries (the
+  // server may have applied any request built, so only later successes may be credited by the
+  // fallback bucket); marks them as considered.
+  uint64_t CreditableSuccessesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool InFallback(LeaseMode mode) {
     return mode == LeaseMode::kFallback || mode == LeaseMode::kDenyFallback;
   }
@@ -203,6 +208,12 @@ class TenantBudgetImpl final : public TenantBudget {
   absl::Time last_safe_share_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The local bucket while mode_ == kFallback.
   std::optional<FallbackBucket> fallback_ ABSL_GUARDED_BY(mu_);
+  // Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
+  // request built so far carried, the successes counter up to which fallback steps have
+  // considered crediting, and how many successes the fallback buckets credited.
+  uint64_t successes_in_requests_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t successes_considered_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t successes_credited_locally_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace retrybudget::client_internal

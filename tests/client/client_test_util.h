@@ -61,12 +61,13 @@ inline SyncHandler Failing(grpc::StatusCode code) {
 // Answers every tenant with `granted` tokens and a SafeShare.
 inline SyncHandler GrantingWithShare(uint64_t granted, double share_capacity,
                                      double share_refill_per_second, int64_t lease_ttl_ms = 5000,
-                                     int64_t next_sync_ms = 200) {
+                                     int64_t next_sync_ms = 200, double share_success_credit = 0) {
   return [=](const v1::SyncRequest& request, v1::SyncResponse* response) {
     GrantAll(request, response, granted, lease_ttl_ms, next_sync_ms);
     for (v1::TenantGrant& grant : *response->mutable_tenants()) {
       grant.mutable_safe_share()->set_capacity(share_capacity);
       grant.mutable_safe_share()->set_refill_per_second(share_refill_per_second);
+      grant.mutable_safe_share()->set_success_credit(share_success_credit);
     }
     return grpc::Status::OK;
   };
@@ -85,6 +86,9 @@ class ServerRules {
       if (t.fallback_spent() > t.retries_spent()) {
         absl::StrAppend(&problems, where, "fallback_spent ", t.fallback_spent(),
                         " > retries_spent ", t.retries_spent(), "; ");
+      } else if (t.successes_credited_locally() > t.successes()) {
+        absl::StrAppend(&problems, where, "successes_credited_locally ",
+                        t.successes_credited_locally(), " > successes ", t.successes(), "; ");
       } else if ((t.retries_spent() - t.fallback_spent()) + t.tokens_returned() >
                  t.tokens_received()) {
         absl::StrAppend(&problems, where, "leased spent ", t.retries_spent() - t.fallback_spent(),
@@ -103,6 +107,8 @@ class ServerRules {
       backwards("tokens_returned", last.tokens_returned(), t.tokens_returned());
       backwards("tokens_received", last.tokens_received(), t.tokens_received());
       backwards("fallback_spent", last.fallback_spent(), t.fallback_spent());
+      backwards("successes_credited_locally", last.successes_credited_locally(),
+                t.successes_credited_locally());
       last = t;
     }
     return problems;

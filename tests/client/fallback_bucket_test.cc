@@ -57,6 +57,44 @@ TEST(FallbackBucketTest, NeverHandsOutMoreThanCapacityPlusRefillTimesElapsed) {
   EXPECT_GE(static_cast<double>(handed), 3 + 0.7 * 60 - 2);
 }
 
+TEST(FallbackBucketTest, SuccessCreditFillsTheBucketUpToItsCapacityAndSaysHowManyFit) {
+  FallbackBucket bucket({.capacity = 4, .refill_per_second = 0, .success_credit = 0.5}, kStart);
+  uint64_t credited = 99;
+  ASSERT_EQ(bucket.Refill(kStart, 0, /*successes=*/10, &credited), 4u);
+  EXPECT_EQ(credited, 0u);  // full: no room, none credited here
+  // 3 of the 4 taken: room for 3 tokens = 6 successes, 3 arrive (1.5 tokens: one whole now).
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(1), 1, 3, &credited), 1u);
+  EXPECT_EQ(credited, 3u);
+  // Room for 1.5 tokens (3 successes) of the 10: 2 whole tokens with the half already there.
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(2), 2, 10, &credited), 2u);
+  EXPECT_EQ(credited, 3u);
+  EXPECT_EQ(bucket.Refill(kStart + absl::Seconds(3), 4, 10, &credited), 0u);
+  EXPECT_EQ(credited, 0u);  // full again
+}
+
+TEST(FallbackBucketTest, NeverHandsOutMoreThanCapacityRefillAndTheCreditOfWhatItCredited) {
+  FallbackBucket bucket({.capacity = 3, .refill_per_second = 0.7, .success_credit = 0.1},
+                        kStart);
+  uint64_t handed = bucket.Refill(kStart, 0);
+  uint64_t held = handed;
+  uint64_t credited_total = 0;
+  for (int ms = 1; ms <= 60'000; ms += 37) {
+    held = held > 0 ? held - 1 : 0;
+    uint64_t credited = 0;
+    const uint64_t add =
+        bucket.Refill(kStart + absl::Milliseconds(ms), held, /*successes=*/ms % 7, &credited);
+    credited_total += credited;
+    held += add;
+    handed += add;
+    EXPECT_LE(static_cast<double>(handed),
+              3 + 0.7 * ms / 1000.0 + 0.1 * static_cast<double>(credited_total) + 1e-6)
+        << ms;
+  }
+  EXPECT_GT(credited_total, 0u);
+  // And the credit is spent: more than refill alone could give.
+  EXPECT_GT(static_cast<double>(handed), 3 + 0.7 * 60);
+}
+
 TEST(FallbackBucketTest, AShareBelowOneTokenStillAccumulatesOne) {
   FallbackBucket bucket({.capacity = 0.5, .refill_per_second = 0.25}, kStart);
   EXPECT_EQ(bucket.Refill(kStart, 0), 0u);

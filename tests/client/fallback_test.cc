@@ -262,6 +262,69 @@ TEST(FallbackTest, BackToLeasesReportsFallbackSpendingExactlyAndReturnsOnlyLease
   EXPECT_THAT(h.violations(), ::testing::IsEmpty());
 }
 
+TEST(FallbackTest, SuccessesInFallbackFundItsBucketOnceAndAreReportedAsCreditedLocally) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  // A share of 4 tokens that never refills; each success in fallback is worth half a token.
+  h.set_handler(GrantingWithShare(5, /*share_capacity=*/4, /*share_refill_per_second=*/0,
+                                  /*lease_ttl_ms=*/1000, /*next_sync_ms=*/200,
+                                  /*share_success_credit=*/0.5));
+  h.client().RunOnce();
+  // Two successes, then the server goes away: the failing requests carry them, so the server
+  // may have credited them (a lost response): they must never fund the fallback bucket.
+  budget->RecordSuccess();
+  budget->RecordSuccess();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  h.clock().Advance(absl::Milliseconds(200));
+  h.client().RunOnce();
+  EXPECT_EQ(h.last_request().tenants(0).successes(), 2u);
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  EXPECT_EQ(TakeAll(budget), 4);  // the share's capacity, nothing from the 2 successes
+  EXPECT_EQ(budget->Stats().successes_credited_locally, 0u);
+
+  // Six successes in fallback: 3 tokens at the next step, and they are counted as credited.
+  for (int i = 0; i < 6; ++i) budget->RecordSuccess();
+  h.clock().Advance(absl::Milliseconds(10));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 3);
+  EXPECT_EQ(budget->Stats().successes_credited_locally, 6u);
+  // Credit never lifts the bucket past its capacity: 20 more successes fill it to 4, and the
+  // 12 whose credit did not fit stay the server's to credit.
+  for (int i = 0; i < 20; ++i) budget->RecordSuccess();
+  h.clock().Advance(absl::Milliseconds(10));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 4);
+  EXPECT_EQ(budget->Stats().successes_credited_locally, 6u + 8u);
+
+  // Back to leases: the request says which successes were credited locally, so the server
+  // credits only 28 - 14 of them.
+  h.set_handler(GrantingWithShare(5, 4, 0, 1000, 200, 0.5));
+  StepUntilMode(h, budget, BudgetMode::kLease, /*at_most=*/absl::Seconds(2));
+  const v1::TenantSync through = h.last_request().tenants(0);
+  EXPECT_EQ(through.successes(), 28u);
+  EXPECT_EQ(through.successes_credited_locally(), 14u);
+  EXPECT_EQ(through.fallback_spent(), 4u + 3u + 4u);
+  ASSERT_TRUE(h.client().Shutdown().ok());
+  EXPECT_EQ(h.last_request().tenants(0).successes_credited_locally(), 14u);
+  EXPECT_THAT(h.violations(), ::testing::IsEmpty());
+}
+
+TEST(FallbackTest, WithoutASuccessCreditFromTheServerFallbackIsFundedByRefillAlone) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(GrantingWithShare(5, /*share_capacity=*/2, /*share_refill_per_second=*/0,
+                                  /*lease_ttl_ms=*/1000));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  StepUntilMode(h, budget, BudgetMode::kFallback);
+  EXPECT_EQ(TakeAll(budget), 2);
+  for (int i = 0; i < 100; ++i) budget->RecordSuccess();
+  h.clock().Advance(absl::Milliseconds(10));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 0);
+  EXPECT_EQ(budget->Stats().successes_credited_locally, 0u);
+}
+
 TEST(FallbackTest, AFailingRequestIsReplacedByAFreshOneAfterARefreshPeriod) {
   ClientHarness h;
   TenantBudget* budget = h.Tenant("payments");

@@ -96,6 +96,9 @@ struct TenantStats {
   uint64_t tokens_returned = 0;   // given back unspent
   int64_t tokens_held = 0;        // in the lease right now
   uint64_t refunds = 0;           // Refund() calls (already deducted from retries_allowed)
+  // Of successes, those whose credit this process's fallback buckets deposited locally
+  // (success-funded fallback; the server does not credit them again).
+  uint64_t successes_credited_locally = 0;
   bool lease_active = false;      // a lease from the server is in force (tokens may be taken)
   BudgetMode mode = BudgetMode::kNoLease;  // where tokens come from right now
   // Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict server);
