@@ -94,3 +94,28 @@ def test_full_jitter_backoff_is_uniform_below_the_capped_exponential_ceiling():
     assert compute_backoff(p, 3, 0.999) == pytest.approx(0.2 * 0.999)
     assert compute_backoff(p, 10, 0.5) == pytest.approx(0.5)
     assert compute_backoff(p, 2, 7.0) == pytest.approx(0.1)  # clamped to [0, 1]
+
+
+def test_a_fallback_bucket_funds_itself_with_the_credit_of_successes_up_to_its_cap():
+    bucket = FallbackBucket(BucketShape(capacity=4, refill_per_second=0, success_credit=0.5), 0.0)
+    assert bucket.refill(0.0, 0) == 4          # starts full
+    assert bucket.refill(0.0, 4, successes=10) == 0 and bucket.last_credited == 0  # full
+    assert bucket.refill(1.0, 1, successes=3) == 1  # 3 taken: room for 3 tokens = 6 successes
+    assert bucket.last_credited == 3            # 1.5 tokens: one whole token now
+    assert bucket.refill(2.0, 2, successes=10) == 2
+    assert bucket.last_credited == 3            # room 1.5 + the half left = 2 whole tokens
+
+
+def test_credit_funded_fallback_hands_out_at_most_capacity_refill_and_the_credit_it_took():
+    rng = random.Random(5)
+    bucket = FallbackBucket(BucketShape(capacity=5, refill_per_second=3, success_credit=0.1), 0.0)
+    held, handed_out, credited, now = 0, 0, 0, 0.0
+    for _ in range(5000):
+        now += rng.uniform(0, 0.01)
+        added = bucket.refill(now, held, successes=rng.randint(0, 30))
+        credited += bucket.last_credited
+        held += added
+        handed_out += added
+        held -= rng.randint(0, held)
+    assert credited > 0
+    assert handed_out - held <= 5 + 3 * now + 0.1 * credited + 1e-6

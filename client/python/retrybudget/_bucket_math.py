@@ -85,10 +85,12 @@ def want_for(rate: float, period: float, burst: int, held: int) -> int:
 class BucketShape:
     capacity: float = 0.0           # tokens
     refill_per_second: float = 0.0  # tokens per second
+    success_credit: float = 0.0     # tokens per success recorded in fallback (not divided)
 
     def smaller(self, other: "BucketShape") -> "BucketShape":
         return BucketShape(min(self.capacity, other.capacity),
-                           min(self.refill_per_second, other.refill_per_second))
+                           min(self.refill_per_second, other.refill_per_second),
+                           min(self.success_credit, other.success_credit))
 
 
 class RecentSmallest:
@@ -140,26 +142,41 @@ class FallbackBucket:
     lease, where workers take them without telling anyone; refill() is told what the lease holds
     and returns how many whole tokens to add. Starts full at `capacity` (at least one token when
     it refills at all), refills at `refill_per_second`; tokens taken between two steps count as
-    taken just before the later one, so over a run: handed out <= cap + refill * elapsed."""
+    taken just before the later one, so over a run: handed out <= cap + refill * elapsed
+    + success_credit * successes credited.
+
+    Success-funded fallback: refill() also takes the successes recorded since the last step that
+    may be credited here (only successes no request carried yet: the server may have credited
+    any it saw). Each deposits success_credit up to the cap; one whose credit does not fit is
+    not credited here and stays the server's to credit; `last_credited` says how many the last
+    refill() credited."""
 
     def __init__(self, shape: BucketShape, now: float):
         self.shape = BucketShape(_sanitize(shape.capacity, MAX_LEASE_TOKENS),
-                                 _sanitize(shape.refill_per_second, MAX_LEASE_TOKENS))
+                                 _sanitize(shape.refill_per_second, MAX_LEASE_TOKENS),
+                                 _sanitize(shape.success_credit, MAX_LEASE_TOKENS))
         self.cap = (max(self.shape.capacity, 1.0) if self.shape.refill_per_second > 0
                     else self.shape.capacity)
         self._level = self.shape.capacity
         self.held = 0
+        self.last_credited = 0
         self._last = now
 
-    def refill(self, now: float, held: int) -> int:
+    def refill(self, now: float, held: int, successes: int = 0) -> int:
         dt = max(0.0, now - self._last)
         self._last = max(self._last, now)
         grown = max(self._level, min(self.cap, self._level + self.shape.refill_per_second * dt))
         level = max(grown - self.held + held, float(held))
+        fit = 0
+        if successes > 0 and self.shape.success_credit > 0 and level < self.cap:
+            room = math.floor((self.cap - level) / self.shape.success_credit + _EPSILON)
+            fit = min(successes, int(room))
+            level += fit * self.shape.success_credit
         whole = math.floor(level + _EPSILON)
         add = int(whole) - held if whole > held else 0
         self._level = level
         self.held = held + add
+        self.last_credited = fit
         return add
 
     def full(self) -> bool:

@@ -22,6 +22,9 @@ class TenantStats:
     tokens_returned: int = 0    # given back unspent
     tokens_held: int = 0        # in the lease right now
     refunds: int = 0            # refund() calls (already deducted from retries_allowed)
+    # Of successes, those whose credit this process's fallback buckets deposited locally
+    # (success-funded fallback; the server does not credit them again).
+    successes_credited_locally: int = 0
     lease_active: bool = False  # a lease from the server is in force
     mode: str = NO_LEASE        # one of MODES
     # Why the server refused this tenant in the last Sync (e.g. "NOT_FOUND: ..."); None when the

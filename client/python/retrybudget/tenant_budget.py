@@ -71,6 +71,13 @@ class TenantBudget:
         self._fallback = None
         # Fallback episodes: [shape cap, refill, start, end or None] (see fallback_allowance()).
         self._episodes = []
+        # Success-funded fallback (TenantSync.successes_credited_locally): the most successes
+        # any request built so far carried (the server may credit all of those), the successes
+        # counter up to which fallback steps considered crediting, and how many the fallback
+        # buckets credited.
+        self._successes_in_requests = 0
+        self._successes_considered = 0
+        self._successes_credited_locally = 0
 
     # ---- worker side (hot path) ----
 
@@ -126,6 +133,7 @@ class TenantBudget:
                 tokens_returned=self._ledger.tokens_returned,
                 tokens_held=held,
                 refunds=refunds,
+                successes_credited_locally=self._successes_credited_locally,
                 lease_active=self._mode == LEASED and not closed,
                 mode=_PUBLIC_MODE.get(self._mode, NO_LEASE),
                 error=self._error)
@@ -213,15 +221,26 @@ class TenantBudget:
         self._fallback = FallbackBucket(share or self._never_reached, now)
         self._episodes.append([self._fallback.cap, self._fallback.shape.refill_per_second, now,
                                None])
-        first = self._fallback.refill(now, 0)
+        first = self._fallback.refill(now, 0, self._creditable_successes())
+        self._successes_credited_locally += self._fallback.last_credited
         withdrawn = self._replace(first, self._fallback_mark())
         self._ledger.withdrew(withdrawn, 0)
         self._ledger.switch_to(_ledger.FALLBACK)
         self._ledger.fallback_deposited(min(first, MAX_LEASE_TOKENS))
         self._mode = IN_FALLBACK
 
+    def _creditable_successes(self) -> int:
+        # Successes recorded since the last fallback step that no request built so far carries;
+        # marks them considered.
+        with self._lock:
+            successes = self._successes
+        start = max(self._successes_in_requests, self._successes_considered)
+        self._successes_considered = max(self._successes_considered, successes)
+        return successes - start if successes > start else 0
+
     def _refill_fallback(self, now: float) -> float:
-        add = self._fallback.refill(now, self._held_now())
+        add = self._fallback.refill(now, self._held_now(), self._creditable_successes())
+        self._successes_credited_locally += self._fallback.last_credited
         self._ledger.fallback_deposited(self._deposit(add, self._fallback_mark()))
         return self._fallback.next_token_at()
 
@@ -267,6 +286,9 @@ class TenantBudget:
         out.tokens_returned = self._ledger.tokens_returned
         out.tokens_received = self._ledger.tokens_received
         out.fallback_spent = self._ledger.reported_fallback_spent
+        out.successes_credited_locally = self._successes_credited_locally
+        # From now on the server may credit every success this request carries.
+        self._successes_in_requests = max(self._successes_in_requests, successes)
 
     def fill_sync(self, now: float, policy, out) -> None:
         """Fills `out` (a TenantSync) for a NEW request built at `now`."""
@@ -299,7 +321,8 @@ class TenantBudget:
             self._ledger.received(granted, deposited)
             if grant.HasField("safe_share"):
                 self._safe_shares.note(BucketShape(grant.safe_share.capacity,
-                                                   grant.safe_share.refill_per_second), received)
+                                                   grant.safe_share.refill_per_second,
+                                                   grant.safe_share.success_credit), received)
                 self._last_safe_share_at = received
             self._expiry = sent + max(0, grant.lease_ttl_ms) / 1000.0
             self._mode = LEASED
