@@ -77,6 +77,42 @@ TEST(JudgeTest, ZeroBoundWithSpendingIsExceededAndUtilisationPrintsAsNull) {
   EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation\":null"));
 }
 
+TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
+  const PolicyView policy = {.capacity = 10, .refill_per_second = 20, .success_credit = 0.5,
+                             .initial_tokens = 10, .lease_ttl_ms = 1000};
+  WorkerCounts totals;
+  totals.timeline_slice_seconds = 0.5;  // 10 tokens of refill a slice
+  // Slice 0: a full bucket, 10 more of refill but capped at 10; demand 30 takes 10.
+  // Slice 1: no demand; 10 of refill and 20 successes (10 tokens) fill it to the cap again.
+  // Slice 2: demand 4 (2 sent, 2 denied) after 10 of refill, capped: 4.
+  // Slice 3: the 6 left + 10 of refill, capped at 10; demand 100 takes those 10.
+  totals.retries_timeline = {20, 0, 2, 50};
+  totals.denied_timeline = {10, 0, 2, 50};
+  totals.successes_timeline = {0, 20, 0, 0};
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/2, totals), 10 + 0 + 4 + 10);
+  // No demand, nothing allowed, whatever the refill.
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, 2, WorkerCounts{}), 0);
+  // Refill outside the timeline counts (capped): 0.1 s before slice 0 of an empty bucket.
+  PolicyView empty = policy;
+  empty.initial_tokens = 0;
+  WorkerCounts one;
+  one.timeline_slice_seconds = 0.5;
+  one.retries_timeline = {100};
+  EXPECT_DOUBLE_EQ(IdealAllowed(empty, /*elapsed_seconds=*/0.6, one), 2 + 10);
+}
+
+TEST(JudgeTest, UtilisationVsIdealIsRetriesAllowedOverTheIdealBucketsAllowance) {
+  FleetRun run = RunWith(/*retries_allowed=*/15, /*successes=*/0, /*elapsed=*/1.0);
+  run.totals.timeline_slice_seconds = 1.0;
+  run.totals.retries_timeline = {15};
+  run.totals.denied_timeline = {100};
+  const Verdict v = Judge(run);
+  // The ideal bucket: 20 initial, refill capped at capacity 20: it would have allowed 20.
+  EXPECT_DOUBLE_EQ(v.ideal_allowed, 20);
+  EXPECT_DOUBLE_EQ(v.utilisation_vs_ideal, 0.75);
+  EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation_vs_ideal\":0.75"));
+}
+
 TEST(FleetReportJsonTest, IsOneLineWithTheDocumentedFields) {
   FleetRun run = RunWith(300, 10'000, 4.0);
   run.totals.calls = 50'000;

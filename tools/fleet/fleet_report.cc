@@ -186,6 +186,41 @@ int FleetTenantOfThread(int worker, int threads, int thread, int count) {
 
 namespace {
 
+// spent / of; +inf when `of` is 0 and something was spent (printed as null).
+double Ratio(double spent, double of) {
+  if (of > 0) return spent / of;
+  return spent == 0 ? 0 : std::numeric_limits<double>::infinity();
+}
+
+}  // namespace
+
+double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
+                    const WorkerCounts& totals) {
+  const double slice = totals.timeline_slice_seconds;
+  double level = std::min(policy.initial_tokens, policy.capacity);
+  double allowed = 0;
+  const size_t n = std::max({totals.retries_timeline.size(), totals.denied_timeline.size(),
+                             totals.successes_timeline.size()});
+  auto at = [](const std::vector<uint64_t>& v, size_t i) -> double {
+    return i < v.size() ? static_cast<double>(v[i]) : 0.0;
+  };
+  // The run's refill outside the timeline (the start before the workers began, the end after
+  // their last call) is given to the bucket up front: the ideal never loses refill to timing.
+  const double outside = std::max(0.0, elapsed_seconds - slice * static_cast<double>(n));
+  level = std::min(policy.capacity, level + policy.refill_per_second * outside);
+  for (size_t i = 0; i < n; ++i) {
+    level = std::min(policy.capacity, level + policy.refill_per_second * slice +
+                                          policy.success_credit * at(totals.successes_timeline, i));
+    const double demand = at(totals.retries_timeline, i) + at(totals.denied_timeline, i);
+    const double take = std::min(demand, std::floor(level + 1e-9));
+    level -= take;
+    allowed += take;
+  }
+  return allowed;
+}
+
+namespace {
+
 Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& totals) {
   Verdict v;
   v.lease_bound = BudgetBound(policy, elapsed, totals.successes);
@@ -200,6 +235,8 @@ Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& t
   } else {
     v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
   }
+  v.ideal_allowed = IdealAllowed(policy, elapsed, totals);
+  v.utilisation_vs_ideal = Ratio(spent, v.ideal_allowed);
   return v;
 }
 
@@ -215,6 +252,7 @@ Verdict Judge(const FleetRun& run) {
     v.fallback_allowance += one.fallback_allowance;
     v.bound += one.bound;
     v.within_budget = v.within_budget && one.within_budget;
+    v.ideal_allowed += one.ideal_allowed;
     v.tenants.push_back(one);
   }
   const double spent = static_cast<double>(run.totals.retries_allowed);
@@ -223,6 +261,7 @@ Verdict Judge(const FleetRun& run) {
   } else {
     v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
   }
+  v.utilisation_vs_ideal = Ratio(spent, v.ideal_allowed);
   return v;
 }
 
@@ -247,6 +286,7 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("tokens_received", t.lib_tokens_received)
       .Number("tokens_returned", t.lib_tokens_returned)
       .Number("tokens_held_at_exit", t.lib_tokens_held)
+      .Number("successes_credited_locally", t.lib_successes_credited_locally)
       .String("shutdown_status", t.shutdown_status);
 
   JsonWriter w;
@@ -270,6 +310,8 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("bound", verdict.bound)
       .Bool("within_budget", verdict.within_budget)
       .Number("utilisation", verdict.utilisation)
+      .Number("ideal_allowed", verdict.ideal_allowed)
+      .Number("utilisation_vs_ideal", verdict.utilisation_vs_ideal)
       .Number("max_try_acquire_ms", t.max_try_acquire_ms)
       .Object("library", library.Finish());
 
@@ -284,6 +326,8 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("safe_share_capacity_sum", t.safe_share_capacity)
       .Number("safe_share_refill_sum", t.safe_share_refill)
       .Number("library_fallback_allowed", t.lib_fallback_allowed)
+      .Number("success_credit_deposited",
+              run.policy.success_credit * static_cast<double>(t.lib_successes_credited_locally))
       .Number("worker_retries_allowed_in_fallback", t.retries_allowed_in_fallback)
       .Number("worker_calls_in_fallback", t.calls_in_fallback)
       .Number("worker_retries_allowed_after_fallback", t.retries_allowed_after_fallback)
@@ -388,6 +432,7 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
           .Number("bound", v.bound)
           .Bool("within_budget", v.within_budget)
           .Number("utilisation", v.utilisation)
+          .Number("utilisation_vs_ideal", v.utilisation_vs_ideal)
           .Number("fallback_seconds", t.totals.fallback_seconds)
           .Number("ungranted_gap_max_seconds", t.totals.ungranted_gap_max_seconds)
           .Number("granted_again_at_seconds", t.totals.granted_again_at_seconds);

@@ -50,6 +50,10 @@ struct WorkerCounts {
   uint64_t lib_tokens_received = 0;
   uint64_t lib_tokens_returned = 0;
   int64_t lib_tokens_held = 0;    // after Shutdown(): should be 0
+  // Of lib_successes, those whose credit the client's fallback buckets deposited locally
+  // (success-funded fallback): the fallback spending beyond fallback_allowance they fund is
+  // already in the bound's credit * successes.
+  uint64_t lib_successes_credited_locally = 0;
   std::string shutdown_status = {};  // "OK" or the final Sync's error
 
   // While the server was unreachable (FallbackMonitor, observing_stub.h), seen by the worker.
@@ -74,12 +78,15 @@ struct WorkerCounts {
   double ungranted_gap_max_seconds = 0;
   double granted_again_at_seconds = 0;
 
-  // The run in slices of `timeline_slice_seconds` from the start signal: calls started and
-  // retries sent in each (sum: element-wise). Lets the tool count what happened between a
-  // server kill and its restart.
+  // The run in slices of `timeline_slice_seconds` from the start signal: calls started,
+  // retries sent, retries denied and successes in each (sum: element-wise), counted by the
+  // call's start. Lets the tool count what happened between a server kill and its restart, and
+  // replay the run's demand and deposits through an ideal bucket (IdealAllowed()).
   double timeline_slice_seconds = 0;
   std::vector<uint64_t> calls_timeline = {};
   std::vector<uint64_t> retries_timeline = {};
+  std::vector<uint64_t> denied_timeline = {};
+  std::vector<uint64_t> successes_timeline = {};
 };
 
 // How the fleet's total of one WorkerCounts field combines the workers' values.
@@ -113,6 +120,8 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("lib_tokens_received", Combine::kSum, a.lib_tokens_received, b.lib_tokens_received);
   v("lib_tokens_returned", Combine::kSum, a.lib_tokens_returned, b.lib_tokens_returned);
   v("lib_tokens_held", Combine::kSum, a.lib_tokens_held, b.lib_tokens_held);
+  v("lib_successes_credited_locally", Combine::kSum, a.lib_successes_credited_locally,
+    b.lib_successes_credited_locally);
   v("shutdown_status", Combine::kFirstError, a.shutdown_status, b.shutdown_status);
   v("calls_in_fallback", Combine::kSum, a.calls_in_fallback, b.calls_in_fallback);
   v("retries_allowed_in_fallback", Combine::kSum, a.retries_allowed_in_fallback,
@@ -135,6 +144,8 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("timeline_slice_seconds", Combine::kMax, a.timeline_slice_seconds, b.timeline_slice_seconds);
   v("calls_timeline", Combine::kSum, a.calls_timeline, b.calls_timeline);
   v("retries_timeline", Combine::kSum, a.retries_timeline, b.retries_timeline);
+  v("denied_timeline", Combine::kSum, a.denied_timeline, b.denied_timeline);
+  v("successes_timeline", Combine::kSum, a.successes_timeline, b.successes_timeline);
 }
 
 // The field-by-field sum of `workers` (worker = count of workers; shutdown_status = "OK" when
@@ -281,10 +292,25 @@ struct Verdict {
   // retries_allowed / bound: 1 means every token the budget could have produced was spent.
   // +inf when the bound is 0 and a retry was spent (printed as null).
   double utilisation = 0;
+  // What one ideal central bucket with the same policy would have allowed the same demand
+  // (IdealAllowed()), and retries_allowed / that: the physical limit is 1 (no network, no
+  // leases, no fallback split), so this is what a distributed design loses against it.
+  double ideal_allowed = 0;
+  double utilisation_vs_ideal = 0;
   // With several tenants: each tenant's own verdict, in the order of FleetRun::tenants. The
   // fleet's bound is then their sum, and it is within budget only when every tenant is.
   std::vector<Verdict> tenants = {};
 };
+
+// The retries one ideal central bucket would have allowed the run's own demand: `initial`
+// tokens at the start, capped at `capacity`; per timeline slice (in order) it gains refill over
+// the slice and `success_credit` per success counted in it, then allows
+// min(retries sent + retries denied in the slice, whole tokens). No network and no split: no
+// distributed design can allow more of the same demand, except by the tokens clients hold in
+// leases that the server does not count against the capacity (docs/DESIGN.md), a few per
+// instance. The refill of `elapsed_seconds` outside the timeline is given at the start.
+double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
+                    const WorkerCounts& totals);
 
 // Judges `run` by the workers' own counts (totals.retries_allowed and totals.successes), per
 // tenant when there are several.

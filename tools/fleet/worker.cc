@@ -42,6 +42,8 @@ struct ThreadExtras {
   uint64_t calls_in_fallback = 0;
   std::vector<uint64_t> calls_timeline;
   std::vector<uint64_t> retries_timeline;
+  std::vector<uint64_t> denied_timeline;
+  std::vector<uint64_t> successes_timeline;
   std::chrono::steady_clock::duration max_try_acquire{0};
   uint64_t retries_allowed_in_fallback = 0;
   uint64_t retries_allowed_after_fallback = 0;
@@ -160,6 +162,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       ThreadExtras& x = extras[static_cast<size_t>(t)];
       x.calls_timeline.assign(slices, 0);
       x.retries_timeline.assign(slices, 0);
+      x.denied_timeline.assign(slices, 0);
+      x.successes_timeline.assign(slices, 0);
       const size_t slot = slot_of(thread_tenant[static_cast<size_t>(t)]);
       std::optional<MeasuredBudget> measured;
       if (budgets[slot] != nullptr) measured.emplace(*budgets[slot], monitors[slot].get());
@@ -171,10 +175,12 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
         if (measured.has_value() && measured->Phase() == FallbackPhase::kInFallback) {
           ++x.calls_in_fallback;
         }
-        const uint64_t retries_before = counts.retries_allowed;
+        const CallCounts before = counts;
         RunLogicalCall(options.strategy, options.call, backend, b, token, counts);
         ++x.calls_timeline[i];
-        x.retries_timeline[i] += counts.retries_allowed - retries_before;
+        x.retries_timeline[i] += counts.retries_allowed - before.retries_allowed;
+        x.denied_timeline[i] += counts.retries_denied - before.retries_denied;
+        x.successes_timeline[i] += counts.successes - before.successes;
       }
       if (measured.has_value()) {
         x.max_try_acquire = measured->max_try_acquire();
@@ -196,6 +202,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
     std::chrono::steady_clock::duration max_try_acquire{0};
     out.calls_timeline.assign(slices, 0);
     out.retries_timeline.assign(slices, 0);
+    out.denied_timeline.assign(slices, 0);
+    out.successes_timeline.assign(slices, 0);
     for (int t = 0; t < options.threads; ++t) {
       if (slot_of(thread_tenant[static_cast<size_t>(t)]) != k) continue;
       total += per_thread[static_cast<size_t>(t)];
@@ -207,6 +215,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       for (size_t i = 0; i < slices; ++i) {
         out.calls_timeline[i] += x.calls_timeline[i];
         out.retries_timeline[i] += x.retries_timeline[i];
+        out.denied_timeline[i] += x.denied_timeline[i];
+        out.successes_timeline[i] += x.successes_timeline[i];
       }
     }
     out.worker = options.index;
@@ -223,6 +233,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
     while (!out.calls_timeline.empty() && out.calls_timeline.back() == 0) {
       out.calls_timeline.pop_back();
       out.retries_timeline.pop_back();
+      out.denied_timeline.pop_back();
+      out.successes_timeline.pop_back();
     }
     out.max_try_acquire_ms = std::chrono::duration<double, std::milli>(max_try_acquire).count();
     out.shutdown_status = "OK";
@@ -258,6 +270,7 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       out.lib_tokens_received = stats.tokens_received;
       out.lib_tokens_returned = stats.tokens_returned;
       out.lib_tokens_held = stats.tokens_held;
+      out.lib_successes_credited_locally = stats.successes_credited_locally;
     }
     outs[0].syncs_ok = observer->syncs_ok();
     outs[0].syncs_failed = observer->syncs_failed();

@@ -37,7 +37,7 @@ struct WorkerOptions {
   // How often the FallbackMonitor polls the client's mode (budgeted strategies).
   absl::Duration monitor_period = absl::Milliseconds(5);
   // Width of one slice of the calls/retries timelines.
-  absl::Duration timeline_slice = absl::Milliseconds(250);
+  absl::Duration timeline_slice = absl::Milliseconds(100);
 };
 
 // Runs the load now and returns what this worker counted, one WorkerCounts per tenant its
