@@ -417,3 +417,41 @@ test('a Sync is cut short by the next lease expiry and resent at once with the s
   const again = r.engine.beginStep();
   assert.equal(again.request.seq, plan.request.seq);
 });
+
+test('the hot path allocates nothing: no GC during millions of calls (a control that allocates sees some)', async () => {
+  const { PerformanceObserver } = await import('node:perf_hooks');
+  let gcs = 0;
+  const obs = new PerformanceObserver((list) => { gcs += list.getEntries().length; });
+  obs.observe({ entryTypes: ['gc'] });
+  const settle = () => new Promise((r) => setTimeout(r, 50));
+  const budget = new TenantBudget('hot', () => {}, 0, 'deny', { capacity: 0, refillPerSecond: 0 });
+  budget._deposit(10, 0);
+  const run = (n, f) => { for (let i = 0; i < n; i++) f(i); };
+  run(100_000, () => { if (budget.tryAcquire()) budget.refund(); budget.recordSuccess(); }); // JIT warm-up
+  await settle();
+  const before = gcs;
+  run(3_000_000, () => { if (budget.tryAcquire()) budget.refund(); budget.recordSuccess(); });
+  await settle();
+  const hot = gcs - before;
+  const keep = [];
+  const control = gcs;
+  run(3_000_000, (i) => { const o = { i, s: `x${i}` }; if ((i & 0xffff) === 0) keep.push(o); });
+  await settle();
+  obs.disconnect();
+  assert.ok(gcs - control > 0, 'the control allocated and was collected (the observer works)');
+  assert.equal(hot, 0, `${hot} GCs during the hot-path loop`);
+  assert.equal(budget.stats().successes, 3_100_000);
+});
+
+test('tenants redirected to the same owner share one Sync per refresh', () => {
+  const r = rig();
+  const ts = ['a', 'b', 'c'].map((n) => r.add(n));
+  const first = r.step((plan) => (plan.address === null
+    ? grants(plan, (e) => (e.tenant === 'c' ? { granted: 2 } : { error: { code: Status.FAILED_PRECONDITION, message: '', owner: '127.0.0.1:7001' } }))
+    : grants(plan, { granted: 2 })));
+  assert.deepEqual(first.sent.map((p) => [p.address, p.request.tenants.map((e) => e.tenant)]), [[null, ['a', 'b', 'c']], ['127.0.0.1:7001', ['a', 'b']]]);
+  r.clock.t = 0.3;
+  const second = r.step((plan) => grants(plan, { granted: 0 }));
+  assert.deepEqual(second.sent.map((p) => [p.address, p.request.tenants.map((e) => e.tenant)]), [[null, ['c']], ['127.0.0.1:7001', ['a', 'b']]]);
+  assert.ok(ts.every((t) => t.mode === 'lease'));
+});

@@ -164,15 +164,21 @@ export class BudgetClient {
       if (waitForReady) metadata.setOptions({ waitForReady: true });
       const deadline = new Date(Date.now() + Math.max(0, timeoutSeconds * 1000));
       let call = null;
-      call = stub.Sync(request, metadata, { deadline }, (error, response) => {
+      try {
+        call = stub.Sync(request, metadata, { deadline }, (error, response) => {
         const woken = this._waitingCall === call && this._waitingWoken;
         if (cancellable && this._waitingCall === call) this._waitingCall = null;
-        if (error) {
-          resolve({ code: typeof error.code === 'number' ? error.code : Status.UNKNOWN, details: error.details ?? error.message, woken });
-        } else {
-          resolve({ code: null, response });
-        }
-      });
+          if (error) {
+            resolve({ code: typeof error.code === 'number' ? error.code : Status.UNKNOWN, details: error.details ?? error.message, woken });
+          } else {
+            resolve({ code: null, response });
+          }
+        });
+      } catch (error) {
+        // Never expected (the request is built here); a failed attempt, not a crashed refresher.
+        resolve({ code: Status.INTERNAL, details: `the Sync could not be sent: ${error?.message ?? error}` });
+        return;
+      }
       if (cancellable && waitForReady) {
         this._waitingCall = call;
         this._waitingWoken = false;
