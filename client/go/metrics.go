@@ -97,12 +97,16 @@ func (m *promMetrics) tenantUpdated(tenant string, s TenantStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	last, ok := m.published[tenant]
+	vecs := []*prometheus.CounterVec{m.allowed, m.denied, m.fallback, m.successes}
 	if !ok {
 		last = &[4]uint64{}
 		m.published[tenant] = last
+		for _, vec := range vecs {
+			vec.WithLabelValues(tenant) // every series of a tenant exists from its first update
+		}
 	}
 	now := [4]uint64{s.RetriesAllowed, s.RetriesDenied, s.FallbackAllowed, s.Successes}
-	for i, vec := range []*prometheus.CounterVec{m.allowed, m.denied, m.fallback, m.successes} {
+	for i, vec := range vecs {
 		if now[i] > last[i] {
 			vec.WithLabelValues(tenant).Add(float64(now[i] - last[i]))
 			last[i] = now[i]

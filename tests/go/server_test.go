@@ -1,6 +1,7 @@
 package gotest
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -190,6 +191,8 @@ func TestServerKill9FallbackRestartLeasesAgain(t *testing.T) {
 
 func TestServerFinalSyncReturnsEveryUnspentToken(t *testing.T) {
 	s := startServer(t, policyText("final", 100, 0, 0, 30000))
+	runtime.GC()
+	goroutines := runtime.NumGoroutine()
 	c := newClient(t, s.target())
 	b := tenantOf(t, c, "final")
 	waitForLease(t, b)
@@ -218,6 +221,8 @@ func TestServerFinalSyncReturnsEveryUnspentToken(t *testing.T) {
 	if b.TryAcquire() {
 		t.Fatal("TryAcquire allowed after Close")
 	}
+	// Close stops the refresher and closes the channel: no goroutine of the client is left.
+	waitFor(t, 5*time.Second, "the client's goroutines to end", func() bool { return runtime.NumGoroutine() <= goroutines })
 }
 
 func TestServerStrictServerRefusesAnUnknownTenant(t *testing.T) {
