@@ -62,3 +62,34 @@ test('anything but go: exit 3; bad arguments: exit 2', async () => {
   const bad = startWorker(['--server=127.0.0.1:1', '--tenant=x', '--threads=zero']);
   assert.equal(await bad.exited, 2);
 });
+
+test('three JS workers on one tenant stay within the budget, through a kill -9 and restart of the server', { timeout: 60_000 }, async (t) => {
+  const capacity = 20;
+  const refill = 10;
+  const credit = 0.1;
+  const server = await startServer(t, policy('fleet3', { capacity, refill, credit, ttlMs: 500 }));
+  const workers = [1, 2, 3].map((seed) => startWorker([`--server=${server.target}`, '--tenant=fleet3', '--threads=4', '--duration=3.0', '--failure-rate=0.5', '--call-latency=0.002', `--seed=${seed}`]));
+  for (const w of workers) assert.equal(await w.line(), 'ready');
+  const start = Date.now();
+  for (const w of workers) w.child.stdin.write('go\n');
+  await new Promise((r) => setTimeout(r, 1000));
+  await server.kill();
+  await new Promise((r) => setTimeout(r, 700));
+  await server.restart();
+  const results = await Promise.all(workers.map(async (w) => JSON.parse(await w.line())));
+  const elapsed = (Date.now() - start) / 1000;
+  for (const w of workers) assert.equal(await w.exited, 0);
+  const retries = results.reduce((a, r) => a + r.retries_allowed, 0);
+  const successes = results.reduce((a, r) => a + r.successes, 0);
+  const fallback = results.reduce((a, r) => a + r.fallback_allowance, 0);
+  // The budget: the bucket's capacity + refill over the run + the successes' credit, plus what
+  // the fallback buckets may hand out while the server is down (their own record).
+  const bound = capacity + refill * elapsed + credit * successes + fallback;
+  assert.ok(retries <= bound, `retries ${retries} > bound ${bound.toFixed(1)} (${JSON.stringify(results)})`);
+  assert.ok(results.some((r) => r.saw_fallback), 'the kill -9 was seen as fallback');
+  assert.ok(results.every((r) => r.lib_retries_allowed === r.retries_allowed));
+  // The budget is used, not hoarded: more than the first bucketful (the bucket caps the
+  // successes' credit at its capacity, so the bound above is loose; the lead's mixed fleet
+  // measures utilisation).
+  assert.ok(retries > capacity + refill * 0.5, `retries ${retries}, bound ${bound.toFixed(1)}`);
+});
