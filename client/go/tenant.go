@@ -144,7 +144,8 @@ func (t *TenantBudget) RecordSuccess() { t.successes.Add(1) }
 // requestSync: the first worker to find the lease low or empty since the last applied
 // response wakes the refresher; later ones see the flag set.
 func (t *TenantBudget) requestSync() {
-	if !t.syncWanted.Swap(true) {
+	// The load first: workers denied while a wake is pending only read the flag's line.
+	if !t.syncWanted.Load() && !t.syncWanted.Swap(true) {
 		t.waker()
 	}
 }
