@@ -60,13 +60,17 @@ bool FallbackBucket::Full() const {
 }
 
 absl::Time FallbackBucket::NextTokenAt() const {
-  if (shape_.refill_per_second <= 0 || Full()) return absl::InfiniteFuture();
+  const absl::Time credit_step = shape_.success_credit > 0 && level_ + kEpsilon < cap_
+                                     ? last_ + kCreditStepInterval
+                                     : absl::InfiniteFuture();
+  if (shape_.refill_per_second <= 0 || Full()) return credit_step;
   const double next_whole = std::floor(level_ + kEpsilon) + 1;
   // Rounded up to the microsecond so that a step at that time sees the whole token (Refill()'s
   // epsilon covers the rounding of an exact microsecond count).
   const double micros = (next_whole - level_) / shape_.refill_per_second * 1e6;
   // At least 1 us, so a step never reschedules itself for the same instant.
-  return last_ + absl::Microseconds(std::max(1.0, std::ceil(micros - 1e-3)));
+  return std::min(credit_step,
+                  last_ + absl::Microseconds(std::max(1.0, std::ceil(micros - 1e-3))));
 }
 
 }  // namespace retrybudget::client_internal

@@ -57,9 +57,13 @@ class FallbackBucket {
   uint64_t Refill(absl::Time now, uint64_t held, uint64_t successes = 0,
                   uint64_t* credited = nullptr);
 
-  // When the next whole token is due if nobody takes any (InfiniteFuture when the bucket is full
-  // or does not refill). Valid after Refill().
+  // When the next step is due if nobody takes any: the next whole token of refill, or, for a
+  // bucket funded by success credit and not full, at most kCreditStepInterval away (successes
+  // are only seen at steps, and credit that waits while workers run dry is retries denied).
+  // InfiniteFuture when the bucket is full or gains nothing. Valid after Refill().
   absl::Time NextTokenAt() const;
+
+  static constexpr absl::Duration kCreditStepInterval = absl::Milliseconds(50);
 
   // True when no further whole token fits (the bucket is full): refill is being lost until a
   // token is taken. Valid after Refill().

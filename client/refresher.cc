@@ -182,7 +182,7 @@ absl::Time Refresher::RunOnce() {
   absl::Time next_step = absl::InfiniteFuture();
   absl::Time lease_ends = absl::InfiniteFuture();
   for (TenantBudgetImpl* tenant : tenants) {
-    next_step = std::min(next_step, tenant->Step(now, StateForLocked(tenant)));
+    next_step = std::min(next_step, tenant->Step(now, StateForLocked(tenant, now)));
     lease_ends = std::min(lease_ends, tenant->LeaseEndsAt());
   }
   // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
@@ -220,20 +220,29 @@ absl::Time Refresher::RunOnce() {
     }
   }
   for (TenantBudgetImpl* tenant : tenants) {
-    next = std::min(next, tenant->Step(now, StateForLocked(tenant)));
+    next = std::min(next, tenant->Step(now, StateForLocked(tenant, now)));
   }
   UpdateMetricsLocked(tenants);
   return next;
 }
 
-ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant) const {
-  if (routed_.empty()) return main_.server_state;
+ServerState Refresher::StateOf(const Route& route, absl::Time now) const {
+  if (route.server_state == ServerState::kUnreachable &&
+      now - route.failing_since >= options_.policy.refresh_period) {
+    return ServerState::kDown;
+  }
+  return route.server_state;
+}
+
+ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant, absl::Time now) const {
+  if (routed_.empty()) return StateOf(main_, now);
   const auto it = routed_.find(tenant);
-  if (it == routed_.end()) return main_.server_state;
-  if (it->second.unavailable) return ServerState::kUnreachable;
-  if (it->second.owner.empty()) return main_.server_state;
+  if (it == routed_.end()) return StateOf(main_, now);
+  // A live server said the shard has no owner that can grant: a failover, not a blip.
+  if (it->second.unavailable) return ServerState::kDown;
+  if (it->second.owner.empty()) return StateOf(main_, now);
   const auto owner = owners_.find(it->second.owner);
-  return owner == owners_.end() ? main_.server_state : owner->second->server_state;
+  return owner == owners_.end() ? StateOf(main_, now) : StateOf(*owner->second, now);
 }
 
 std::vector<std::pair<Refresher::Route*, std::vector<TenantBudgetImpl*>>>
@@ -373,6 +382,7 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
         moved.unavailable = true;
       }
       route.failures = 0;
+      route.failing_since = absl::InfiniteFuture();
       route.server_state = ServerState::kAnswering;
       return SyncOutcome::kRouteDropped;
     }
@@ -419,6 +429,7 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
     // nothing, so the counters simply go in the next request.
     route.server_state = ServerState::kAnswering;
     route.failures = 0;
+    route.failing_since = absl::InfiniteFuture();
     Pending refused = std::move(*in_flight);
     in_flight.reset();
     const size_t size = refused.tenants.size();
@@ -450,6 +461,7 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
   }
   route.server_state = StateAfter(status);
   if (!status.ok()) {
+    if (route.failures == 0) route.failing_since = now;
     ++route.failures;
     // Counted from the attempt's start: one that waited out its deadline was its own backoff.
     route.retry_at = std::max(received, now + RetryBackoff(route.failures, options_.policy));
@@ -466,6 +478,7 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
             static_cast<unsigned long long>(in_flight->request.seq()), route.failures);
   }
   route.failures = 0;
+  route.failing_since = absl::InfiniteFuture();
   const Pending done = std::move(*in_flight);
   in_flight.reset();
   if (response.stale()) {

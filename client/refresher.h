@@ -157,6 +157,8 @@ class Refresher final : public SyncWaker {
     absl::Time last_send = absl::InfinitePast();
     absl::Time retry_at = absl::InfinitePast();
     int failures = 0;  // consecutive failed attempts
+    // Start of the first of those failed attempts (InfiniteFuture while answering).
+    absl::Time failing_since = absl::InfiniteFuture();
     // Tenants per request: the server's limit once it named one in a refusal.
     size_t max_tenants_per_sync = std::numeric_limits<size_t>::max();
     ServerState server_state = ServerState::kAnswering;
@@ -172,8 +174,11 @@ class Refresher final : public SyncWaker {
   // The tenants of each route (main first); only called once a redirect was seen.
   std::vector<std::pair<Route*, std::vector<TenantBudgetImpl*>>> GroupByRouteLocked(
       const std::vector<TenantBudgetImpl*>& tenants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  ServerState StateForLocked(const TenantBudgetImpl* tenant) const
+  // What `tenant`'s route says of its server at `now`: kDown once it has been unreachable for
+  // a refresh period (and for a tenant parked because its shard has no owner).
+  ServerState StateForLocked(const TenantBudgetImpl* tenant, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ServerState StateOf(const Route& route, absl::Time now) const;
   // Per-entry answers of a cluster: follow a redirect, or park the tenant (UNAVAILABLE).
   void RedirectLocked(TenantBudgetImpl* tenant, const std::string& owner, absl::Time received)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

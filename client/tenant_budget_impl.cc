@@ -142,9 +142,19 @@ absl::Time TenantBudgetImpl::RefillFallbackLocked(absl::Time now) {
 
 absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
   MutexLock lock(&mu_);
+  const bool unreachable = server == ServerState::kUnreachable || server == ServerState::kDown;
   if (mode_ == LeaseMode::kLeased) {
-    if (now < expiry_) return expiry_;
-    if (server == ServerState::kUnreachable) {
+    if (now < expiry_) {
+      if (server != ServerState::kDown || lease_.Held() > 0) return expiry_;
+      // The lease is spent and the server has been unreachable for a while: fall back now
+      // instead of denying every retry until the lease's expiry. Nothing is counted twice: the
+      // lease holds no token, and the fallback bucket is the instance's share of the budget for
+      // the time the server is down (what it spends is fallback_spent). A blip (one failed
+      // Sync) is not "down", so lost responses do not open fallback buckets.
+      EnterFallbackLocked(now);
+      return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+    }
+    if (unreachable) {
       // The lease ran out while the server cannot be reached: fall back (the leased tokens left
       // are returned in the next Sync that gets through).
       EnterFallbackLocked(now);
@@ -166,8 +176,7 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
   if (mode_ == LeaseMode::kDenyFallback && server == ServerState::kRefusing) {
     mode_ = LeaseMode::kExpired;
   }
-  if ((mode_ == LeaseMode::kAwaitingLease || mode_ == LeaseMode::kExpired) &&
-      server == ServerState::kUnreachable) {
+  if ((mode_ == LeaseMode::kAwaitingLease || mode_ == LeaseMode::kExpired) && unreachable) {
     EnterFallbackLocked(now);
     return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
   }

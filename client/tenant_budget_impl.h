@@ -47,7 +47,10 @@ enum class LeaseMode {
 // What the refresher knows of the server from its last Sync attempt.
 enum class ServerState {
   kAnswering,    // no attempt yet, or the last one got a response
-  kUnreachable,  // the last attempt failed (unavailable, deadline, ...): fall back
+  kUnreachable,  // the last attempt failed (unavailable, deadline, ...): fall back once the
+                 // lease has expired
+  kDown,         // unreachable for at least a refresh period (or, in a cluster, the tenant's
+                 // shard has no owner that can grant): an empty lease falls back at once
   kRefusing,     // the last attempt was refused (UNAUTHENTICATED, PERMISSION_DENIED): deny
 };
 
@@ -105,7 +108,8 @@ class TenantBudgetImpl final : public TenantBudget {
 
   // One refresher step for this tenant at `now`, given what the last Sync attempt said of the
   // server: ends the lease if `now` reached its expiry; with no lease in force and the server
-  // unreachable, enters fallback (the local bucket, or deny); in fallback, refills the word from
+  // unreachable, or with the lease spent (no token held) and the server down, enters fallback
+  // (the local bucket, or deny); in fallback, refills the word from
   // the local bucket; with the server refusing the client, leaves fallback (deny); withdraws
   // tokens refunded into a closed word. Returns when this tenant next needs a step (lease
   // expiry, next fallback token; InfiniteFuture when nothing is due).

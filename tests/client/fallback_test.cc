@@ -325,6 +325,74 @@ TEST(FallbackTest, WithoutASuccessCreditFromTheServerFallbackIsFundedByRefillAlo
   EXPECT_EQ(budget->Stats().successes_credited_locally, 0u);
 }
 
+TEST(FallbackTest, ASpentLeaseFallsBackOnceTheServerHasBeenDownForARefreshPeriod) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(3, /*share_capacity=*/2, /*share_refill_per_second=*/0,
+                                  /*lease_ttl_ms=*/5000));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(TakeAll(budget), 3);  // the lease is spent; it would last until t0 + 5 s
+  // The first failures are a blip: no fallback yet, the spent lease denies.
+  absl::Time next = h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+  EXPECT_FALSE(budget->TryAcquire());
+  // Down for a refresh period (200 ms from the first failed attempt): fall back now, not at
+  // the lease's expiry.
+  while (budget->Stats().mode != BudgetMode::kFallback) {
+    ASSERT_LT(next, t0 + absl::Seconds(1)) << "no fallback within a second of the outage";
+    h.clock().Set(next);
+    next = h.client().RunOnce();
+  }
+  EXPECT_GE(h.clock().Now() - t0, absl::Milliseconds(200));
+  EXPECT_EQ(TakeAll(budget), 2);  // the share
+  // Back to leases when the server answers; the fallback spending is reported.
+  h.set_handler(GrantingWithShare(3, 2, 0, 5000));
+  StepUntilMode(h, budget, BudgetMode::kLease, /*at_most=*/absl::Seconds(2));
+  EXPECT_EQ(h.last_request().tenants(0).fallback_spent(), 2u);
+  EXPECT_THAT(h.violations(), ::testing::IsEmpty());
+}
+
+TEST(FallbackTest, ALeaseWithTokensLeftIsSpentWhileTheServerIsDown) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time t0 = h.clock().Now();
+  h.set_handler(GrantingWithShare(10, /*share_capacity=*/5, /*share_refill_per_second=*/0,
+                                  /*lease_ttl_ms=*/5000));
+  h.client().RunOnce();
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  ASSERT_TRUE(budget->TryAcquire());
+  absl::Time next = h.client().RunOnce();
+  while (next < t0 + absl::Seconds(2)) {
+    h.clock().Set(next);
+    next = h.client().RunOnce();
+  }
+  // Down for far more than a refresh period, but the lease still holds 9 tokens: no fallback
+  // bucket on top of them.
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+  EXPECT_EQ(TakeAll(budget), 9);
+  EXPECT_EQ(budget->Stats().fallback_allowed, 0u);
+}
+
+TEST(FallbackTest, OneLostResponseDoesNotOpenAFallbackBucket) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(GrantingWithShare(2, /*share_capacity=*/5, /*share_refill_per_second=*/0,
+                                  /*lease_ttl_ms=*/5000));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 2);
+  h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
+  h.clock().Advance(absl::Milliseconds(10));
+  const absl::Time next = h.client().RunOnce();  // one failed attempt
+  h.set_handler(GrantingWithShare(0, 5, 0, 5000));  // answering again: the bucket is dry
+  h.clock().Set(next);
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().mode, BudgetMode::kLease);
+  EXPECT_EQ(TakeAll(budget), 0);
+  EXPECT_EQ(budget->Stats().fallback_allowed, 0u);
+}
+
 TEST(FallbackTest, AFailingRequestIsReplacedByAFreshOneAfterARefreshPeriod) {
   ClientHarness h;
   TenantBudget* budget = h.Tenant("payments");
