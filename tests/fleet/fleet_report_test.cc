@@ -95,6 +95,7 @@ TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
   // Refill outside the timeline counts (capped): 0.1 s before slice 0 of an empty bucket.
   PolicyView empty = policy;
   empty.initial_tokens = 0;
+  empty.capacity = 100;
   WorkerCounts one;
   one.timeline_slice_seconds = 0.5;
   one.retries_timeline = {100};

@@ -119,3 +119,38 @@ def test_credit_funded_fallback_hands_out_at_most_capacity_refill_and_the_credit
         held -= rng.randint(0, held)
     assert credited > 0
     assert handed_out - held <= 5 + 3 * now + 0.1 * credited + 1e-6
+
+
+def _leased_budget(granted: int, share_capacity: float):
+    from retrybudget._proto import budget_pb2
+    from retrybudget.tenant_budget import TenantBudget
+
+    budget = TenantBudget("t", lambda: None, 0.0, "local_bucket", BucketShape(1, 0.1))
+    grant = budget_pb2.TenantGrant(tenant="t", granted=granted, lease_ttl_ms=5000,
+                                   safe_share=budget_pb2.SafeShare(capacity=share_capacity))
+    budget.apply_grant(grant, budget_pb2.TenantSync(tenant="t", want=granted), 0.0, 0.0,
+                       RefreshPolicy())
+    return budget
+
+
+def test_a_spent_lease_falls_back_once_the_server_is_down_not_at_its_expiry():
+    from retrybudget.tenant_budget import DOWN, UNREACHABLE
+
+    budget = _leased_budget(2, share_capacity=3)
+    assert budget.try_acquire() and budget.try_acquire() and not budget.try_acquire()
+    budget.step(0.1, UNREACHABLE)  # a blip: the spent lease denies until it is renewed
+    assert budget.stats().mode == "lease" and not budget.try_acquire()
+    budget.step(0.3, DOWN)  # down for a refresh period: the share, long before 5 s
+    assert budget.stats().mode == "fallback"
+    assert sum(budget.try_acquire() for _ in range(5)) == 3
+
+
+def test_a_lease_with_tokens_left_is_spent_while_the_server_is_down():
+    from retrybudget.tenant_budget import DOWN
+
+    budget = _leased_budget(4, share_capacity=3)
+    assert budget.try_acquire()
+    budget.step(2.0, DOWN)
+    assert budget.stats().mode == "lease"
+    assert sum(budget.try_acquire() for _ in range(10)) == 3
+    assert budget.stats().fallback_allowed == 0

@@ -20,6 +20,8 @@ MIN_FALLBACK_STEP_WINDOW = 0.020
 FINAL_SYNC_ATTEMPTS = 3
 # A fallback bucket is the smallest SafeShare of this long before the server's last answer.
 SAFE_SHARE_MEMORY = 60.0
+# Longest wait between two fallback steps of a bucket funded by success credit.
+CREDIT_STEP_INTERVAL = 0.050
 # Decay time constant of the demand rate.
 DEMAND_TAU = 1.0
 
@@ -184,8 +186,13 @@ class FallbackBucket:
                 and math.floor(self._level + _EPSILON) + 1 > self.cap + _EPSILON)
 
     def next_token_at(self) -> float:
+        """The next step: the next whole token of refill or, while success credit can still
+        fit, at most CREDIT_STEP_INTERVAL away (successes are only seen at steps)."""
+        credit_step = (self._last + CREDIT_STEP_INTERVAL
+                       if self.shape.success_credit > 0 and self._level + _EPSILON < self.cap
+                       else INFINITE_FUTURE)
         if self.shape.refill_per_second <= 0 or self.full():
-            return INFINITE_FUTURE
+            return credit_step
         next_whole = math.floor(self._level + _EPSILON) + 1
         micros = (next_whole - self._level) / self.shape.refill_per_second * 1e6
-        return self._last + max(1.0, math.ceil(micros - 1e-3)) / 1e6
+        return min(credit_step, self._last + max(1.0, math.ceil(micros - 1e-3)) / 1e6)

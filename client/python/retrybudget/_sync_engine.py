@@ -43,7 +43,7 @@ import grpc
 from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST,
                            MIN_FALLBACK_STEP_WINDOW, RefreshPolicy, retry_backoff)
 from ._proto import budget_pb2
-from .tenant_budget import ANSWERING, REFUSING, UNREACHABLE
+from .tenant_budget import ANSWERING, DOWN, REFUSING, UNREACHABLE
 
 _log = logging.getLogger("retrybudget")
 _DEADLINE_SLACK = 0.001
@@ -92,6 +92,7 @@ class _Route:
         self.last_send = INFINITE_PAST
         self.retry_at = INFINITE_PAST
         self.failures = 0
+        self.failing_since = INFINITE_FUTURE  # start of the first of those failed attempts
         self.server_state = ANSWERING
 
 
@@ -146,16 +147,22 @@ class SyncEngine:
     def server_state(self) -> str:
         return self._main.server_state
 
-    def _state_for(self, tenant) -> str:
+    def _state_of(self, route, now: float) -> str:
+        if (route.server_state == UNREACHABLE
+                and now - route.failing_since >= self.policy.refresh_period):
+            return DOWN
+        return route.server_state
+
+    def _state_for(self, tenant, now: float) -> str:
         if not self._routed:
-            return self._main.server_state
+            return self._state_of(self._main, now)
         r = self._routed.get(tenant)
         if r is None:
-            return self._main.server_state
+            return self._state_of(self._main, now)
         if r.unavailable:
-            return UNREACHABLE
+            return DOWN  # a live server said the shard has no owner: a failover, not a blip
         route = self._owners.get(r.owner) if r.owner else None
-        return (route or self._main).server_state
+        return self._state_of(route or self._main, now)
 
     def _groups(self, tenants):
         """[(route, its tenants)], the main route first."""
@@ -200,7 +207,7 @@ class SyncEngine:
         next_step = INFINITE_FUTURE
         lease_ends = INFINITE_FUTURE
         for t in tenants:
-            next_step = min(next_step, t.step(now, self._state_for(t)))
+            next_step = min(next_step, t.step(now, self._state_for(t, now)))
             lease_ends = min(lease_ends, t.lease_ends_at())
         cut = min(lease_ends, max(next_step, now + MIN_FALLBACK_STEP_WINDOW))
         self._step = _StepState(tenants, now, cut)
@@ -243,6 +250,7 @@ class SyncEngine:
                 for t in tenants:
                     self._park(t, None)
                 route.failures = 0
+                route.failing_since = INFINITE_FUTURE
                 route.server_state = ANSWERING
                 return None
         if route.pending is None:
@@ -283,6 +291,8 @@ class SyncEngine:
         else:
             route.server_state = UNREACHABLE
         if outcome.code is not None:
+            if route.failures == 0:
+                route.failing_since = plan.sent
             route.failures += 1
             route.retry_at = max(received, plan.sent + retry_backoff(route.failures, self.policy))
             if route.failures == 1:
@@ -293,6 +303,7 @@ class SyncEngine:
             _log.info("retrybudget: Sync seq %d succeeded after %d failed attempts",
                       plan.request.seq, route.failures)
         route.failures = 0
+        route.failing_since = INFINITE_FUTURE
         done, route.pending = route.pending, None
         if outcome.response.stale:
             _log.error("retrybudget: Sync seq %d answered as stale; ignored", done.request.seq)
@@ -372,7 +383,7 @@ class SyncEngine:
         for route, group in self._groups(tenants):
             nxt = min(nxt, self._sync_due(route, group))
         for t in tenants:
-            nxt = min(nxt, t.step(now, self._state_for(t)))
+            nxt = min(nxt, t.step(now, self._state_for(t, now)))
         self.update_metrics(tenants)
         return nxt
 

@@ -26,6 +26,8 @@ _PUBLIC_MODE = {LEASED: LEASE, IN_FALLBACK: FALLBACK, IN_DENY_FALLBACK: DENY_FAL
 ANSWERING = "answering"      # no attempt yet, or the last one got a response
 UNREACHABLE = "unreachable"  # the last attempt failed: fall back
 REFUSING = "refusing"        # UNAUTHENTICATED / PERMISSION_DENIED: deny
+DOWN = "down"                # unreachable for a refresh period (or the shard has no owner):
+                             # a spent lease falls back at once
 
 
 def check_tenant_name(name) -> None:
@@ -247,11 +249,18 @@ class TenantBudget:
     def step(self, now: float, server: str) -> float:
         """One refresher step at `now`: ends a lease at its expiry, enters / refills / leaves
         fallback. Returns when this tenant next needs a step."""
+        unreachable = server in (UNREACHABLE, DOWN)
         with self._mu:
             if self._mode == LEASED:
                 if now < self._expiry:
-                    return self._expiry
-                if server == UNREACHABLE:
+                    if server != DOWN or self._held_now() > 0:
+                        return self._expiry
+                    # The lease is spent and the server has been down a while: fall back now
+                    # rather than deny until the lease's expiry (a blip is not "down").
+                    self._enter_fallback(now)
+                    return (self._refill_fallback(now) if self._mode == IN_FALLBACK
+                            else INFINITE_FUTURE)
+                if unreachable:
                     self._enter_fallback(now)
                     return (self._refill_fallback(now) if self._mode == IN_FALLBACK
                             else INFINITE_FUTURE)
@@ -267,7 +276,7 @@ class TenantBudget:
                 return INFINITE_FUTURE
             if self._mode == IN_DENY_FALLBACK and server == REFUSING:
                 self._mode = EXPIRED
-            if self._mode in (AWAITING, EXPIRED) and server == UNREACHABLE:
+            if self._mode in (AWAITING, EXPIRED) and unreachable:
                 self._enter_fallback(now)
                 return self._refill_fallback(now) if self._mode == IN_FALLBACK else INFINITE_FUTURE
             # A closed word: tokens can only be there from a refund racing a withdrawal.
