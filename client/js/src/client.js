@@ -198,9 +198,15 @@ export class BudgetClient {
       }
       const next = engine.endStep();
       if (this._stopping) return;
-      if (this._wakePending) continue;
+      // Every turn of this loop yields to the event loop at least once (a step that sent
+      // nothing must not spin): a wake goes round after pending I/O and timers, a step due now
+      // after the shortest timer.
+      if (this._wakePending) {
+        await new Promise((resolve) => setImmediate(resolve));
+        continue;
+      }
       const delay = Math.min(next - this._clock(), MAX_IDLE_SLEEP);
-      if (delay > 0 || next === Infinity) await this._sleep(next === Infinity ? Infinity : delay);
+      await this._sleep(next === Infinity ? Infinity : Math.max(0, delay));
     }
   }
 
