@@ -455,3 +455,15 @@ test('tenants redirected to the same owner share one Sync per refresh', () => {
   assert.deepEqual(second.sent.map((p) => [p.address, p.request.tenants.map((e) => e.tenant)]), [[null, ['c']], ['127.0.0.1:7001', ['a', 'b']]]);
   assert.ok(ts.every((t) => t.mode === 'lease'));
 });
+
+test('at most MAX_OWNER_ROUTES owner routes: a redirect to one more parks the tenant', async () => {
+  const { MAX_OWNER_ROUTES } = await import('../../client/js/src/sync-engine.js');
+  const r = rig();
+  const ts = Array.from({ length: MAX_OWNER_ROUTES + 1 }, (_, i) => r.add(`t${i}`));
+  r.step((plan) => (plan.address === null
+    ? grants(plan, (e) => ({ error: { code: Status.FAILED_PRECONDITION, message: '', owner: `127.0.0.1:${8000 + Number(e.tenant.slice(1))}` } }))
+    : grants(plan, { granted: 1 })));
+  assert.equal(r.engine.owners.size, MAX_OWNER_ROUTES);
+  assert.equal(ts.filter((t) => t.mode === 'lease').length, MAX_OWNER_ROUTES);
+  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES]), 'unreachable'); // parked, never fail open
+});
