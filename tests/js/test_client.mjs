@@ -157,3 +157,21 @@ test('a process exits by itself with its client still open (the refresher timer 
   assert.equal(signal, null, 'killed: the open client kept the process alive');
   assert.equal(code, 0);
 });
+
+test('the bearer token is sent; a refusal (UNAUTHENTICATED / PERMISSION_DENIED) denies without falling back', async (t) => {
+  const { createHash } = await import('node:crypto');
+  const sha = (s) => createHash('sha256').update(s).digest('hex');
+  const server = await startServer(t, `${fixed(10)}credentials { name: "w" token_sha256: "${sha('s3cret-token')}" tenants: "t" }\n`);
+  const good = new BudgetClient({ target: server.target, refreshPeriodMs: 50, bearerToken: 's3cret-token' });
+  const g = good.tenant('t');
+  await waitUntil(() => g.stats().leaseActive, { what: 'a lease with the token' });
+  assert.equal(await good.close(), null);
+  const bad = new BudgetClient({ target: server.target, refreshPeriodMs: 50, bearerToken: 'wrong', fallbackCapacity: 5, logger: () => {} });
+  const b = bad.tenant('t');
+  await waitUntil(() => bad.lastSyncStatus() !== null, { what: 'a refused Sync' });
+  assert.match(bad.lastSyncStatus(), /^(UNAUTHENTICATED|PERMISSION_DENIED): /);
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(b.mode, 'no_lease'); // refused, not unreachable: no fallback bucket
+  assert.equal(b.tryAcquire(), false);
+  await bad.close();
+});
