@@ -121,6 +121,7 @@ export function retryInterceptor(budget, options = {}) {
       try {
         attempt = loop.nextAttempt();
       } catch {
+        budget.refund(); // the retry is never sent
         finish({ code: grpc.status.DEADLINE_EXCEEDED, details: 'Deadline exceeded before the retry', metadata: new grpc.Metadata() }, null, undefined, false);
         return;
       }

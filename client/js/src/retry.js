@@ -242,9 +242,21 @@ export async function callWithRetry(budget, fn, options = {}) {
   if (signal !== null && (typeof signal !== 'object' || typeof signal.aborted !== 'boolean')) {
     throw new TypeError(`options.signal is ${show(signal)}; expected an AbortSignal`);
   }
+  // A token taken for the retry about to start; given back if that retry is never sent.
+  let tokenHeld = false;
   for (;;) {
-    if (signal?.aborted) throw signal.reason;
-    const attempt = loop.nextAttempt();
+    if (signal?.aborted) {
+      if (tokenHeld) budget.refund();
+      throw signal.reason;
+    }
+    let attempt;
+    try {
+      attempt = loop.nextAttempt();
+    } catch (error) {
+      if (tokenHeld) budget.refund();
+      throw error;
+    }
+    tokenHeld = false; // the retry is sent now: the token is spent
     const own = attemptSignal(signal, attempt.attemptDeadline - loop.clock());
     let result;
     let failed = false;
@@ -268,6 +280,7 @@ export async function callWithRetry(budget, fn, options = {}) {
       attempt.pushbackMs = error.pushbackMs;
     }
     const backoff = loop.afterFailure(attempt, error, loop.policy.isRetryable(error));
+    tokenHeld = true;
     try {
       await abortableSleep(backoff, signal);
     } catch (reason) {
