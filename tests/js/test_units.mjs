@@ -109,7 +109,7 @@ test('the smallest share of the last minute is kept', () => {
   const r = new RecentSmallest();
   r.note({ capacity: 10, refillPerSecond: 30 }, 0);
   r.note({ capacity: 40, refillPerSecond: 90 }, 30);
-  assert.deepEqual(r.get(59), { capacity: 10, refillPerSecond: 30 });
+  assert.deepEqual(r.get(59), { capacity: 10, refillPerSecond: 30, successCredit: 0 });
   assert.equal(r.get(200), null);
 });
 
@@ -348,7 +348,7 @@ test('a redirect moves the tenant to its owner in the same step; loops, garbage 
     return grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: `127.0.0.1:${7100 + (hop++ % 2)}` } });
   });
   assert.ok(loop.sent.length <= MAX_REDIRECT_HOPS + 1, `${loop.sent.length} sends`);
-  assert.equal(l.engine.stateFor(b), 'unreachable');
+  assert.equal(l.engine.stateFor(b), 'down'); // parked
   l.step(unavailable);
   assert.equal(b.mode, 'fallback'); // never fail open, never crash
 
@@ -356,7 +356,7 @@ test('a redirect moves the tenant to its owner in the same step; loops, garbage 
   const c = g.add('c');
   const garbage = g.step((plan) => grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: 'not an address\n' } }));
   assert.equal(garbage.sent.length, 1);
-  assert.equal(g.engine.stateFor(c), 'unreachable');
+  assert.equal(g.engine.stateFor(c), 'down');
 
   const u = rig();
   const d = u.add('d');
@@ -395,7 +395,7 @@ test('the final Sync carries final=true, every counter, want 0, and returns ever
   const req = finals[0].request;
   assert.equal(req.final, true);
   assert.equal(req.seq, 2);
-  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0 });
+  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0, successesCreditedLocally: 0 });
   assert.equal(a.tryAcquire(), false);
   assert.deepEqual(r.engine.beginFinal(), []); // once
 });
@@ -465,5 +465,58 @@ test('at most MAX_OWNER_ROUTES owner routes: a redirect to one more parks the te
     : grants(plan, { granted: 1 })));
   assert.equal(r.engine.owners.size, MAX_OWNER_ROUTES);
   assert.equal(ts.filter((t) => t.mode === 'lease').length, MAX_OWNER_ROUTES);
-  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES]), 'unreachable'); // parked, never fail open
+  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES]), 'down'); // parked, never fail open
+});
+
+test('a spent lease falls back once the server has been down for a refresh period; a blip does not', () => {
+  const r = rig(); // refresh period 0.2
+  const a = r.add('a');
+  r.step((plan) => grants(plan, { granted: 2, leaseTtlMs: 5000, safeShare: { capacity: 3, refillPerSecond: 0 } }));
+  assert.ok(a.tryAcquire() && a.tryAcquire()); // spent
+  r.clock.t = 0.3;
+  r.step(unavailable); // first failure at 0.3: a blip
+  r.clock.t = 0.4;
+  r.step(unavailable);
+  assert.equal(a.mode, 'lease'); // denied until the lease's end or a refresh period of failures
+  assert.equal(a.tryAcquire(), false);
+  r.clock.t = 0.51; // failing since 0.3 for more than 0.2 s: down
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  assert.equal(a.stats().tokensHeld, 3);
+  // A lease with tokens left is spent to its expiry even when down.
+  const b = rig();
+  const x = b.add('x');
+  b.step((plan) => grants(plan, { granted: 2, leaseTtlMs: 5000 }));
+  for (let t = 0.3; t < 1.0; t += 0.1) {
+    b.clock.t = t;
+    b.step(unavailable);
+  }
+  assert.equal(x.mode, 'lease');
+  assert.equal(x.stats().tokensHeld, 2);
+});
+
+test('success-funded fallback: successes no request carried deposit the share\'s credit, reported as successes_credited_locally', () => {
+  const r = rig();
+  const a = r.add('a');
+  a.recordSuccess(); // carried by the first request: the server's to credit
+  r.step((plan) => grants(plan, { granted: 0, leaseTtlMs: 100, safeShare: { capacity: 2, refillPerSecond: 0, successCredit: 0.5 } }));
+  r.clock.t = 0.3; // lease over, server down
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  while (a.tryAcquire());
+  const fallbackBefore = a.stats().fallbackAllowed;
+  assert.equal(fallbackBefore, 2);
+  for (let i = 0; i < 3; i++) a.recordSuccess();
+  r.clock.t = 0.36;
+  r.step(unavailable); // 3 successes * 0.5 = 1.5 -> 1 whole token (the bucket holds 2 at most)
+  assert.equal(a.stats().tokensHeld, 1);
+  assert.equal(a.stats().successesCreditedLocally, 3);
+  assert.ok(a.tryAcquire());
+  r.clock.t = 0.6;
+  const { sent } = r.step((plan) => grants(plan, { granted: 1 }));
+  const e = sent[sent.length - 1].request.tenants[0];
+  assert.equal(e.successes, 4);
+  assert.equal(e.successesCreditedLocally, 3);
+  assert.equal(e.fallbackSpent, 3);
+  assert.ok(e.successesCreditedLocally <= e.successes);
 });

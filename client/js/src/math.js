@@ -18,6 +18,8 @@ export const MIN_FALLBACK_STEP_WINDOW = 0.02;
 export const FINAL_SYNC_ATTEMPTS = 3;
 /** A fallback bucket is the smallest SafeShare of this long before the server's last answer. */
 export const SAFE_SHARE_MEMORY = 60.0;
+/** Longest wait between two fallback steps of a bucket funded by success credit (seconds). */
+export const CREDIT_STEP_INTERVAL = 0.05;
 /** Decay time constant of the demand rate (seconds). */
 export const DEMAND_TAU = 1.0;
 /** Every counter and seq of the wire contract is at most 2^53. */
@@ -68,11 +70,13 @@ export function wantFor(rate, period, burst, held) {
   return Math.min(MAX_WANT, total - held);
 }
 
-/** A bucket's shape: capacity (tokens) and refill (tokens per second). */
+/** A bucket's shape: capacity (tokens), refill (tokens per second), successCredit (tokens per
+ * success recorded in fallback, not divided). */
 export function smallerShape(a, b) {
   return {
     capacity: Math.min(a.capacity, b.capacity),
     refillPerSecond: Math.min(a.refillPerSecond, b.refillPerSecond),
+    successCredit: Math.min(a.successCredit ?? 0, b.successCredit ?? 0),
   };
 }
 
@@ -124,28 +128,44 @@ function sanitize(value, most) {
  * where workers take them without telling anyone; refill() is told what the lease holds and
  * returns how many whole tokens to add. Starts full at `capacity` (at least one token when it
  * refills at all), refills at `refillPerSecond`; tokens taken between two steps count as taken
- * just before the later one, so over a run: handed out <= cap + refill * elapsed. */
+ * just before the later one, so over a run: handed out <= cap + refill * elapsed
+ * + successCredit * successes credited.
+ *
+ * Success-funded fallback: refill() also takes the successes recorded since the last step that
+ * may be credited here (only successes no request carried yet: the server may have credited any
+ * it saw). Each deposits successCredit up to the cap; one whose credit does not fit is not
+ * credited here and stays the server's to credit; `lastCredited` says how many the last
+ * refill() credited. */
 export class FallbackBucket {
   constructor(shape, now) {
     this.shape = {
       capacity: sanitize(shape.capacity, MAX_LEASE_TOKENS),
       refillPerSecond: sanitize(shape.refillPerSecond, MAX_LEASE_TOKENS),
+      successCredit: sanitize(shape.successCredit ?? 0, MAX_LEASE_TOKENS),
     };
     this.cap = this.shape.refillPerSecond > 0 ? Math.max(this.shape.capacity, 1) : this.shape.capacity;
     this.level = this.shape.capacity;
     this.held = 0;
+    this.lastCredited = 0;
     this.last = now;
   }
 
-  refill(now, held) {
+  refill(now, held, successes = 0) {
     const dt = Math.max(0, now - this.last);
     this.last = Math.max(this.last, now);
     const grown = Math.max(this.level, Math.min(this.cap, this.level + this.shape.refillPerSecond * dt));
-    const level = Math.max(grown - this.held + held, held);
+    let level = Math.max(grown - this.held + held, held);
+    let fit = 0;
+    if (successes > 0 && this.shape.successCredit > 0 && level < this.cap) {
+      const room = Math.floor((this.cap - level) / this.shape.successCredit + EPSILON);
+      fit = Math.min(successes, room);
+      level += fit * this.shape.successCredit;
+    }
     const whole = Math.floor(level + EPSILON);
     const add = whole > held ? whole - held : 0;
     this.level = level;
     this.held = held + add;
+    this.lastCredited = fit;
     return add;
   }
 
@@ -153,10 +173,14 @@ export class FallbackBucket {
     return this.shape.refillPerSecond > 0 && Math.floor(this.level + EPSILON) + 1 > this.cap + EPSILON;
   }
 
+  /** The next step: the next whole token of refill or, while success credit can still fit, at
+   * most CREDIT_STEP_INTERVAL away (successes are only seen at steps). */
   nextTokenAt() {
-    if (this.shape.refillPerSecond <= 0 || this.full()) return INFINITE_FUTURE;
+    const creditStep = this.shape.successCredit > 0 && this.level + EPSILON < this.cap
+      ? this.last + CREDIT_STEP_INTERVAL : INFINITE_FUTURE;
+    if (this.shape.refillPerSecond <= 0 || this.full()) return creditStep;
     const nextWhole = Math.floor(this.level + EPSILON) + 1;
     const micros = ((nextWhole - this.level) / this.shape.refillPerSecond) * 1e6;
-    return this.last + Math.max(1, Math.ceil(micros - 1e-3)) / 1e6;
+    return Math.min(creditStep, this.last + Math.max(1, Math.ceil(micros - 1e-3)) / 1e6);
   }
 }

@@ -42,7 +42,7 @@
 import {
   INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS, retryBackoff,
 } from './math.js';
-import { ANSWERING, REFUSING, UNREACHABLE } from './tenant-budget.js';
+import { ANSWERING, DOWN, REFUSING, UNREACHABLE } from './tenant-budget.js';
 import { codeName, Status } from './codes.js';
 
 export const MAX_REDIRECT_HOPS = 4;
@@ -74,6 +74,7 @@ class Route {
     this.lastSend = INFINITE_PAST;
     this.retryAt = INFINITE_PAST;
     this.failures = 0;
+    this.failingSince = INFINITE_FUTURE; // start of the first of those failed attempts
     this.serverState = ANSWERING;
     this.maxTenantsPerSync = Infinity; // the server's limit once it named one
     this.chunk = Infinity; // this step's limit (a split lowers it)
@@ -129,13 +130,19 @@ export class SyncEngine {
     return this.main.serverState;
   }
 
-  stateFor(tenant) {
-    if (this.routed.size === 0) return this.main.serverState;
+  stateOf(route, now) {
+    if (route.serverState === UNREACHABLE && now - route.failingSince >= this.policy.refreshPeriod) return DOWN;
+    return route.serverState;
+  }
+
+  /** The ServerState a tenant's step sees at `now` (clock time; default the clock's now). */
+  stateFor(tenant, now = this.clock()) {
+    if (this.routed.size === 0) return this.stateOf(this.main, now);
     const r = this.routed.get(tenant);
-    if (r === undefined) return this.main.serverState;
-    if (r.unavailable) return UNREACHABLE;
+    if (r === undefined) return this.stateOf(this.main, now);
+    if (r.unavailable) return DOWN; // a live server said the shard has no owner: a failover, not a blip
     const route = r.owner !== null ? this.owners.get(r.owner) : undefined;
-    return (route ?? this.main).serverState;
+    return this.stateOf(route ?? this.main, now);
   }
 
   /** [[route, its tenants]], the main route first. */
@@ -189,7 +196,7 @@ export class SyncEngine {
     let nextStep = INFINITE_FUTURE;
     let leaseEnds = INFINITE_FUTURE;
     for (const t of tenants) {
-      nextStep = Math.min(nextStep, t.step(now, this.stateFor(t)));
+      nextStep = Math.min(nextStep, t.step(now, this.stateFor(t, now)));
       leaseEnds = Math.min(leaseEnds, t.leaseEndsAt());
     }
     const cut = Math.min(leaseEnds, Math.max(nextStep, now + MIN_FALLBACK_STEP_WINDOW));
@@ -230,6 +237,7 @@ export class SyncEngine {
         this.log('error', `retrybudget: owner ${route.address} unreachable for a refresh period; its tenants go back to the main target`);
         for (const t of tenants) this.park(t, null);
         route.failures = 0;
+        route.failingSince = INFINITE_FUTURE;
         route.serverState = ANSWERING;
         return null;
       }
@@ -287,6 +295,7 @@ export class SyncEngine {
     else if (code === Status.UNAUTHENTICATED || code === Status.PERMISSION_DENIED) route.serverState = REFUSING;
     else route.serverState = UNREACHABLE;
     if (code !== null) {
+      if (route.failures === 0) route.failingSince = plan.sent;
       route.failures++;
       route.retryAt = Math.max(received, plan.sent + retryBackoff(route.failures, this.policy));
       if (route.failures === 1) {
@@ -298,6 +307,7 @@ export class SyncEngine {
       this.log('info', `retrybudget: Sync seq ${plan.request.seq} succeeded after ${route.failures} failed attempts`);
     }
     route.failures = 0;
+    route.failingSince = INFINITE_FUTURE;
     const done = route.pending;
     route.pending = null;
     const response = outcome.response;
@@ -314,6 +324,7 @@ export class SyncEngine {
     // nothing, so the counters simply go in the next request.
     route.serverState = ANSWERING;
     route.failures = 0;
+    route.failingSince = INFINITE_FUTURE;
     const refused = route.pending;
     route.pending = null;
     const size = refused.tenants.length;
@@ -421,7 +432,7 @@ export class SyncEngine {
     const now = this.clock();
     let next = INFINITE_FUTURE;
     for (const [route, group] of this.groups(tenants)) next = Math.min(next, this.syncDue(route, group));
-    for (const t of tenants) next = Math.min(next, t.step(now, this.stateFor(t)));
+    for (const t of tenants) next = Math.min(next, t.step(now, this.stateFor(t, now)));
     this.updateMetrics(tenants);
     return next;
   }

@@ -38,6 +38,8 @@ function publicMode(mode) {
 export const ANSWERING = 'answering'; // no attempt yet, or the last one got a response
 export const UNREACHABLE = 'unreachable'; // the last attempt failed: fall back
 export const REFUSING = 'refusing'; // UNAUTHENTICATED / PERMISSION_DENIED: deny
+// Unreachable for a refresh period (or the shard has no owner): a spent lease falls back at once.
+export const DOWN = 'down';
 
 export function checkTenantName(name) {
   if (typeof name !== 'string' || !TENANT_RE.test(name)) {
@@ -83,6 +85,13 @@ export class TenantBudget {
     this._fallback = null;
     // Fallback episodes: {cap, refill, start, end (null while in it)}; see fallbackAllowance().
     this._episodes = [];
+    // Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
+    // request built so far carried (the server may credit all of those), the successes counter
+    // up to which fallback steps considered crediting, and how many the fallback buckets
+    // credited.
+    this._successesInRequests = 0;
+    this._successesConsidered = 0;
+    this._successesCreditedLocally = 0;
   }
 
   // ---- worker side (hot path) ----
@@ -137,6 +146,7 @@ export class TenantBudget {
       tokensReturned: this._ledger.tokensReturned,
       tokensHeld: held,
       refunds: this._refunds,
+      successesCreditedLocally: this._successesCreditedLocally,
       leaseActive: this._mode === LEASED && !this._closed,
       mode: publicMode(this._mode),
       error: this._error,
@@ -221,7 +231,8 @@ export class TenantBudget {
     const share = this._lastSafeShareAt === INFINITE_PAST ? null : this._safeShares.get(this._lastSafeShareAt);
     this._fallback = new FallbackBucket(share ?? this._neverReached, now);
     this._episodes.push({ cap: this._fallback.cap, refill: this._fallback.shape.refillPerSecond, start: now, end: null });
-    const first = this._fallback.refill(now, 0);
+    const first = this._fallback.refill(now, 0, this._creditableSuccesses());
+    this._successesCreditedLocally += this._fallback.lastCredited;
     const withdrawn = this._replace(first, this._fallbackMark());
     this._ledger.withdrew(withdrawn, 0);
     this._ledger.switchTo(ledgerMod.FALLBACK);
@@ -229,8 +240,18 @@ export class TenantBudget {
     this._mode = IN_FALLBACK;
   }
 
+  _creditableSuccesses() {
+    // Successes recorded since the last fallback step that no request built so far carries;
+    // marks them considered.
+    const successes = this._successes;
+    const start = Math.max(this._successesInRequests, this._successesConsidered);
+    this._successesConsidered = Math.max(this._successesConsidered, successes);
+    return successes > start ? successes - start : 0;
+  }
+
   _refillFallback(now) {
-    const add = this._fallback.refill(now, this._held);
+    const add = this._fallback.refill(now, this._held, this._creditableSuccesses());
+    this._successesCreditedLocally += this._fallback.lastCredited;
     this._ledger.fallbackDeposited(this._deposit(add, this._fallbackMark()));
     return this._fallback.nextTokenAt();
   }
@@ -238,9 +259,16 @@ export class TenantBudget {
   /** One refresher step at `now`: ends a lease at its expiry, enters / refills / leaves
    * fallback. Returns when this tenant next needs a step. */
   step(now, server) {
+    const unreachable = server === UNREACHABLE || server === DOWN;
     if (this._mode === LEASED) {
-      if (now < this._expiry) return this._expiry;
-      if (server === UNREACHABLE) {
+      if (now < this._expiry) {
+        if (server !== DOWN || this._held > 0) return this._expiry;
+        // The lease is spent and the server has been down a while: fall back now rather than
+        // deny until the lease's expiry (a blip is not "down").
+        this._enterFallback(now);
+        return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
+      }
+      if (unreachable) {
         this._enterFallback(now);
         return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
       }
@@ -256,7 +284,7 @@ export class TenantBudget {
       return INFINITE_FUTURE;
     }
     if (this._mode === IN_DENY_FALLBACK && server === REFUSING) this._mode = EXPIRED;
-    if ((this._mode === AWAITING || this._mode === EXPIRED) && server === UNREACHABLE) {
+    if ((this._mode === AWAITING || this._mode === EXPIRED) && unreachable) {
       this._enterFallback(now);
       return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
     }
@@ -269,16 +297,21 @@ export class TenantBudget {
   }
 
   _counters(held) {
-    return {
+    const successes = this._successes;
+    const entry = {
       tenant: this.tenant,
-      successes: this._successes,
+      successes,
       retriesSpent: this._ledger.reportSpent(held),
       retriesDenied: this._denied,
       tokensReturned: this._ledger.tokensReturned,
       tokensReceived: this._ledger.tokensReceived,
       want: 0,
       fallbackSpent: this._ledger.reportedFallbackSpent,
+      successesCreditedLocally: this._successesCreditedLocally,
     };
+    // From now on the server may credit every success this request carries.
+    this._successesInRequests = Math.max(this._successesInRequests, successes);
+    return entry;
   }
 
   /** The TenantSync entry of a NEW request built at `now`. */
@@ -316,7 +349,7 @@ export class TenantBudget {
     this._ledger.received(granted, deposited);
     const share = grant.safeShare;
     if (share !== null && share !== undefined && typeof share === 'object') {
-      this._safeShares.note({ capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond) }, received);
+      this._safeShares.note({ capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond), successCredit: Number(share.successCredit ?? 0) }, received);
       this._lastSafeShareAt = received;
     }
     // A TTL <= 0 (or unreadable) ends the lease at once: the safe reading of a missing value.
