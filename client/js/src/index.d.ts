@@ -65,6 +65,9 @@ export interface TenantStats {
   tokensReturned: number;
   tokensHeld: number;
   refunds: number;
+  /** Of successes, those whose credit this process's fallback buckets deposited locally
+   * (success-funded fallback; the server does not credit them again). */
+  successesCreditedLocally: number;
   leaseActive: boolean;
   mode: BudgetMode;
   /** Why the server refused this tenant in the last Sync; null after a grant. */
