@@ -175,3 +175,17 @@ test('the bearer token is sent; a refusal (UNAUTHENTICATED / PERMISSION_DENIED) 
   assert.equal(b.tryAcquire(), false);
   await bad.close();
 });
+
+test('round_robin over an ipv4:a,b,c target: the Syncs of one client reach every address', async (t) => {
+  const servers = [];
+  for (let i = 0; i < 3; i++) servers.push(await startServer(t, fixed(50)));
+  const target = `ipv4:${servers.map((s) => s.target).join(',')}`;
+  const client = new BudgetClient({ target, refreshPeriodMs: 20, minSyncIntervalMs: 1 });
+  const budget = client.tenant('t');
+  await waitUntil(async () => {
+    const seen = await Promise.all(servers.map((s) => getBudget(s.target, 't').then(() => true, () => false)));
+    return seen.every(Boolean);
+  }, { timeoutMs: 10_000, what: 'a Sync at every address' });
+  assert.ok(budget.stats().tokensReceived > 0);
+  await client.close();
+});

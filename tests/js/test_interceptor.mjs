@@ -139,3 +139,13 @@ test('with a budget leased from the real server: retries spent are the server\'s
   assert.equal(status.successesTotal, ok);
   assert.ok(retries > 0 && ok > 0, `ok ${ok} failed ${failed} retries ${retries}`);
 });
+
+test('perAttemptTimeoutMs: a hung attempt times out on its own deadline and is retried within the call\'s', async (t) => {
+  const { backend, budget, client } = await rig(t, (call, n) => (n === 1 ? { code: grpc.status.UNAVAILABLE, delayMs: 5000 } : null), 10, { initialBackoffMs: 1, maxBackoffMs: 2, perAttemptTimeoutMs: 150 });
+  const start = Date.now();
+  const reply = await echo(client, 'x', { deadlineMs: 10_000 }).promise;
+  assert.equal(reply.attemptsSeen, 2);
+  assert.ok(Date.now() - start < 4000, 'the first attempt did not wait out its 5 s');
+  assert.equal(budget.stats().tokensHeld, 9);
+  assert.equal(backend.attempts.length, 2);
+});
