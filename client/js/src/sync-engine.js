@@ -48,6 +48,7 @@ import { codeName, Status } from './codes.js';
 export const MAX_REDIRECT_HOPS = 4;
 export const MAX_OWNER_ROUTES = 64;
 const DEADLINE_SLACK = 0.001;
+const REFUSAL_LOG_INTERVAL = 60; // seconds
 // An owner address: HOST:PORT of printable ASCII, no spaces, at most 255 characters.
 const OWNER_RE = /^[\x21-\x7e]{1,255}:[0-9]{1,5}$/;
 
@@ -120,6 +121,19 @@ export class SyncEngine {
     this.finalTenants = [];
     this.finalStates = new Map();
     this.finalError = null;
+    this.lastRefusalLog = INFINITE_PAST;
+    this.refusalsNotLogged = 0;
+  }
+
+  /** Refusals are logged at most once a minute; the lines left out are counted in the next. */
+  logRefusal(now, line) {
+    if (now - this.lastRefusalLog < REFUSAL_LOG_INTERVAL) {
+      this.refusalsNotLogged++;
+      return;
+    }
+    this.log('error', `retrybudget: ${line} (${this.refusalsNotLogged} more refusals since the last such line)`);
+    this.lastRefusalLog = now;
+    this.refusalsNotLogged = 0;
   }
 
   get failures() {
@@ -336,13 +350,13 @@ export class SyncEngine {
       } else {
         route.chunk = Math.floor(size / 2);
       }
-      this.log('error', `retrybudget: Sync seq ${refused.request.seq} with ${size} tenants refused; splitting it into requests of ${route.chunk}: ${this.lastStatus}`);
+      this.logRefusal(received, `Sync seq ${refused.request.seq} with ${size} tenants refused; splitting it into requests of ${route.chunk}: ${this.lastStatus}`);
       this.step.visited.delete(route.address); // the same tenants go again in this step
       route.lastSend = INFINITE_PAST;
       return;
     }
     // One tenant, refused: deny it until its next refresh (not fallback: the server answers).
-    this.log('error', `retrybudget: Sync seq ${refused.request.seq} for tenant "${refused.tenants[0].tenant}" refused; the tenant is denied: ${this.lastStatus}`);
+    this.logRefusal(received, `Sync seq ${refused.request.seq} for tenant "${refused.tenants[0].tenant}" refused; the tenant is denied: ${this.lastStatus}`);
     refused.tenants[0].applyRefusal(codeName(code), details, received, this.policy);
   }
 
@@ -412,7 +426,7 @@ export class SyncEngine {
       }
       if (errCode !== 0) {
         const message = typeof error.message === 'string' ? error.message : '';
-        this.log('error', `retrybudget: budget server refused tenant "${sent.tenant}" (${codeName(errCode)}): ${message}`);
+        this.logRefusal(received, `budget server refused tenant "${sent.tenant}" (${codeName(errCode)}): ${message}`);
         tenant.applyRefusal(codeName(errCode), message, received, this.policy);
         continue;
       }
