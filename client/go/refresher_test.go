@@ -725,3 +725,92 @@ func TestLeaseWordNeverGoesNegative(t *testing.T) {
 		t.Fatal("deposit is not capped")
 	}
 }
+
+// A Sync still in flight when the lease ends is cut short at the expiry: no verdict on the
+// server (no failure, no backoff, no fallback), the lease ends on time, and the same request
+// (same seq) goes out again at once.
+func TestSyncInFlightIsCutShortAtTheLeaseExpiryAndResentWithTheSameSeq(t *testing.T) {
+	h := newHarness(t, grantAll(3, 100))
+	b := h.tenant(t, "t1")
+	h.ref.runOnce() // lease until epoch + 100 ms
+	hang := func(ctx context.Context) {
+		<-ctx.Done()                                   // the real deadline: 50 ms, to the expiry
+		h.clock.Set(epoch.Add(100 * time.Millisecond)) // the fake clock reaches it too
+	}
+	h.stub.answer = func(*pb.SyncRequest) (*pb.SyncResponse, error) { return nil, nil }
+	h.ref.main.stub = hangingStub{h.stub, hang}
+	h.clock.Advance(50 * time.Millisecond)
+	b.TryAcquire()
+	b.TryAcquire() // low: a Sync is due now, and hangs
+	h.ref.runOnce()
+	if r := h.ref.main; r.failures != 0 || r.state != answering || r.pending == nil {
+		t.Fatalf("a cut-short attempt was judged: failures %d state %v pending %v", r.failures, r.state, r.pending != nil)
+	}
+	if b.Stats().Mode != ModeNoLease || b.TryAcquire() {
+		t.Fatalf("the lease outlived its expiry (mode %v)", b.Stats().Mode)
+	}
+	seq := h.ref.main.pending.request.Seq
+	h.ref.main.stub = h.stub
+	h.stub.answer = grantAll(2, 1000)
+	h.ref.runOnce()
+	if last := h.stub.last(t); last.Seq != seq {
+		t.Fatalf("resent with seq %d, want %d", last.Seq, seq)
+	}
+	if !b.TryAcquire() {
+		t.Fatal("the resend's grant was not applied")
+	}
+}
+
+type hangingStub struct {
+	*fakeStub
+	hang func(ctx context.Context)
+}
+
+func (s hangingStub) Sync(ctx context.Context, req *pb.SyncRequest, opts ...grpc.CallOption) (*pb.SyncResponse, error) {
+	s.fakeStub.Sync(ctx, req, opts...)
+	s.hang(ctx)
+	return nil, status.FromContextError(ctx.Err()).Err()
+}
+
+// A worker that finds the lease empty is refused at once and wakes the refresher: with the
+// refresher's goroutine running, the grant arrives within a round trip, not a refresh period.
+func TestDenialWakesTheRefresherGoroutine(t *testing.T) {
+	stub := &fakeStub{answer: grantAll(0, 60000)}
+	o := DefaultClientOptions()
+	o.InstanceID = "wake"
+	o.RefreshPeriod = time.Hour // nothing but a wake makes it sync again
+	o.MinSyncInterval = 0
+	o.Logger = log.New(io.Discard, "", 0)
+	o, _ = validateAndDefault(o)
+	c, err := newClient(o, stub, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.refresher.start()
+	defer c.Close()
+	b, _ := c.Tenant("t1")
+	waitSent := func(n int) {
+		deadline := time.Now().Add(10 * time.Second)
+		for len(stub.sent()) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d Syncs sent, want %d", len(stub.sent()), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitSent(1) // the new tenant's first Sync (granted 0)
+	stub.mu.Lock()
+	stub.answer = grantAll(5, 60000)
+	stub.mu.Unlock()
+	if b.TryAcquire() {
+		t.Fatal("allowed with an empty lease")
+	}
+	waitSent(2)
+	deadline := time.Now().Add(10 * time.Second)
+	for !b.TryAcquire() {
+		if time.Now().After(deadline) {
+			t.Fatal("no grant after the wake")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -94,9 +94,15 @@ func WithRetryable(f func(error) bool) RetryOption {
 	}
 }
 
-// WithIdempotencyKey sets the call's dedup key (default: a fresh random 128-bit key).
+// WithIdempotencyKey sets the call's dedup key (default: a fresh random 128-bit key): 1-256
+// printable ASCII characters without spaces (it travels as gRPC metadata).
 func WithIdempotencyKey(key string) RetryOption {
-	return func(c *retryConfig) { c.idempotencyKey = key }
+	return func(c *retryConfig) {
+		if key == "" || len(key) > 256 || !printableASCII(key, false) {
+			c.fail(invalidf("WithIdempotencyKey(%q): expected 1-256 printable ASCII characters without spaces", key))
+		}
+		c.idempotencyKey = key
+	}
 }
 
 // WithClock sets the clock the backoffs wait on (default RealClock()). Deadlines stay those

@@ -242,6 +242,7 @@ func TestDoBadOptionsNameTheOption(t *testing.T) {
 		{WithBackoff(2, 1, 1), "max is 1ns"},
 		{WithBackoff(0, 0, 0.5), "multiplier is 0.5"},
 		{WithPerAttemptTimeout(0), "WithPerAttemptTimeout(0s)"},
+		{WithIdempotencyKey("a\nb"), `WithIdempotencyKey("a\nb")`},
 	} {
 		calls := 0
 		err := Do(context.Background(), newCountingBudget(1), func(context.Context, Attempt) error { calls++; return nil }, c.opt)
