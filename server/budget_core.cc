@@ -120,7 +120,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
 
 void BudgetCore::PrimeReservation(const std::string& tenant, uint64_t limit) {
   auto landed = std::make_shared<absl::Notification>();
-  ReserveAhead(tenant, limit, [landed] { landed->Notify(); });
+  ReserveAhead(tenant, limit, /*credited_total=*/0, [landed] { landed->Notify(); });
   landed->WaitForNotificationWithTimeout(options_.first_reservation_wait);
 }
 
@@ -419,6 +419,7 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
   const double credit =
       tb.policy.success_credit * static_cast<double>(effect.d_credited_successes);
   tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
+  tb.credited_total += credit + static_cast<double>(effect.credited_back);
   tb.NoteCredit(credit, now);
   BudgetTotals& totals = tb.totals;
   totals.successes = SaturatingAdd(totals.successes, effect.d_successes);
@@ -542,12 +543,12 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
       t.block_sized_at = now;
       t.granted_when_sized = t.totals.granted;
     }
-    ReserveAhead(t.name, t.totals.granted + allowed + another + block);
+    ReserveAhead(t.name, t.totals.granted + allowed + another + block, t.credited_total);
   }
   return allowed;
 }
 
-void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
+void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit, double credited_total,
                               std::function<void()> done) {
   DurableStore::ReservedCallback callback =
       [this, done = std::move(done)](const std::string& name, uint64_t limit,
@@ -567,7 +568,7 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit,
       };
   // The journal on disk, or (cluster mode) the tenant's state in etcd.
   if (options_.store != nullptr) {
-    options_.store->ReserveAhead(tenant, limit, std::move(callback));
+    options_.store->ReserveAhead(tenant, limit, credited_total, std::move(callback));
   } else {
     options_.router->ReserveAhead(tenant, limit, std::move(callback));
   }

@@ -210,7 +210,10 @@ class BudgetCore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // Asks the store thread to make `limit` durable for the tenant named `tenant`; when it is, the
   // limit of whichever tenant holds that name then is raised, and `done` (if any) runs.
-  void ReserveAhead(const std::string& tenant, uint64_t limit, std::function<void()> done = {});
+  // `credited_total`: the tenant's, journaled with the reservation (cluster mode writes the
+  // whole state instead).
+  void ReserveAhead(const std::string& tenant, uint64_t limit, double credited_total = 0,
+                    std::function<void()> done = {});
   // Reserves a first block for a tenant that has none (just created), so that its first grant
   // does not come back empty: waits for the store thread at most `first_reservation_wait`, with
   // no lock held. A slow disk delays only the request that creates the tenant.

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -193,16 +194,17 @@ DurableStore::~DurableStore() {
 }
 
 void DurableStore::ReserveAhead(absl::string_view tenant, uint64_t grant_limit,
-                                ReservedCallback done) {
+                                double credited_total, ReservedCallback done) {
   {
     MutexLock lock(&queue_mu_);
     auto queued = queued_.find(tenant);
     if (queued == queued_.end()) {
       auto writing = writing_.find(tenant);
       if (writing != writing_.end() && writing->second >= grant_limit) return;
-      queued_.emplace(std::string(tenant), Request{grant_limit, std::move(done)});
+      queued_.emplace(std::string(tenant), Request{grant_limit, credited_total, std::move(done)});
     } else {
       queued->second.grant_limit = std::max(queued->second.grant_limit, grant_limit);
+      queued->second.credited_total = std::max(queued->second.credited_total, credited_total);
       queued->second.done = std::move(done);
     }
   }
@@ -233,6 +235,7 @@ void DurableStore::StoreThread() {
       v1::Reservation r;
       r.set_tenant(tenant);
       r.set_grant_limit(request.grant_limit);
+      r.set_credited_total(request.credited_total);
       records += Frame(r.SerializeAsString());
     }
     {
@@ -306,6 +309,10 @@ absl::StatusOr<RecoveredState> DurableStore::Load() {
       }
       uint64_t& limit = recovered.reservations[r.tenant()];
       limit = std::max(limit, r.grant_limit());
+      if (r.credited_total() > 0 && std::isfinite(r.credited_total())) {
+        double& credited = recovered.credited[r.tenant()];
+        credited = std::max(credited, r.credited_total());
+      }
     }
   }
   {
@@ -359,10 +366,12 @@ void DurableStore::AbandonJournal() {
   journal_fd_ = -1;
 }
 
-absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limit) {
+absl::Status DurableStore::Reserve(absl::string_view tenant, uint64_t grant_limit,
+                                   double credited_total) {
   v1::Reservation r;
   r.set_tenant(std::string(tenant));
   r.set_grant_limit(grant_limit);
+  r.set_credited_total(credited_total);
   const std::string record = Frame(r.SerializeAsString());
   MutexLock lock(&mu_);
   return AppendDurably(record);

@@ -49,6 +49,8 @@ struct RecoveredState {
   std::optional<v1::ServerState> snapshot;
   // Highest grant limit journaled per tenant after the snapshot.
   absl::flat_hash_map<std::string, uint64_t> reservations;
+  // Highest credited_total journaled per tenant after the snapshot (tenants with a positive one).
+  absl::flat_hash_map<std::string, double> credited;
 };
 
 // Thread-safe. Owns one thread, the store thread, which writes the reservations asked for with
@@ -70,19 +72,22 @@ class DurableStore {
   // error the record may or may not be on disk (either way the next start is safe: a limit is
   // only ever counted as granted); the journal is cut back to its last good record where
   // possible and abandoned, and the next record goes to a new journal file.
-  absl::Status Reserve(absl::string_view tenant, uint64_t grant_limit);
+  // `credited_total` goes into the record (v1::Reservation).
+  absl::Status Reserve(absl::string_view tenant, uint64_t grant_limit, double credited_total = 0);
 
   // Called on the store thread with the limit that was written for a tenant, once it is on disk
   // (OK) or once writing it failed (the limit is then not durable).
   using ReservedCallback =
       std::function<void(const std::string& tenant, uint64_t grant_limit, const absl::Status&)>;
 
-  // Asks the store thread to journal "`tenant` may grant up to `grant_limit`", and returns at
-  // once: never blocks on I/O. A request for a tenant whose queued request is not written yet is
-  // merged into it (the highest limit, the latest `done`); one at or below the limit being
+  // Asks the store thread to journal "`tenant` may grant up to `grant_limit`" (with the
+  // tenant's `credited_total`), and returns at once: never blocks on I/O. A request for a tenant
+  // whose queued request is not written yet is merged into it (the highest limit and credit, the
+  // latest `done`); one at or below the limit being
   // written now is dropped (that write's `done` covers it). `done` runs on the store thread,
   // after the record's own fdatasync, and before a RotateJournal that follows can return.
-  void ReserveAhead(absl::string_view tenant, uint64_t grant_limit, ReservedCallback done);
+  void ReserveAhead(absl::string_view tenant, uint64_t grant_limit, double credited_total,
+                    ReservedCallback done);
 
   // Blocks until every ReserveAhead made before the call has been written (or has failed) and
   // its `done` has returned.
@@ -113,6 +118,7 @@ class DurableStore {
 
   struct Request {
     uint64_t grant_limit = 0;
+    double credited_total = 0;
     ReservedCallback done;
   };
   void StoreThread();

@@ -37,6 +37,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
     ts->set_granted_total(t->totals.granted);
     ts->set_grant_limit(std::max(t->grant_limit, t->totals.granted));
+    ts->set_credited_total(t->credited_total);
     ts->set_wanted_total(t->totals.wanted);
     ts->set_successes_total(t->totals.successes);
     ts->set_retries_total(t->totals.retries);
@@ -115,9 +116,17 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
         limit = std::max(limit, it->second);
       }
-      // After a crash, every token up to the durable limit may have been granted.
+      // After a crash, every token up to the durable limit may have been granted, and every
+      // deposit journaled since the snapshot was made (before the record that carries it).
       const uint64_t granted = clean ? ts.granted_total() : limit;
-      t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()), at);
+      double credited = ts.credited_total();
+      if (auto it = recovered.credited.find(ts.tenant()); !clean && it != recovered.credited.end()) {
+        credited = std::max(credited, it->second);
+      }
+      t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()) +
+                            (credited - ts.credited_total()),
+                        at);
+      t->credited_total = credited;
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, granted);
       restored.emplace(ts.tenant(), std::move(t));
@@ -132,7 +141,9 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     const ResolvedPolicy policy = current_policy(name, &source);
     auto t = std::make_shared<Tenant>(name, policy, source, now);
     MutexLock lock(&t->mu);
-    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit), now);
+    const auto credited = recovered.credited.find(name);
+    t->credited_total = credited == recovered.credited.end() ? 0 : credited->second;
+    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit) + t->credited_total, now);
     t->grant_limit = limit;
     t->totals.granted = limit;
     restored.emplace(name, std::move(t));
@@ -158,11 +169,13 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     }
   }
   std::vector<std::pair<std::string, uint64_t>> ahead;  // a block past each durable limit
+  std::vector<double> credited_ahead;                     // with each tenant's credited_total
   if (options_.store != nullptr) {
     for (auto& [name, t] : restored) {
       MutexLock lock(&t->mu);
       ahead.emplace_back(name, std::max(t->grant_limit, t->totals.granted) +
                                    ReservationBlock(t->policy.capacity));
+      credited_ahead.push_back(t->credited_total);
     }
   }
   {
@@ -171,7 +184,9 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
   }
   // Every budget gets a block on disk ahead of its grants before serving (one group commit), so
   // the first grants after a start are not cut while the store thread writes.
-  for (const auto& [name, limit] : ahead) ReserveAhead(name, limit);
+  for (size_t i = 0; i < ahead.size(); ++i) {
+    ReserveAhead(ahead[i].first, ahead[i].second, credited_ahead[i]);
+  }
   if (!ahead.empty()) options_.store->WaitIdle();
   MutexLock lock(&instances_mu_);
   instances_ = std::move(instances);

@@ -75,6 +75,10 @@ struct Tenant {
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
   uint64_t grant_limit ABSL_GUARDED_BY(mu) = 0;
+  // Tokens deposited by success credit and returns since the bucket was created (before the
+  // cap): journaled with each reservation, so a crash loses only what came after the last one
+  // (v1::TenantState.credited_total).
+  double credited_total ABSL_GUARDED_BY(mu) = 0;
   // Cluster mode: the reservation block in force (0: none sized yet), and the grants total and
   // time when the block was last sized, for the observed grant rate.
   uint64_t reservation_block ABSL_GUARDED_BY(mu) = 0;
