@@ -247,8 +247,9 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
   }
   // The lease (everything held, old tokens included) now ends at the time the request was
   // first SENT plus the TTL: the client's clock can only end it earlier than the server's view.
-  // A TTL <= 0 ends it at once (the safe reading of a missing value).
-  expiry_ = sent + absl::Milliseconds(std::max<int64_t>(0, grant.lease_ttl_ms()));
+  // A TTL <= 0 ends it at once (the safe reading of a missing value); one above the longest a
+  // policy allows (600 s) is read as that: a server cannot hand out a lease for ever.
+  expiry_ = sent + absl::Milliseconds(std::clamp<int64_t>(grant.lease_ttl_ms(), 0, kMaxLeaseTtlMs));
   mode_ = LeaseMode::kLeased;
   error_ = absl::OkStatus();
   const absl::Duration delay = NextSyncDelay(grant.next_sync_ms(), policy);

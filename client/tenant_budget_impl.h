@@ -24,6 +24,10 @@
 
 namespace retrybudget::client_internal {
 
+// The longest lease a policy allows (budget.proto BudgetPolicy.lease_ttl_ms); a grant naming a
+// longer one is read as this.
+inline constexpr int64_t kMaxLeaseTtlMs = 600'000;
+
 // Something that syncs when asked: the refresher. Thread-safe.
 class SyncWaker {
  public:

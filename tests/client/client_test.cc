@@ -1,4 +1,5 @@
 // The leasing protocol of the client, driven step by step on a FakeClock through a mock stub.
+#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -253,6 +254,28 @@ TEST(BudgetClientTest, SuccessfulSyncRenewsTheLeaseOfTokensHeld) {
   h.client().RunOnce();
   EXPECT_FALSE(budget->TryAcquire());
   EXPECT_EQ(budget->Stats().tokens_returned, 4u);
+}
+
+TEST(BudgetClientTest, AGrantNamingALeaseLongerThanAnyPolicyAllowsEndsAfterTenMinutes) {
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.refresh_period = absl::Hours(1);
+  ClientHarness h(options);
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time sent = h.clock().Now();
+  h.set_handler([](const v1::SyncRequest& request, v1::SyncResponse* response) {
+    return GrantAll(request, response, 5, /*lease_ttl_ms=*/std::numeric_limits<int64_t>::max(),
+                    /*next_sync_ms=*/600'000);
+  });
+  EXPECT_EQ(h.client().RunOnce(), sent + absl::Minutes(10));
+  ASSERT_TRUE(budget->TryAcquire());
+  h.clock().Set(sent + absl::Minutes(10) - absl::Milliseconds(1));
+  h.client().RunOnce();
+  EXPECT_TRUE(budget->Stats().lease_active);
+  h.set_handler(Granting(0));
+  h.clock().Set(sent + absl::Minutes(10));
+  h.client().RunOnce();
+  EXPECT_EQ(budget->Stats().tokens_returned, 4u);  // the lease ended: its 4 tokens went back
+  EXPECT_FALSE(budget->TryAcquire());
 }
 
 TEST(BudgetClientTest, GrantThatOutlivedItsTtlInFlightIsReturnedAtOnce) {

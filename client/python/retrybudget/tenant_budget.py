@@ -26,6 +26,8 @@ _PUBLIC_MODE = {LEASED: LEASE, IN_FALLBACK: FALLBACK, IN_DENY_FALLBACK: DENY_FAL
 ANSWERING = "answering"      # no attempt yet, or the last one got a response
 UNREACHABLE = "unreachable"  # the last attempt failed: fall back
 REFUSING = "refusing"        # UNAUTHENTICATED / PERMISSION_DENIED: deny
+# The longest lease a policy allows (BudgetPolicy.lease_ttl_ms); a longer grant is read as this.
+MAX_LEASE_TTL_MS = 600_000
 DOWN = "down"                # unreachable for a refresh period (or the shard has no owner):
                              # a spent lease falls back at once
 
@@ -333,7 +335,8 @@ class TenantBudget:
                                                    grant.safe_share.refill_per_second,
                                                    grant.safe_share.success_credit), received)
                 self._last_safe_share_at = received
-            self._expiry = sent + max(0, grant.lease_ttl_ms) / 1000.0
+            # A TTL above the longest a policy allows (600 s) is read as that.
+            self._expiry = sent + min(max(0, grant.lease_ttl_ms), MAX_LEASE_TTL_MS) / 1000.0
             self._mode = LEASED
             self._error = None
             delay = next_sync_delay(grant.next_sync_ms, policy)
