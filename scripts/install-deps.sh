@@ -16,13 +16,17 @@ packages=(
   # The Go client (client/go); protoc-gen-go{,-grpc} are built from these sources (Debian's protoc-gen-go conflicts with golang-goprotobuf-dev, which etcd's packages need)
   golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-prometheus-client-golang-dev
   python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client python3-venv python3-pip
-  nodejs npm  # the JS client (client/js; its npm packages come from package-lock.json via npm ci)
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm, for the JS client (client/js; its npm packages come from package-lock.json
+# through `npm ci`): Debian's packages only where the commands are missing. A Node.js build that
+# bundles its own npm needs no npm package, and Debian's would conflict with it.
+command -v node > /dev/null 2>&1 || missing+=(nodejs)
+command -v npm > /dev/null 2>&1 || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "installing missing packages: ${missing[*]}"
