@@ -1,27 +1,32 @@
 #!/usr/bin/env python3
-"""mixed-fleet: C++ workers (retry-budget-fleet) and Python worker processes (the retrybudget
-package) on ONE tenant at the same time, against one real server, and DESIGN.md's invariant
-checked on the counts of both:
+"""mixed-fleet: workers of every language on ONE tenant at the same time (C++ workers of
+retry-budget-fleet, Python worker processes of the retrybudget package, Go workers of
+tools/fleet/go_worker and Node workers of tools/fleet/js_worker), against one real server or a
+real cluster, and DESIGN.md's invariant checked on the sum of their own counts:
 
-    retries_allowed(C++) + retries_allowed(Python)
-        <= bound = initial + refill * elapsed + credit * (successes of both)
-                   + fallback_allowance(C++) + fallback_allowance(Python)
+    sum over languages of retries_allowed
+        <= bound = initial + refill * elapsed + credit * (successes of all)
+                   + the fallback allowance of every worker
 
-exactly as fleet_report.cc computes it (BudgetBound, Judge). The driver owns the server (on
-127.0.0.1:0, with a policy file and a data directory, so a restart keeps the buckets): it starts
-the Python workers (each prints `ready`), reads the level (GetBudget: `initial`), starts the
-clock, starts retry-budget-fleet --server=... (which keeps the server's policy) and writes `go`
-to the Python workers. With --kill-server-after=S --restart-after=R it SIGKILLs the server S
-seconds into the run and restarts it R seconds later on the same port. The clock stops when the
-fleet tool and every Python worker have exited. One JSON line on stdout; exit 0 within budget,
-1 over it, 3 no verdict.
+exactly as fleet_report.cc computes it (BudgetBound, Judge). The driver owns the deployment:
+one server on 127.0.0.1:0 with a policy file and a data directory (a restart keeps the buckets),
+or with --cluster=N a real etcd cluster and N servers through tests/support/cluster-under-test.
+It starts the non-C++ workers (each prints `ready`), creates the bucket and reads its level on
+the tenant's server (PutPolicy, GetBudget: `initial`), starts the clock, starts
+retry-budget-fleet --server=TARGET (which keeps the server's policy) and writes `go` to the
+other workers. --kill-server-after=S SIGKILLs the server S seconds into the run (in a cluster:
+the server that owns the tenant's shard) and --restart-after=R starts it again R seconds later
+(on the same port). The clock stops when every process has exited. One JSON line on stdout;
+exit 0 within budget, 1 over it, 3 no verdict.
 
-A Python worker behaves as a fleet-tool worker with --strategy=budget: `--threads` threads make
-logical calls to a simulated backend (`--call-latency`, failing with `--failure-rate`); a failed
-attempt is retried only when try_acquire() allows; a success calls record_success(). Its
-fallback allowance is the sum over its fallback episodes of the local bucket's capacity (at
-least 1 when it refills) + refill * seconds, from the client's own record of the buckets it
-made (TenantBudget.fallback_allowance()).
+Every non-C++ worker speaks one protocol (tools/fleet/README.md, "The mixed fleet"): flags
+--server --tenant --threads --duration --failure-rate --call-latency --seed; `ready`, then `go`
+on stdin; `--threads` loops make logical calls to a simulated backend (`--call-latency`,
+failing with `--failure-rate`), a failed attempt is retried only when the budget's try-acquire
+allows, a success is recorded; then the client is closed (final Sync) and one JSON line of
+counts is printed. Its fallback allowance is the sum over its fallback episodes of the local
+bucket's capacity (at least 1 when it refills) + refill * seconds, from the client's own record
+of the buckets it made (Python: TenantBudget.fallback_allowance()).
 
     PYTHONPATH=build/client/python/gen:client/python python3 tools/fleet/mixed_fleet.py \\
         --server-bin=build/server/retry-budget-server \\
@@ -129,53 +134,171 @@ def run_worker(args) -> int:
 # The driver
 # ---------------------------------------------------------------------------------------------
 
+# The counts every worker of every language reports (its JSON line), summed per language.
+_SUMMED = ("calls", "attempts", "successes", "failures", "retries_allowed", "retries_denied",
+           "lib_retries_allowed", "lib_fallback_allowed", "lib_tokens_held", "fallback_allowance")
+
+
 def policy_text(args) -> str:
     return (f'tenants {{ tenant: "{args.tenant}" policy {{ capacity: {args.capacity} '
             f'refill_per_second: {args.refill} success_credit: {args.credit} '
             f'lease_ttl_ms: {args.lease_ttl_ms} }} }}\n')
 
 
-def run_driver(args) -> int:
-    from retrybudget.testing import ServerProcess
+def admin_call(address: str, method: str, request):
+    """One BudgetAdminService call to one server (HOST:PORT)."""
+    import grpc
+    from retrybudget._proto import budget_pb2_grpc
 
+    with grpc.insecure_channel(address) as channel:
+        stub = budget_pb2_grpc.BudgetAdminServiceStub(channel)
+        return getattr(stub, method)(request, timeout=10)
+
+
+class SingleServer:
+    """The real server on 127.0.0.1:0 with a policy file and a data directory (a restart keeps
+    the buckets). Chaos: kill -9, then a restart on the same port."""
+
+    def __init__(self, args, directory, policy):
+        from retrybudget.testing import ServerProcess
+
+        self.server = ServerProcess(args.server_bin, directory, [f"--policy={policy}"]).start()
+        self.target = self.server.target
+
+    def admin_address(self, tenant: str) -> str:
+        return self.server.target
+
+    def kill(self, tenant: str) -> dict:
+        self.server.kill()
+        return {}
+
+    def restart(self) -> None:
+        self.server.restart()
+
+    def close(self) -> None:
+        self.server.kill()
+
+
+class Cluster:
+    """A real 3-node etcd cluster and N real servers in cluster mode, driven through
+    tests/support/cluster-under-test (the project's one launcher). Chaos: kill -9 of the server
+    that owns the tenant's shard; the others take the shard over once its etcd lease expires."""
+
+    def __init__(self, args, policy):
+        self.process = subprocess.Popen(
+            [args.cluster_bin, f"--server-bin={args.server_bin}", f"--servers={args.cluster}",
+             f"--shards={args.shards}", f"--etcd-lease-ttl={args.etcd_lease_ttl}",
+             f"--policy={policy}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"cluster-under-test exited {self.process.wait()} before serving")
+        self.info = json.loads(line)
+        self.target = self.info["target"]
+        self.killed = []
+
+    def command(self, line: str) -> dict:
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        answer = json.loads(self.process.stdout.readline() or '{"ok":false,"error":"exited"}')
+        if not answer.get("ok"):
+            raise RuntimeError(f"cluster-under-test: {line}: {answer.get('error')}")
+        return answer
+
+    def admin_address(self, tenant: str) -> str:
+        return self.command(f"owner {tenant}")["address"]
+
+    def kill(self, tenant: str) -> dict:
+        owner = self.command(f"owner {tenant}")
+        self.command(f"kill {owner['index']}")
+        self.killed.append(owner["index"])
+        return {"killed_owner": owner["index"]}
+
+    def restart(self) -> None:
+        for index in self.killed:
+            self.command(f"restart {index}")
+        self.killed = []
+
+    def owner_after_kill(self, tenant: str, timeout: float = 30.0) -> int:
+        """The tenant's new owner: the killed server's etcd key stays until its lease runs out,
+        so the owner is read until it is another server."""
+        deadline = time.monotonic() + timeout
+        while True:
+            index = self.command(f"owner {tenant}")["index"]
+            if index not in self.killed or time.monotonic() > deadline:
+                return index
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+                self.process.wait(30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+
+
+def worker_kinds(args):
+    """(language, how many, argv prefix) of every non-C++ worker kind asked for."""
+    kinds = [("python", args.py_workers, args.py_threads,
+              [sys.executable, os.path.abspath(__file__), _WORKER_ROLE])]
+    if args.go_workers:
+        kinds.append(("go", args.go_workers, args.go_threads, [args.go_worker_bin]))
+    if args.js_workers:
+        kinds.append(("js", args.js_workers, args.js_threads, [args.node, args.js_worker]))
+    return [k for k in kinds if k[1] > 0]
+
+
+def run_driver(args) -> int:
     with tempfile.TemporaryDirectory(prefix="mixed-fleet-") as directory:
         policy = os.path.join(directory, "policy.textproto")
         with open(policy, "w") as f:
             f.write(policy_text(args))
-        server = ServerProcess(args.server_bin, directory, [f"--policy={policy}"]).start()
+        deployment = Cluster(args, policy) if args.cluster else SingleServer(args, directory,
+                                                                             policy)
         try:
-            return drive(args, server)
+            return drive(args, deployment)
         finally:
-            server.kill()
+            deployment.close()
 
 
-def drive(args, server) -> int:
-    me = os.path.abspath(__file__)
-    py_workers = []
-    for i in range(args.py_workers):
-        py_workers.append(subprocess.Popen(
-            [sys.executable, me, _WORKER_ROLE, f"--server={server.target}",
-             f"--tenant={args.tenant}", f"--threads={args.py_threads}",
-             f"--duration={args.duration}", f"--failure-rate={args.failure_rate}",
-             f"--call-latency={args.call_latency}", f"--seed={args.seed + i}"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-    for w in py_workers:
+def drive(args, deployment) -> int:
+    from retrybudget._proto import budget_pb2
+
+    workers = []  # (language, Popen)
+    for language, count, threads, prefix in worker_kinds(args):
+        for i in range(count):
+            workers.append((language, subprocess.Popen(
+                prefix + [f"--server={deployment.target}", f"--tenant={args.tenant}",
+                          f"--threads={threads}", f"--duration={args.duration}",
+                          f"--failure-rate={args.failure_rate}",
+                          f"--call-latency={args.call_latency}", f"--seed={args.seed + i}"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)))
+    for language, w in workers:
         if w.stdout.readline().strip() != "ready":
-            print("mixed-fleet: a Python worker failed to start", file=sys.stderr)
+            print(f"mixed-fleet: a {language} worker failed to start", file=sys.stderr)
             return 3
     # The policy file names the tenant (a restarted server reads it again); PutPolicy of the same
-    # policy creates its bucket, whose level is then `initial`.
-    server.put_policy(args.tenant, capacity=args.capacity, refill_per_second=args.refill,
-                      success_credit=args.credit, lease_ttl_ms=args.lease_ttl_ms)
-    initial = server.get_budget(args.tenant).tokens
+    # policy creates its bucket (on the shard's owner, in a cluster), whose level is `initial`.
+    admin = deployment.admin_address(args.tenant)
+    admin_call(admin, "PutPolicy", budget_pb2.PutPolicyRequest(
+        tenant=args.tenant, policy=budget_pb2.BudgetPolicy(
+            capacity=args.capacity, refill_per_second=args.refill, success_credit=args.credit,
+            lease_ttl_ms=args.lease_ttl_ms)))
+    initial = admin_call(admin, "GetBudget",
+                         budget_pb2.GetBudgetRequest(tenant=args.tenant)).budget.tokens
     start = time.monotonic()
-    fleet = subprocess.Popen(
-        [args.fleet_bin, f"--server={server.target}", f"--tenant={args.tenant}",
-         f"--workers={args.cpp_workers}", f"--threads={args.cpp_threads}",
-         f"--duration={args.duration}", f"--failure-rate={args.failure_rate}",
-         f"--call-latency={int(args.call_latency * 1e6)}us", f"--seed={args.seed}"],
-        stdout=subprocess.PIPE, text=True)
-    for w in py_workers:
+    fleet = None
+    if args.cpp_workers > 0:
+        fleet = subprocess.Popen(
+            [args.fleet_bin, f"--server={deployment.target}", f"--tenant={args.tenant}",
+             f"--workers={args.cpp_workers}", f"--threads={args.cpp_threads}",
+             f"--duration={args.duration}", f"--failure-rate={args.failure_rate}",
+             f"--call-latency={int(args.call_latency * 1e6)}us", f"--seed={args.seed}"],
+            stdout=subprocess.PIPE, text=True)
+    for _, w in workers:
         w.stdin.write("go\n")
         w.stdin.flush()
     chaos = {}
@@ -183,48 +306,59 @@ def drive(args, server) -> int:
     if args.kill_server_after is not None:
         def chaos_main():
             time.sleep(max(0.0, start + args.kill_server_after - time.monotonic()))
-            server.kill()
+            chaos.update(deployment.kill(args.tenant))
             chaos["kill_at_seconds"] = time.monotonic() - start
-            time.sleep(args.restart_after)
-            server.restart()
-            chaos["restart_at_seconds"] = time.monotonic() - start
+            if args.cluster:
+                chaos["new_owner"] = deployment.owner_after_kill(args.tenant)
+                chaos["new_owner_at_seconds"] = time.monotonic() - start
+            if args.restart_after is not None:
+                time.sleep(max(0.0, start + args.kill_server_after + args.restart_after
+                               - time.monotonic()))
+                deployment.restart()
+                chaos["restart_at_seconds"] = time.monotonic() - start
         chaos_thread = threading.Thread(target=chaos_main)
         chaos_thread.start()
-    py_lines = []
-    for w in py_workers:
+    lines = {}
+    for language, w in workers:
         out, _ = w.communicate(timeout=args.duration + 60)
         if w.returncode != 0 or not out.strip():
-            print(f"mixed-fleet: a Python worker exited {w.returncode}", file=sys.stderr)
+            print(f"mixed-fleet: a {language} worker exited {w.returncode}", file=sys.stderr)
             return 3
-        py_lines.append(json.loads(out.strip().splitlines()[-1]))
-    fleet_out, _ = fleet.communicate(timeout=args.duration + 60)
+        lines.setdefault(language, []).append(json.loads(out.strip().splitlines()[-1]))
+    cpp = None
+    if fleet is not None:
+        fleet_out, _ = fleet.communicate(timeout=args.duration + 60)
+        if fleet.returncode not in (0, 1) or not fleet_out.strip():
+            print(f"mixed-fleet: retry-budget-fleet exited {fleet.returncode}", file=sys.stderr)
+            return 3
+        cpp = json.loads(fleet_out.strip().splitlines()[-1])
     elapsed = time.monotonic() - start
     if chaos_thread is not None:
         chaos_thread.join()
-    if fleet.returncode not in (0, 1) or not fleet_out.strip():
-        print(f"mixed-fleet: retry-budget-fleet exited {fleet.returncode}", file=sys.stderr)
-        return 3
-    cpp = json.loads(fleet_out.strip().splitlines()[-1])
 
-    py = {k: sum(line[k] for line in py_lines)
-          for k in ("calls", "attempts", "successes", "failures", "retries_allowed",
-                    "retries_denied", "lib_retries_allowed", "lib_fallback_allowed",
-                    "lib_tokens_held", "fallback_allowance")}
-    py["workers"] = len(py_lines)
-    py["threads"] = args.py_threads
-    py["workers_back_on_lease"] = sum(1 for line in py_lines if line["lease_after_fallback"])
-    py["shutdown_status"] = next((line["shutdown_status"] for line in py_lines
-                                  if line["shutdown_status"] != "OK"), "OK")
-    py["max_try_acquire_ms"] = max((line["max_try_acquire_ms"] for line in py_lines),
-                                   default=0)
-    successes = cpp["successes"] + py["successes"]
-    spent = cpp["retries_allowed"] + py["retries_allowed"]
+    parts = {}
+    for language, language_lines in lines.items():
+        part = {k: sum(line[k] for line in language_lines) for k in _SUMMED}
+        part["workers"] = len(language_lines)
+        part["workers_back_on_lease"] = sum(1 for line in language_lines
+                                            if line["lease_after_fallback"])
+        part["shutdown_status"] = next((line["shutdown_status"] for line in language_lines
+                                        if line["shutdown_status"] != "OK"), "OK")
+        part["max_try_acquire_ms"] = max(line["max_try_acquire_ms"] for line in language_lines)
+        parts[language] = part
+    successes = sum(p["successes"] for p in parts.values())
+    spent = sum(p["retries_allowed"] for p in parts.values())
+    fallback_allowance = sum(p["fallback_allowance"] for p in parts.values())
+    if cpp is not None:
+        successes += cpp["successes"]
+        spent += cpp["retries_allowed"]
+        fallback_allowance += cpp["fallback_allowance"]
     # fleet_report.cc: BudgetBound() + the fallback allowance (Judge()).
     lease_bound = initial + args.refill * elapsed + args.credit * successes
-    fallback_allowance = cpp["fallback_allowance"] + py["fallback_allowance"]
     bound = lease_bound + fallback_allowance
     report = {
         "tenant": args.tenant,
+        "deployment": f"cluster of {args.cluster}" if args.cluster else "one server",
         "policy": {"capacity": args.capacity, "refill_per_second": args.refill,
                    "success_credit": args.credit, "lease_ttl_ms": args.lease_ttl_ms,
                    "initial_tokens": initial},
@@ -236,13 +370,15 @@ def drive(args, server) -> int:
         "bound": bound,
         "within_budget": spent <= bound,
         "utilisation": spent / bound if bound > 0 else None,
-        "cpp": {k: cpp.get(k) for k in ("workers", "threads", "calls", "successes",
-                                        "retries_allowed", "retries_denied",
-                                        "fallback_allowance", "max_try_acquire_ms")},
-        "cpp_library": cpp.get("library"),
-        "cpp_fallback": cpp.get("fallback"),
-        "python": py,
+        "languages": (["cpp"] if cpp is not None else []) + list(parts),
     }
+    if cpp is not None:
+        report["cpp"] = {k: cpp.get(k) for k in ("workers", "threads", "calls", "successes",
+                                                 "retries_allowed", "retries_denied",
+                                                 "fallback_allowance", "max_try_acquire_ms")}
+        report["cpp_library"] = cpp.get("library")
+        report["cpp_fallback"] = cpp.get("fallback")
+    report.update(parts)
     if chaos:
         report["chaos"] = chaos
     print(json.dumps(report), flush=True)
@@ -250,17 +386,25 @@ def drive(args, server) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="C++ and Python workers on one retry budget")
+    parser = argparse.ArgumentParser(
+        description="C++, Python, Go and JavaScript workers on one retry budget")
     parser.add_argument(_WORKER_ROLE, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--server-bin", help="retry-budget-server binary")
-    parser.add_argument("--fleet-bin", help="retry-budget-fleet binary")
+    parser.add_argument("--fleet-bin", help="retry-budget-fleet binary (the C++ workers)")
     parser.add_argument("--tenant", default="mixed")
     parser.add_argument("--cpp-workers", type=int, default=2)
     parser.add_argument("--cpp-threads", type=int, default=2)
     parser.add_argument("--py-workers", type=int, default=2)
     parser.add_argument("--py-threads", type=int, default=2)
+    parser.add_argument("--go-worker-bin", help="the Go worker (tools/fleet/go_worker)")
+    parser.add_argument("--go-workers", type=int, default=0)
+    parser.add_argument("--go-threads", type=int, default=2, help="goroutines per Go worker")
+    parser.add_argument("--js-worker", help="the Node worker script (tools/fleet/js_worker)")
+    parser.add_argument("--node", default="node", help="the node binary for --js-worker")
+    parser.add_argument("--js-workers", type=int, default=0)
+    parser.add_argument("--js-threads", type=int, default=2, help="async loops per JS worker")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds")
     parser.add_argument("--failure-rate", type=float, default=1.0)
     parser.add_argument("--call-latency", type=float, default=0.001, help="seconds")
@@ -269,13 +413,29 @@ def main() -> int:
     parser.add_argument("--credit", type=float, default=0.01)
     parser.add_argument("--lease-ttl-ms", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--kill-server-after", type=float, default=None, help="seconds")
-    parser.add_argument("--restart-after", type=float, default=1.0, help="seconds")
+    parser.add_argument("--cluster", type=int, default=0,
+                        help="run N servers on etcd (cluster-under-test) instead of one")
+    parser.add_argument("--cluster-bin", help="tests/support/cluster-under-test binary")
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--etcd-lease-ttl", default="2s")
+    parser.add_argument("--kill-server-after", type=float, default=None,
+                        help="seconds; kill -9 the server (in a cluster: the tenant's owner)")
+    parser.add_argument("--restart-after", type=float, default=None,
+                        help="seconds after the kill; start the killed server again (default: "
+                             "1 s for one server, never in a cluster)")
     args = parser.parse_args()
     if args.worker:
         return run_worker(args)
-    if not args.server_bin or not args.fleet_bin:
+    if not args.server_bin or (args.cpp_workers > 0 and not args.fleet_bin):
         parser.error("--server-bin and --fleet-bin are required")
+    if args.go_workers and not args.go_worker_bin:
+        parser.error("--go-workers needs --go-worker-bin")
+    if args.js_workers and not args.js_worker:
+        parser.error("--js-workers needs --js-worker")
+    if args.cluster and not args.cluster_bin:
+        parser.error("--cluster needs --cluster-bin")
+    if args.restart_after is None and not args.cluster:
+        args.restart_after = 1.0
     return run_driver(args)
 
 
