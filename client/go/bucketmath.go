@@ -31,6 +31,10 @@ const (
 	maxLeaseTTL = 600 * time.Second
 	// maxTenantsPerClient: one Sync carries at most 256 entries (budget.proto).
 	maxTenantsPerClient = 256
+	// creditStepInterval: the longest wait between two steps of a fallback bucket funded by
+	// success credit that is not full (successes are only seen at steps, and credit that waits
+	// while workers run dry is retries denied).
+	creditStepInterval = 50 * time.Millisecond
 )
 
 // farFuture and farPast stand for "never" and "long ago" (absl's InfiniteFuture/Past).
@@ -142,13 +146,16 @@ func wantFor(rate float64, period time.Duration, burst, held uint64) uint64 {
 	return uint64(w)
 }
 
-// bucketShape is a bucket's capacity (tokens) and refill (tokens per second).
+// bucketShape is a bucket's capacity (tokens), refill (tokens per second) and success credit
+// (tokens per success recorded in fallback, not divided: SafeShare.success_credit).
 type bucketShape struct {
-	capacity, refillPerSecond float64
+	capacity, refillPerSecond, successCredit float64
 }
 
+// smaller is the smaller of two shapes in each dimension.
 func (s bucketShape) smaller(o bucketShape) bucketShape {
-	return bucketShape{math.Min(s.capacity, o.capacity), math.Min(s.refillPerSecond, o.refillPerSecond)}
+	return bucketShape{math.Min(s.capacity, o.capacity), math.Min(s.refillPerSecond, o.refillPerSecond),
+		math.Min(s.successCredit, o.successCredit)}
 }
 
 // recentSmallest is the smallest shape noted within the last window: two aligned slots, as
@@ -211,7 +218,13 @@ func sanitize(v, most float64) float64 {
 // the word holds and returns how many whole tokens to add. Starts full at capacity (at least
 // one token when it refills at all), refills at refillPerSecond; tokens taken between two
 // steps count as taken just before the later one, so over a run:
-// handed out <= cap + refill * elapsed.
+// handed out <= cap + refill * elapsed + successCredit * (successes credited).
+//
+// Success-funded fallback: refill also takes the successes recorded since the last step that
+// may be credited here (the caller passes only successes it has put in no request: the server
+// may have applied any request built). Each deposits successCredit, up to the cap; a success
+// whose credit does not fit is not credited here, and the caller reports it to the server as an
+// ordinary success (credited there). So each success is credited once, locally or centrally.
 type fallbackBucket struct {
 	shape bucketShape
 	cap   float64
@@ -222,7 +235,8 @@ type fallbackBucket struct {
 
 func newFallbackBucket(s bucketShape, now time.Time) *fallbackBucket {
 	shape := bucketShape{sanitize(s.capacity, float64(maxLeaseTokens)),
-		sanitize(s.refillPerSecond, float64(maxLeaseTokens))}
+		sanitize(s.refillPerSecond, float64(maxLeaseTokens)),
+		sanitize(s.successCredit, float64(maxLeaseTokens))}
 	c := shape.capacity
 	if shape.refillPerSecond > 0 {
 		c = math.Max(c, 1)
@@ -230,33 +244,57 @@ func newFallbackBucket(s bucketShape, now time.Time) *fallbackBucket {
 	return &fallbackBucket{shape: shape, cap: c, level: shape.capacity, last: now}
 }
 
-func (b *fallbackBucket) refill(now time.Time, held uint64) uint64 {
+// refill is the whole tokens to put into the word at `now`, which holds `held` tokens right
+// now (taken tokens lower it, refunds raise it); the caller deposits exactly that count.
+// `successes` may be credited (see the type comment); credited is how many were: whole
+// successes only, as many as fit below the cap.
+func (b *fallbackBucket) refill(now time.Time, held, successes uint64) (add, credited uint64) {
 	dt := now.Sub(b.last).Seconds()
 	if dt < 0 {
 		dt = 0
 	}
 	b.last = maxTime(b.last, now)
+	// Growth since the last step, as if every take since then happened just now.
 	grown := math.Max(b.level, math.Min(b.cap, b.level+b.shape.refillPerSecond*dt))
 	level := math.Max(grown-float64(b.held)+float64(held), float64(held))
+	// Success credit, whole successes only, up to the cap: those that do not fit stay the
+	// server's to credit.
+	if successes > 0 && b.shape.successCredit > 0 && level < b.cap {
+		room := math.Floor((b.cap-level)/b.shape.successCredit + bucketEpsilon)
+		if room >= float64(successes) {
+			credited = successes
+		} else {
+			credited = uint64(room)
+		}
+		level += float64(credited) * b.shape.successCredit
+	}
+	// The epsilon absorbs rounding in rate * time (a token due at t is there at t).
 	whole := math.Floor(level + bucketEpsilon)
-	var add uint64
 	if whole > float64(held) {
 		add = uint64(whole) - held
 	}
 	b.level = level
 	b.held = held + add
-	return add
+	return add, credited
 }
 
 func (b *fallbackBucket) full() bool {
 	return b.shape.refillPerSecond > 0 && math.Floor(b.level+bucketEpsilon)+1 > b.cap+bucketEpsilon
 }
 
+// nextTokenAt is when the next step is due if nobody takes a token: the next whole token of
+// refill or, for a bucket funded by success credit and not full, at most creditStepInterval
+// away. farFuture when the bucket is full or gains nothing. Valid after refill.
 func (b *fallbackBucket) nextTokenAt() time.Time {
+	creditStep := farFuture
+	if b.shape.successCredit > 0 && b.level+bucketEpsilon < b.cap {
+		creditStep = b.last.Add(creditStepInterval)
+	}
 	if b.shape.refillPerSecond <= 0 || b.full() {
-		return farFuture
+		return creditStep
 	}
 	next := math.Floor(b.level+bucketEpsilon) + 1
 	micros := (next - b.level) / b.shape.refillPerSecond * 1e6
-	return b.last.Add(time.Duration(math.Min(math.Max(1, math.Ceil(micros-1e-3)), 1e15)) * time.Microsecond)
+	return minTime(creditStep,
+		b.last.Add(time.Duration(math.Min(math.Max(1, math.Ceil(micros-1e-3)), 1e15))*time.Microsecond))
 }

@@ -64,7 +64,8 @@ func newClient(o ClientOptions, stub pb.RetryBudgetServiceClient, owners ownerSt
 	c := &Client{opts: o}
 	var ref *refresher
 	c.tenants = newTenantRegistry(o.Clock, func() { ref.wake() },
-		fallbackConfig{mode: o.Fallback, neverReached: bucketShape{o.FallbackCapacity, o.FallbackRefillPerSecond}})
+		fallbackConfig{mode: o.Fallback, neverReached: bucketShape{capacity: o.FallbackCapacity,
+			refillPerSecond: o.FallbackRefillPerSecond}})
 	ref = newRefresher(refresherOptions{
 		logger:      o.Logger,
 		instanceID:  o.InstanceID,

@@ -20,8 +20,8 @@ import (
 const maxOwnerRoutes = 64
 
 // Redirects a tenant follows without a grant in between; past it (a redirect loop, servers
-// disagreeing during a takeover) the tenant is handled as UNAVAILABLE: lease to expiry, then
-// fallback, asked again on the main target a refresh period later.
+// disagreeing during a takeover) the tenant is handled as UNAVAILABLE: the tokens left in its
+// lease are spent, then fallback, asked again on the main target a refresh period later.
 const maxRedirectHops = 4
 
 // The refresher never sleeps longer than this in one go.
@@ -51,20 +51,29 @@ type pendingSync struct {
 
 // syncRoute is one destination: the main target (address "") or one owner.
 type syncRoute struct {
-	address    string
-	stub       pb.RetryBudgetServiceClient
-	close      func()
-	pending    *pendingSync // sent, no response yet
-	lastSend   time.Time
-	retryAt    time.Time
-	failures   int // consecutive failed attempts
-	maxTenants int // per request: the server's limit once it named one in a refusal
-	state      serverState
+	address  string
+	stub     pb.RetryBudgetServiceClient
+	close    func()
+	pending  *pendingSync // sent, no response yet
+	lastSend time.Time
+	retryAt  time.Time
+	failures int // consecutive failed attempts
+	// failingSince: the start of the first of those failed attempts (farFuture while
+	// failures == 0).
+	failingSince time.Time
+	maxTenants   int // per request: the server's limit once it named one in a refusal
+	state        serverState
 }
 
 func newRoute(address string, stub pb.RetryBudgetServiceClient, close func()) *syncRoute {
 	return &syncRoute{address: address, stub: stub, close: close, lastSend: farPast,
-		retryAt: farPast, maxTenants: maxTenantsPerClient}
+		retryAt: farPast, failingSince: farFuture, maxTenants: maxTenantsPerClient}
+}
+
+// answered resets the run of failed attempts.
+func (route *syncRoute) answered() {
+	route.failures = 0
+	route.failingSince = farFuture
 }
 
 // tenantRoute is a tenant that is not simply on the main route.
@@ -102,7 +111,9 @@ const (
 //     reclaimed through tokens_received.
 //   - The last attempt's outcome is the serverState each tenant's step sees: a failure other
 //     than UNAUTHENTICATED / PERMISSION_DENIED means unreachable (tenants whose lease ended
-//     fall back), those two mean refusing (deny), a response means answering. A request the
+//     fall back), and down once the route's run of failed attempts began at least a refresh
+//     period ago (a spent lease falls back at once; one failed attempt never does); those two
+//     codes mean refusing (deny), a response means answering. A request the
 //     server refuses as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
 //     OUT_OF_RANGE) is an answer: split, or its single tenant denied until its next refresh.
 //   - A `stale` response is dropped. Grants apply to the tenants of the request that produced
@@ -122,8 +133,8 @@ const (
 // there in the same step. UNAVAILABLE with no owner, a redirect loop (more than
 // maxRedirectHops redirects without a grant), more than maxOwnerRoutes owners, or an owner
 // route failing for a whole refresh period: the tenant goes back to the main target and counts
-// as unreachable until its next grant (lease to expiry, then the fallback share); it asks
-// again after a refresh period. Without a redirect every tenant is on the main route.
+// as down until its next grant (tokens left in its lease are spent first, then the fallback
+// share); it asks again after a refresh period. Without a redirect every tenant is on the main route.
 //
 // Thread-safe. runOnce is the whole protocol step (tests call it with a FakeClock); start runs
 // it on a goroutine that sleeps (on the Clock) until the next step is due or wake interrupts.
@@ -273,7 +284,7 @@ func (r *refresher) runOnce() time.Time {
 	now := r.clock.Now()
 	nextStep, leaseEnds := farFuture, farFuture
 	for _, t := range tenants {
-		nextStep = minTime(nextStep, t.step(now, r.stateForLocked(t)))
+		nextStep = minTime(nextStep, t.step(now, r.stateForLocked(t, now)))
 		leaseEnds = minTime(leaseEnds, t.leaseEndsAt())
 	}
 	// The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
@@ -313,27 +324,39 @@ func (r *refresher) runOnce() time.Time {
 		next = minTime(next, r.syncDueLocked(g.route, g.tenants))
 	}
 	for _, t := range tenants {
-		next = minTime(next, t.step(now, r.stateForLocked(t)))
+		next = minTime(next, t.step(now, r.stateForLocked(t, now)))
 	}
 	r.updateMetricsLocked(tenants)
 	return next
 }
 
-func (r *refresher) stateForLocked(t *TenantBudget) serverState {
+// stateOf is what `route` says of its server at `now`: down once it has been unreachable for
+// a refresh period.
+func (r *refresher) stateOf(route *syncRoute, now time.Time) serverState {
+	if route.state == unreachable && now.Sub(route.failingSince) >= r.opts.policy.refreshPeriod {
+		return down
+	}
+	return route.state
+}
+
+// stateForLocked is what `t`'s route says of its server at `now`; always down for a tenant
+// parked because no owner can grant.
+func (r *refresher) stateForLocked(t *TenantBudget, now time.Time) serverState {
 	tr, ok := r.routed[t]
 	if !ok {
-		return r.main.state
+		return r.stateOf(r.main, now)
 	}
 	if tr.unavailable {
-		return unreachable
+		// A live server said the shard has no owner that can grant: a failover, not a blip.
+		return down
 	}
 	if tr.owner == "" {
-		return r.main.state
+		return r.stateOf(r.main, now)
 	}
 	if o, ok := r.owners[tr.owner]; ok {
-		return o.state
+		return r.stateOf(o, now)
 	}
-	return r.main.state
+	return r.stateOf(r.main, now)
 }
 
 // groupByRouteLocked is the tenants of each route, the main route first, owners in the order
@@ -536,7 +559,7 @@ func (r *refresher) syncOnceLocked(route *syncRoute, tenants []*TenantBudget, no
 				tr.hops = 0
 				tr.unavailable = true
 			}
-			route.failures = 0
+			route.answered()
 			route.state = answering
 			return outcomeRouteDropped
 		}
@@ -581,7 +604,7 @@ func (r *refresher) syncOnceLocked(route *syncRoute, tenants []*TenantBudget, no
 		// The server answered and refuses this request as a whole; it applied nothing, so the
 		// counters simply go in the next request.
 		route.state = answering
-		route.failures = 0
+		route.answered()
 		refusedReq := route.pending
 		route.pending = nil
 		if size := len(refusedReq.tenants); size > 1 {
@@ -602,6 +625,9 @@ func (r *refresher) syncOnceLocked(route *syncRoute, tenants []*TenantBudget, no
 	}
 	route.state = stateAfter(st.Code())
 	if st.Code() != codes.OK {
+		if route.failures == 0 {
+			route.failingSince = now
+		}
 		route.failures++
 		// Counted from the attempt's start: one that waited out its deadline was its own
 		// backoff.
@@ -616,7 +642,7 @@ func (r *refresher) syncOnceLocked(route *syncRoute, tenants []*TenantBudget, no
 		r.logf("retrybudget: Sync seq %d succeeded after %d failed attempts", in.request.Seq,
 			route.failures)
 	}
-	route.failures = 0
+	route.answered()
 	route.pending = nil
 	if resp.GetStale() {
 		// The server applied a newer seq of this instance: nothing here was applied.
@@ -667,7 +693,8 @@ func (r *refresher) applyResponseLocked(in *pendingSync, resp *pb.SyncResponse, 
 				r.redirectLocked(t, e.GetOwner(), received)
 				continue
 			case code == codes.Unavailable && e.GetOwner() == "":
-				// The shard has no owner that can grant now: lease to expiry, then fallback.
+				// The shard has no owner that can grant now: the tokens left in the lease are
+				// spent, then fallback (down: an empty lease falls back at once).
 				r.parkLocked(t, received)
 				continue
 			case code != codes.OK:
@@ -822,7 +849,7 @@ func (r *refresher) finalSyncRouteLocked(route *syncRoute, tenants []*TenantBudg
 func (r *refresher) sendFinalLocked(route *syncRoute, req *pb.SyncRequest) *status.Status {
 	// With the server answering, each attempt may wait for a connection being re-made; with
 	// it known unreachable, fail fast rather than hold Close for 3 x syncTimeout.
-	waitForReady := route.state != unreachable
+	waitForReady := !route.state.isUnreachable()
 	var st *status.Status
 	for attempt := 1; attempt <= finalSyncAttempts; attempt++ {
 		_, st, _ = r.callSync(route, req, r.opts.syncTimeout, waitForReady, false)

@@ -41,10 +41,18 @@ const (
 type serverState int
 
 const (
-	answering   serverState = iota // no attempt yet, or the last one got a response
-	unreachable                    // the last attempt failed: fall back
-	refusing                       // UNAUTHENTICATED / PERMISSION_DENIED: deny
+	answering serverState = iota // no attempt yet, or the last one got a response
+	// unreachable: the last attempt failed (unavailable, deadline, ...): fall back once the
+	// lease has expired.
+	unreachable
+	// down: unreachable for at least a refresh period (or the tenant's shard has no owner that
+	// can grant): a spent lease falls back at once. Counts as unreachable everywhere.
+	down
+	refusing // UNAUTHENTICATED / PERMISSION_DENIED: deny
 )
+
+// isUnreachable: the server cannot be reached (unreachable or down).
+func (s serverState) isUnreachable() bool { return s == unreachable || s == down }
 
 var tenantNameRE = regexp.MustCompile(`^[A-Za-z0-9._:/-]{1,128}$`)
 
@@ -95,6 +103,13 @@ type TenantBudget struct {
 	lastSafeShareAt time.Time
 	fallback        *fallbackBucket
 	episodes        []fallbackEpisode
+	// Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
+	// request built so far carried (the server may credit all of those), the successes counter
+	// up to which fallback steps have considered crediting, and how many successes the
+	// fallback buckets credited (cumulative, never above the successes counter).
+	successesInRequests      uint64
+	successesConsidered      uint64
+	successesCreditedLocally uint64
 }
 
 func newTenantBudget(name string, waker func(), created time.Time, fb fallbackConfig) *TenantBudget {
@@ -168,17 +183,18 @@ func (t *TenantBudget) Stats() TenantStats {
 	defer t.mu.Unlock()
 	held := t.lease.held()
 	return TenantStats{
-		Successes:       t.successes.Load(),
-		RetriesAllowed:  t.ledger.exactSpent(held),
-		RetriesDenied:   t.denied.Load(),
-		FallbackAllowed: t.ledger.exactFallbackSpent(held),
-		TokensReceived:  t.ledger.tokensReceived(),
-		TokensReturned:  t.ledger.tokensReturned(),
-		TokensHeld:      int64(held),
-		Refunds:         t.refunds.Load(),
-		LeaseActive:     t.mode == leased && t.lease.open(),
-		Mode:            publicMode(t.mode),
-		Err:             t.err,
+		Successes:                t.successes.Load(),
+		RetriesAllowed:           t.ledger.exactSpent(held),
+		RetriesDenied:            t.denied.Load(),
+		FallbackAllowed:          t.ledger.exactFallbackSpent(held),
+		TokensReceived:           t.ledger.tokensReceived(),
+		TokensReturned:           t.ledger.tokensReturned(),
+		TokensHeld:               int64(held),
+		Refunds:                  t.refunds.Load(),
+		SuccessesCreditedLocally: t.successesCreditedLocally,
+		LeaseActive:              t.mode == leased && t.lease.open(),
+		Mode:                     publicMode(t.mode),
+		Err:                      t.err,
 	}
 }
 
@@ -271,7 +287,8 @@ func (t *TenantBudget) enterFallbackLocked(now time.Time) {
 	t.fallback = newFallbackBucket(shape, now)
 	t.episodes = append(t.episodes, fallbackEpisode{cap: t.fallback.cap,
 		refill: t.fallback.shape.refillPerSecond, start: now})
-	first := t.fallback.refill(now, 0)
+	first, credited := t.fallback.refill(now, 0, t.creditableSuccessesLocked())
+	t.successesCreditedLocally += credited
 	withdrawn := t.lease.replace(first, t.fallbackMarkLocked())
 	t.ledger.withdrew(withdrawn, 0) // leased tokens (or raced-in refunds): returned
 	t.ledger.switchTo(sourceFallback)
@@ -279,8 +296,26 @@ func (t *TenantBudget) enterFallbackLocked(now time.Time) {
 	t.mode = inFallback
 }
 
+// creditableSuccessesLocked is the successes recorded since the last fallback step that no
+// request built so far carries (the server may have applied any request built, so only later
+// successes may be credited by the fallback bucket); marks them as considered.
+func (t *TenantBudget) creditableSuccessesLocked() uint64 {
+	successes := t.successes.Load()
+	from := t.successesInRequests
+	if t.successesConsidered > from {
+		from = t.successesConsidered
+	}
+	if successes > t.successesConsidered {
+		t.successesConsidered = successes
+	}
+	return subU64(successes, from)
+}
+
+// refillFallbackLocked puts the tokens the fallback bucket owes into the word, with the credit
+// of the successes that may be credited locally; returns when the next step is due.
 func (t *TenantBudget) refillFallbackLocked(now time.Time) time.Time {
-	add := t.fallback.refill(now, t.lease.held())
+	add, credited := t.fallback.refill(now, t.lease.held(), t.creditableSuccessesLocked())
+	t.successesCreditedLocally += credited
 	// Deposit even 0 tokens: it sets the low-water mark for the new level.
 	t.ledger.fallbackDeposited(t.lease.deposit(add, t.fallbackMarkLocked()))
 	return t.fallback.nextTokenAt()
@@ -294,17 +329,30 @@ func (t *TenantBudget) enterFallbackAndRefillLocked(now time.Time) time.Time {
 	return farFuture
 }
 
-// step is one refresher step at `now`: ends a lease at its expiry, enters, refills or leaves
-// fallback. Returns when this tenant next needs a step.
+// step is one refresher step at `now`, given what the last Sync attempt said of the server:
+// ends a lease at its expiry; with no lease in force and the server unreachable, or with the
+// lease spent (no token held) and the server down, enters fallback (the local bucket, or
+// deny); in fallback, refills the word from the local bucket; with the server refusing the
+// client, leaves fallback (deny); withdraws tokens refunded into a closed word. Returns when
+// this tenant next needs a step.
 func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch t.mode {
 	case leased:
 		if now.Before(t.expiry) {
-			return t.expiry
+			if server != down || t.lease.held() > 0 {
+				return t.expiry
+			}
+			// The lease is spent and the server has been unreachable for a while: fall back
+			// now instead of denying every retry until the lease's expiry. Nothing is counted
+			// twice: the lease holds no token, and the fallback bucket is the instance's share
+			// of the budget for the time the server is down (what it spends is
+			// fallback_spent). A blip (one failed Sync) is not "down", so lost responses do
+			// not open fallback buckets.
+			return t.enterFallbackAndRefillLocked(now)
 		}
-		if server == unreachable {
+		if server.isUnreachable() {
 			// The lease ran out while the server cannot be reached: fall back (the leased
 			// tokens left are returned in the next Sync that gets through).
 			return t.enterFallbackAndRefillLocked(now)
@@ -325,7 +373,7 @@ func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 	if t.mode == inDenyFallback && server == refusing {
 		t.mode = expired
 	}
-	if (t.mode == awaitingLease || t.mode == expired) && server == unreachable {
+	if (t.mode == awaitingLease || t.mode == expired) && server.isUnreachable() {
 		return t.enterFallbackAndRefillLocked(now)
 	}
 	// A closed word: tokens can only be there from a Refund racing a withdrawal. They cannot
@@ -345,6 +393,11 @@ func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 	out.TokensReturned = t.ledger.tokensReturned()
 	out.TokensReceived = t.ledger.tokensReceived()
 	out.FallbackSpent = t.ledger.reportedFallbackSpent()
+	out.SuccessesCreditedLocally = t.successesCreditedLocally
+	// From now on the server may credit every success this request carries.
+	if out.Successes > t.successesInRequests {
+		t.successesInRequests = out.Successes
+	}
 }
 
 // fillSync fills the entry of a NEW request built at `now`.
@@ -394,7 +447,8 @@ func (t *TenantBudget) applyGrant(g *pb.TenantGrant, sentEntry *pb.TenantSync, s
 	}
 	t.ledger.received(granted, deposited)
 	if s := g.GetSafeShare(); s != nil {
-		t.safeShares.note(bucketShape{s.GetCapacity(), s.GetRefillPerSecond()}, received)
+		t.safeShares.note(bucketShape{s.GetCapacity(), s.GetRefillPerSecond(), s.GetSuccessCredit()},
+			received)
 		t.lastSafeShareAt = received
 	}
 	ttl := time.Duration(0)

@@ -14,11 +14,11 @@ const (
 	ModeNoLease Mode = iota
 	// ModeLease: a lease from the server is in force.
 	ModeLease
-	// ModeFallback: the server is unreachable and no lease is in force: tokens come from the
-	// local fallback bucket.
+	// ModeFallback: the server is unreachable and no lease is in force, or the lease holds
+	// no token and the server is down (unreachable for a refresh period, or the tenant's shard
+	// has no owner): tokens come from the local fallback bucket.
 	ModeFallback
-	// ModeDenyFallback: the server is unreachable, no lease is in force, and
-	// ClientOptions.Fallback is FallbackDeny.
+	// ModeDenyFallback: as ModeFallback, with ClientOptions.Fallback FallbackDeny: deny.
 	ModeDenyFallback
 )
 
@@ -63,8 +63,11 @@ type TenantStats struct {
 	TokensReturned  uint64 // given back unspent
 	TokensHeld      int64  // in the lease right now
 	Refunds         uint64 // Refund calls (already deducted from RetriesAllowed)
-	LeaseActive     bool   // a lease from the server is in force
-	Mode            Mode
+	// Of Successes, those whose credit (SafeShare.success_credit) went into this process's
+	// fallback bucket (TenantSync.successes_credited_locally); the server credits the others.
+	SuccessesCreditedLocally uint64
+	LeaseActive              bool // a lease from the server is in force
+	Mode                     Mode
 	// Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict
 	// server); nil when the last answer for it was a grant or none came yet.
 	Err error

@@ -209,8 +209,14 @@ func TestClusterRedirectsToOwnersAndSurvivesAKillOfOne(t *testing.T) {
 		}
 		// The invariant, counting what this process really spent.
 		checkBound(t, s.RetriesAllowed, capacity, refill, credit, elapsed, successes[name].Load(), allowances[name])
-		if float64(s.FallbackAllowed) > allowances[name] {
-			t.Fatalf("%s: fallback allowed %d over its allowance %.2f", name, s.FallbackAllowed, allowances[name])
+		// The fallback bucket's share (capacity + refill) and the credit of the successes it
+		// credited (success-funded fallback).
+		if s.SuccessesCreditedLocally > s.Successes {
+			t.Fatalf("%s: %d successes credited locally of %d", name, s.SuccessesCreditedLocally, s.Successes)
+		}
+		if most := allowances[name] + credit*float64(s.SuccessesCreditedLocally); float64(s.FallbackAllowed) > most {
+			t.Fatalf("%s: fallback allowed %d over its allowance %.2f + the credit of %d successes", name,
+				s.FallbackAllowed, allowances[name], s.SuccessesCreditedLocally)
 		}
 		// The owner's own totals never exceed what was spent.
 		st := getBudget(t, cl.do("owner "+name).Address, name)

@@ -14,20 +14,21 @@ import (
 )
 
 type workerLine struct {
-	Calls              int64   `json:"calls"`
-	Attempts           int64   `json:"attempts"`
-	Successes          int64   `json:"successes"`
-	Failures           int64   `json:"failures"`
-	RetriesAllowed     int64   `json:"retries_allowed"`
-	RetriesDenied      int64   `json:"retries_denied"`
-	LibRetriesAllowed  uint64  `json:"lib_retries_allowed"`
-	LibFallbackAllowed uint64  `json:"lib_fallback_allowed"`
-	LibTokensHeld      int64   `json:"lib_tokens_held"`
-	FallbackAllowance  float64 `json:"fallback_allowance"`
-	SawFallback        bool    `json:"saw_fallback"`
-	LeaseAfterFallback bool    `json:"lease_after_fallback"`
-	ShutdownStatus     string  `json:"shutdown_status"`
-	MaxTryAcquireMs    float64 `json:"max_try_acquire_ms"`
+	Calls                       int64   `json:"calls"`
+	Attempts                    int64   `json:"attempts"`
+	Successes                   int64   `json:"successes"`
+	Failures                    int64   `json:"failures"`
+	RetriesAllowed              int64   `json:"retries_allowed"`
+	RetriesDenied               int64   `json:"retries_denied"`
+	LibRetriesAllowed           uint64  `json:"lib_retries_allowed"`
+	LibFallbackAllowed          uint64  `json:"lib_fallback_allowed"`
+	LibTokensHeld               int64   `json:"lib_tokens_held"`
+	LibSuccessesCreditedLocally uint64  `json:"lib_successes_credited_locally"`
+	FallbackAllowance           float64 `json:"fallback_allowance"`
+	SawFallback                 bool    `json:"saw_fallback"`
+	LeaseAfterFallback          bool    `json:"lease_after_fallback"`
+	ShutdownStatus              string  `json:"shutdown_status"`
+	MaxTryAcquireMs             float64 `json:"max_try_acquire_ms"`
 }
 
 // runWorker starts the fleet worker, waits for "ready", sends `input` and returns its stdout.
@@ -68,6 +69,22 @@ func TestWorkerFleetProtocolCountsWhatTheServerCounts(t *testing.T) {
 	var w workerLine
 	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &w); err != nil {
 		t.Fatalf("not one JSON line: %q (%v)", out, err)
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &fields); err != nil {
+		t.Fatalf("not one JSON object: %q (%v)", out, err)
+	}
+	for _, f := range []string{"calls", "attempts", "successes", "failures", "retries_allowed",
+		"retries_denied", "lib_retries_allowed", "lib_fallback_allowed", "lib_tokens_held",
+		"lib_successes_credited_locally", "fallback_allowance", "saw_fallback",
+		"lease_after_fallback", "shutdown_status", "max_try_acquire_ms"} {
+		if _, ok := fields[f]; !ok {
+			t.Fatalf("field %q missing from %s", f, out)
+		}
+	}
+	// Of the successes, those credited to a fallback bucket (none unless it fell back).
+	if w.LibSuccessesCreditedLocally > uint64(w.Successes) {
+		t.Fatalf("credited locally %d > successes %d", w.LibSuccessesCreditedLocally, w.Successes)
 	}
 	t.Logf("worker: %s", strings.TrimSpace(out))
 	st := getBudget(t, s.target(), tenant)

@@ -37,14 +37,17 @@ type counts struct {
 
 type report struct {
 	counts
-	LibRetriesAllowed  uint64  `json:"lib_retries_allowed"`
-	LibFallbackAllowed uint64  `json:"lib_fallback_allowed"`
-	LibTokensHeld      int64   `json:"lib_tokens_held"`
-	FallbackAllowance  float64 `json:"fallback_allowance"`
-	SawFallback        bool    `json:"saw_fallback"`
-	LeaseAfterFallback bool    `json:"lease_after_fallback"`
-	ShutdownStatus     string  `json:"shutdown_status"`
-	MaxTryAcquireMs    float64 `json:"max_try_acquire_ms"`
+	LibRetriesAllowed  uint64 `json:"lib_retries_allowed"`
+	LibFallbackAllowed uint64 `json:"lib_fallback_allowed"`
+	LibTokensHeld      int64  `json:"lib_tokens_held"`
+	// Of the successes, those whose credit went into this process's fallback bucket
+	// (TenantStats.SuccessesCreditedLocally; the server credits the others).
+	LibSuccessesCreditedLocally uint64  `json:"lib_successes_credited_locally"`
+	FallbackAllowance           float64 `json:"fallback_allowance"`
+	SawFallback                 bool    `json:"saw_fallback"`
+	LeaseAfterFallback          bool    `json:"lease_after_fallback"`
+	ShutdownStatus              string  `json:"shutdown_status"`
+	MaxTryAcquireMs             float64 `json:"max_try_acquire_ms"`
 }
 
 func main() {
@@ -166,15 +169,16 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 	}
 	stats := budget.Stats()
 	out, _ := json.Marshal(report{
-		counts:             total,
-		LibRetriesAllowed:  stats.RetriesAllowed,
-		LibFallbackAllowed: stats.FallbackAllowed,
-		LibTokensHeld:      stats.TokensHeld,
-		FallbackAllowance:  budget.FallbackAllowance(clock.Now()),
-		SawFallback:        sawFallback,
-		LeaseAfterFallback: leaseAfter,
-		ShutdownStatus:     shutdown,
-		MaxTryAcquireMs:    float64(maxTry) / float64(time.Millisecond),
+		counts:                      total,
+		LibRetriesAllowed:           stats.RetriesAllowed,
+		LibFallbackAllowed:          stats.FallbackAllowed,
+		LibTokensHeld:               stats.TokensHeld,
+		LibSuccessesCreditedLocally: stats.SuccessesCreditedLocally,
+		FallbackAllowance:           budget.FallbackAllowance(clock.Now()),
+		SawFallback:                 sawFallback,
+		LeaseAfterFallback:          leaseAfter,
+		ShutdownStatus:              shutdown,
+		MaxTryAcquireMs:             float64(maxTry) / float64(time.Millisecond),
 	})
 	fmt.Println(string(out))
 	return 0
