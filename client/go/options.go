@@ -45,9 +45,11 @@ type ClientOptions struct {
 	Clock Clock
 
 	// Fallback is what a tenant does once its lease expired (or it never had one) and the
-	// last Sync attempt failed with anything but UNAUTHENTICATED or PERMISSION_DENIED. It
-	// stays there until a response grants it a lease again; the next Sync reports the retries
-	// allowed in fallback. A lease still in force is spent first, to its expiry.
+	// last Sync attempt failed with anything but UNAUTHENTICATED or PERMISSION_DENIED, or
+	// once its lease holds no token and the server has been unreachable for RefreshPeriod
+	// (or its shard has no owner). It stays there until a response grants it a lease again;
+	// the next Sync reports the retries allowed in fallback. A lease with tokens left is
+	// spent first; one failed Sync never opens a fallback bucket.
 	Fallback FallbackMode
 	// The local bucket of a tenant the server never answered for, per process: starts full
 	// at FallbackCapacity, refilled at FallbackRefillPerSecond. Defaults 1 and 0.1 (one retry

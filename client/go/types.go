@@ -40,7 +40,8 @@ func (m Mode) String() string {
 
 var allModes = []Mode{ModeNoLease, ModeLease, ModeFallback, ModeDenyFallback}
 
-// FallbackMode is what a client does once the server is unreachable and its lease expired.
+// FallbackMode is what a client does once the server is unreachable and its lease expired
+// (or is spent with the server down; see ClientOptions.Fallback).
 type FallbackMode int
 
 const (
