@@ -238,8 +238,12 @@ ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant, absl::Time
   if (routed_.empty()) return StateOf(main_, now);
   const auto it = routed_.find(tenant);
   if (it == routed_.end()) return StateOf(main_, now);
-  // A live server said the shard has no owner that can grant: a failover, not a blip.
-  if (it->second.unavailable) return ServerState::kDown;
+  // A live server said the shard has no owner that can grant: a failover once it lasts.
+  if (it->second.unavailable) {
+    return now - it->second.unavailable_since >= options_.policy.refresh_period
+               ? ServerState::kDown
+               : ServerState::kUnreachable;
+  }
   if (it->second.owner.empty()) return StateOf(main_, now);
   const auto owner = owners_.find(it->second.owner);
   return owner == owners_.end() ? StateOf(main_, now) : StateOf(*owner->second, now);
@@ -321,6 +325,7 @@ void Refresher::RedirectLocked(TenantBudgetImpl* tenant, const std::string& owne
   }
   route.owner = owner;
   route.unavailable = false;
+  route.unavailable_since = absl::InfiniteFuture();
   redirected_ = true;
   tenant->SyncAgainAt(absl::InfinitePast());  // at once, on the owner's route
 }
@@ -329,6 +334,7 @@ void Refresher::ParkLocked(TenantBudgetImpl* tenant, absl::Time received) {
   TenantRoute& route = routed_[tenant];
   route.owner.clear();
   route.hops = 0;
+  if (!route.unavailable) route.unavailable_since = received;
   route.unavailable = true;
   tenant->SyncAgainAt(received + options_.policy.refresh_period);
 }
@@ -379,6 +385,8 @@ Refresher::SyncOutcome Refresher::SyncOnceLocked(Route& route,
         TenantRoute& moved = routed_[tenant];
         moved.owner.clear();
         moved.hops = 0;
+        // Unreachable since the owner's first failure: already down for a refresh period.
+        if (!moved.unavailable) moved.unavailable_since = route.failing_since;
         moved.unavailable = true;
       }
       route.failures = 0;
@@ -545,6 +553,7 @@ void Refresher::ApplyResponseLocked(const Pending& pending, const v1::SyncRespon
       if (const auto it = routed_.find(pending.tenants[i]); it != routed_.end()) {
         it->second.hops = 0;
         it->second.unavailable = false;
+        it->second.unavailable_since = absl::InfiniteFuture();
       }
     }
   }

@@ -169,13 +169,16 @@ class Refresher final : public SyncWaker {
     std::string owner;         // "" : the main target
     int hops = 0;              // redirects since the last grant
     bool unavailable = false;  // no owner could grant: unreachable until a grant
+    // Since when (InfiniteFuture while not unavailable): down once a refresh period old, so a
+    // shard without an owner for a moment (shards moving while servers join) is a blip.
+    absl::Time unavailable_since = absl::InfiniteFuture();
   };
 
   // The tenants of each route (main first); only called once a redirect was seen.
   std::vector<std::pair<Route*, std::vector<TenantBudgetImpl*>>> GroupByRouteLocked(
       const std::vector<TenantBudgetImpl*>& tenants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What `tenant`'s route says of its server at `now`: kDown once it has been unreachable for
-  // a refresh period (and for a tenant parked because its shard has no owner).
+  // a refresh period (or the tenant parked, its shard without an owner, for a refresh period).
   ServerState StateForLocked(const TenantBudgetImpl* tenant, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ServerState StateOf(const Route& route, absl::Time now) const;

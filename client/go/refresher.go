@@ -81,6 +81,9 @@ type tenantRoute struct {
 	owner       string // "": the main target
 	hops        int    // redirects since the last grant
 	unavailable bool   // no owner could grant: unreachable until a grant
+	// unavailableSince: since when (farFuture while not unavailable); down once a refresh
+	// period old, so a shard without an owner for a moment (shards moving) is a blip.
+	unavailableSince time.Time
 }
 
 type routeGroup struct {
@@ -339,16 +342,19 @@ func (r *refresher) stateOf(route *syncRoute, now time.Time) serverState {
 	return route.state
 }
 
-// stateForLocked is what `t`'s route says of its server at `now`; always down for a tenant
-// parked because no owner can grant.
+// stateForLocked is what `t`'s route says of its server at `now`; down for a tenant parked
+// because no owner can grant once it has been parked for a refresh period.
 func (r *refresher) stateForLocked(t *TenantBudget, now time.Time) serverState {
 	tr, ok := r.routed[t]
 	if !ok {
 		return r.stateOf(r.main, now)
 	}
 	if tr.unavailable {
-		// A live server said the shard has no owner that can grant: a failover, not a blip.
-		return down
+		// A live server said the shard has no owner that can grant: a failover once it lasts.
+		if now.Sub(tr.unavailableSince) >= r.opts.policy.refreshPeriod {
+			return down
+		}
+		return unreachable
 	}
 	if tr.owner == "" {
 		return r.stateOf(r.main, now)
@@ -450,6 +456,7 @@ func (r *refresher) redirectLocked(t *TenantBudget, owner string, received time.
 	}
 	tr.owner = owner
 	tr.unavailable = false
+	tr.unavailableSince = farFuture
 	r.redirected = true
 	t.syncAgainAt(farPast) // at once, on the owner's route
 }
@@ -458,6 +465,9 @@ func (r *refresher) parkLocked(t *TenantBudget, received time.Time) {
 	tr := r.routeOfLocked(t)
 	tr.owner = ""
 	tr.hops = 0
+	if !tr.unavailable {
+		tr.unavailableSince = received
+	}
 	tr.unavailable = true
 	t.syncAgainAt(received.Add(r.opts.policy.refreshPeriod))
 }
@@ -557,6 +567,10 @@ func (r *refresher) syncOnceLocked(route *syncRoute, tenants []*TenantBudget, no
 				tr := r.routeOfLocked(t)
 				tr.owner = ""
 				tr.hops = 0
+				if !tr.unavailable {
+					// Unreachable since the owner's first failure: down for a refresh period.
+					tr.unavailableSince = route.failingSince
+				}
 				tr.unavailable = true
 			}
 			route.answered()
@@ -708,6 +722,7 @@ func (r *refresher) applyResponseLocked(in *pendingSync, resp *pb.SyncResponse, 
 		if tr, ok := r.routed[t]; ok {
 			tr.hops = 0
 			tr.unavailable = false
+			tr.unavailableSince = farFuture
 		}
 	}
 }

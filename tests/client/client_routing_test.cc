@@ -148,6 +148,27 @@ TEST_F(RoutingTest, ShardWithoutOwnerKeepsTheLeaseThenFallsBack) {
   EXPECT_FALSE(cluster_.requests_to(kS3).empty());
 }
 
+TEST_F(RoutingTest, ASpentLeaseWhoseShardHasNoOwnerFallsBackOnlyOnceThatLastsARefreshPeriod) {
+  cluster_.SetOwner("a", kS2);
+  TenantBudget* a = client_->Tenant("a").value();
+  client_->RunOnce();  // leased by s2 for 1 s
+  ASSERT_EQ(a->Stats().mode, BudgetMode::kLease);
+  while (a->TryAcquire()) {
+  }
+  cluster_.SetOwner("a", "");  // no owner for a moment (shards moving)
+  clock_.Advance(absl::Milliseconds(10));
+  client_->RunOnce();
+  // Parked, but not down yet: a shard without an owner for a moment opens no fallback bucket.
+  EXPECT_EQ(a->Stats().mode, BudgetMode::kLease);
+  EXPECT_EQ(a->Stats().fallback_allowed, 0u);
+  // Still without an owner a refresh period later: a failover, and the spent lease falls back
+  // long before its expiry (1 s).
+  clock_.Advance(absl::Milliseconds(200));
+  client_->RunOnce();
+  EXPECT_EQ(a->Stats().mode, BudgetMode::kFallback);
+  EXPECT_TRUE(a->TryAcquire());
+}
+
 TEST_F(RoutingTest, RedirectLoopIsBoundedPerRefresh) {
   cluster_.SetOwner("a", kS2);
   cluster_.SetClaim(kS2, "a", kMain);  // s1 says s2, s2 says s1

@@ -348,7 +348,8 @@ test('a redirect moves the tenant to its owner in the same step; loops, garbage 
     return grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: `127.0.0.1:${7100 + (hop++ % 2)}` } });
   });
   assert.ok(loop.sent.length <= MAX_REDIRECT_HOPS + 1, `${loop.sent.length} sends`);
-  assert.equal(l.engine.stateFor(b), 'down'); // parked
+  assert.equal(l.engine.stateFor(b), 'unreachable'); // parked: down once that lasts
+  assert.equal(l.engine.stateFor(b, l.engine.clock() + 0.2), 'down'); // a refresh period later
   l.step(unavailable);
   assert.equal(b.mode, 'fallback'); // never fail open, never crash
 
@@ -356,7 +357,8 @@ test('a redirect moves the tenant to its owner in the same step; loops, garbage 
   const c = g.add('c');
   const garbage = g.step((plan) => grants(plan, { error: { code: Status.FAILED_PRECONDITION, message: '', owner: 'not an address\n' } }));
   assert.equal(garbage.sent.length, 1);
-  assert.equal(g.engine.stateFor(c), 'down');
+  assert.equal(g.engine.stateFor(c), 'unreachable'); // parked
+  assert.equal(g.engine.stateFor(c, g.engine.clock() + 0.2), 'down');
 
   const u = rig();
   const d = u.add('d');
@@ -465,7 +467,8 @@ test('at most MAX_OWNER_ROUTES owner routes: a redirect to one more parks the te
     : grants(plan, { granted: 1 })));
   assert.equal(r.engine.owners.size, MAX_OWNER_ROUTES);
   assert.equal(ts.filter((t) => t.mode === 'lease').length, MAX_OWNER_ROUTES);
-  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES]), 'down'); // parked, never fail open
+  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES]), 'unreachable'); // parked, never fail open
+  assert.equal(r.engine.stateFor(ts[MAX_OWNER_ROUTES], r.engine.clock() + 0.2), 'down');
 });
 
 test('a spent lease falls back once the server has been down for a refresh period; a blip does not', () => {

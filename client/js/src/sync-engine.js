@@ -87,6 +87,9 @@ class TenantRoute {
     this.owner = null;
     this.hops = 0; // redirects since the last grant
     this.unavailable = false; // no owner could grant: unreachable until a grant
+    // Since when: down once a refresh period old (a shard without an owner for a moment, while
+    // servers join, is a blip).
+    this.unavailableSince = INFINITE_FUTURE;
   }
 }
 
@@ -154,7 +157,10 @@ export class SyncEngine {
     if (this.routed.size === 0) return this.stateOf(this.main, now);
     const r = this.routed.get(tenant);
     if (r === undefined) return this.stateOf(this.main, now);
-    if (r.unavailable) return DOWN; // a live server said the shard has no owner: a failover, not a blip
+    // A live server said the shard has no owner: a failover once it lasts a refresh period.
+    if (r.unavailable) {
+      return now - r.unavailableSince >= this.policy.refreshPeriod ? DOWN : UNREACHABLE;
+    }
     const route = r.owner !== null ? this.owners.get(r.owner) : undefined;
     return this.stateOf(route ?? this.main, now);
   }
@@ -249,7 +255,8 @@ export class SyncEngine {
       if (route.address !== null) {
         // An owner that cannot be reached: its tenants go back to the main target.
         this.log('error', `retrybudget: owner ${route.address} unreachable for a refresh period; its tenants go back to the main target`);
-        for (const t of tenants) this.park(t, null);
+        // Unreachable since the owner's first failure: already down for a refresh period.
+        for (const t of tenants) this.park(t, null, route.failingSince);
         route.failures = 0;
         route.failingSince = INFINITE_FUTURE;
         route.serverState = ANSWERING;
@@ -378,11 +385,12 @@ export class SyncEngine {
     if (!this.owners.has(owner)) this.owners.set(owner, new Route(owner));
     r.owner = owner;
     r.unavailable = false;
+    r.unavailableSince = INFINITE_FUTURE;
     this.redirected = true;
     tenant.syncAgainAt(INFINITE_PAST); // at once, on the owner's route
   }
 
-  park(tenant, received) {
+  park(tenant, received, since = null) {
     let r = this.routed.get(tenant);
     if (r === undefined) {
       r = new TenantRoute();
@@ -390,6 +398,7 @@ export class SyncEngine {
     }
     r.owner = null;
     r.hops = 0;
+    if (!r.unavailable) r.unavailableSince = since ?? received ?? this.clock();
     r.unavailable = true;
     if (received !== null) tenant.syncAgainAt(received + this.policy.refreshPeriod);
   }
@@ -435,6 +444,7 @@ export class SyncEngine {
       if (r !== undefined) {
         r.hops = 0;
         r.unavailable = false;
+        r.unavailableSince = INFINITE_FUTURE;
       }
     }
   }

@@ -103,6 +103,9 @@ class _TenantRoute:
         self.owner: Optional[str] = None
         self.hops = 0  # redirects since the last grant
         self.unavailable = False  # no owner could grant: unreachable until a grant
+        # Since when: down once a refresh period old (a shard without an owner for a moment,
+        # while servers join, is a blip).
+        self.unavailable_since = INFINITE_FUTURE
 
 
 @dataclass
@@ -159,8 +162,8 @@ class SyncEngine:
         r = self._routed.get(tenant)
         if r is None:
             return self._state_of(self._main, now)
-        if r.unavailable:
-            return DOWN  # a live server said the shard has no owner: a failover, not a blip
+        if r.unavailable:  # a live server said the shard has no owner: a failover once it lasts
+            return DOWN if now - r.unavailable_since >= self.policy.refresh_period else UNREACHABLE
         route = self._owners.get(r.owner) if r.owner else None
         return self._state_of(route or self._main, now)
 
@@ -247,8 +250,8 @@ class SyncEngine:
                 # An owner that cannot be reached: its tenants go back to the main target.
                 _log.error("retrybudget: owner %s unreachable for a refresh period; its tenants "
                            "go back to the main target", route.address)
-                for t in tenants:
-                    self._park(t, None)
+                for t in tenants:  # unreachable since the owner's first failure
+                    self._park(t, None, since=route.failing_since)
                 route.failures = 0
                 route.failing_since = INFINITE_FUTURE
                 route.server_state = ANSWERING
@@ -326,13 +329,17 @@ class SyncEngine:
             self._owners[owner] = _Route(owner)
         r.owner = owner
         r.unavailable = False
+        r.unavailable_since = INFINITE_FUTURE
         self._redirected = True
         tenant.sync_again_at(INFINITE_PAST)  # at once, on the owner's route
 
-    def _park(self, tenant, received: Optional[float]) -> None:
+    def _park(self, tenant, received: Optional[float], since: Optional[float] = None) -> None:
         r = self._routed.setdefault(tenant, _TenantRoute())
         r.owner = None
         r.hops = 0
+        if not r.unavailable:
+            r.unavailable_since = since if since is not None else (
+                received if received is not None else self._clock())
         r.unavailable = True
         if received is not None:
             tenant.sync_again_at(received + self.policy.refresh_period)
@@ -372,6 +379,7 @@ class SyncEngine:
             if r is not None:
                 r.hops = 0
                 r.unavailable = False
+                r.unavailable_since = INFINITE_FUTURE
 
     def end_step(self) -> float:
         """Steps the tenants again with the attempts' outcomes; returns the next step's time."""
