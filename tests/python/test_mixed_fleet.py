@@ -76,11 +76,15 @@ def expect_every_language_counted_and_within(code, r, languages):
 
 def expect_fallback_within_allowance_and_back_on_lease(r, languages):
     fallback_spent = r["cpp_fallback"]["library_fallback_allowed"]
-    assert r["cpp_fallback"]["library_fallback_allowed"] <= r["cpp"]["fallback_allowance"]
+    # Within the share's allowance plus what the part's own successes deposited (success-funded
+    # fallback; that credit is already in the bound's credit * successes).
+    assert fallback_spent <= (r["cpp_fallback"]["allowance"]
+                              + r["cpp_fallback"]["success_credit_deposited"]), r["cpp_fallback"]
     assert r["cpp_fallback"]["workers_back_on_lease"] == r["cpp"]["workers"], r["cpp_fallback"]
     for language in languages:
         part = r[language]
-        assert part["lib_fallback_allowed"] <= part["fallback_allowance"], (language, part)
+        assert part["lib_fallback_allowed"] <= (part["fallback_allowance"]
+                                                + part["success_credit_deposited"]), (language, part)
         assert part["workers_back_on_lease"] == part["workers"], (language, part)
         fallback_spent += part["lib_fallback_allowed"]
     # Outside fallback, everything came from leases the servers granted within the bound.

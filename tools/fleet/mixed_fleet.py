@@ -120,6 +120,7 @@ def run_worker(args) -> int:
         "lib_retries_allowed": stats.retries_allowed,
         "lib_fallback_allowed": stats.fallback_allowed,
         "lib_tokens_held": stats.tokens_held,
+        "lib_successes_credited_locally": stats.successes_credited_locally,
         "fallback_allowance": budget.fallback_allowance(time.monotonic()),
         "saw_fallback": seen["fallback"],
         "lease_after_fallback": seen["lease_after_fallback"],
@@ -136,7 +137,8 @@ def run_worker(args) -> int:
 
 # The counts every worker of every language reports (its JSON line), summed per language.
 _SUMMED = ("calls", "attempts", "successes", "failures", "retries_allowed", "retries_denied",
-           "lib_retries_allowed", "lib_fallback_allowed", "lib_tokens_held", "fallback_allowance")
+           "lib_retries_allowed", "lib_fallback_allowed", "lib_tokens_held", "fallback_allowance",
+           "lib_successes_credited_locally")
 
 
 def policy_text(args) -> str:
@@ -339,6 +341,9 @@ def drive(args, deployment) -> int:
     parts = {}
     for language, language_lines in lines.items():
         part = {k: sum(line[k] for line in language_lines) for k in _SUMMED}
+        # What success-funded fallback deposited: funded by successes already in the bound's
+        # credit * successes, so it is not added to the bound, only to a part's fallback check.
+        part["success_credit_deposited"] = args.credit * part["lib_successes_credited_locally"]
         part["workers"] = len(language_lines)
         part["workers_back_on_lease"] = sum(1 for line in language_lines
                                             if line["lease_after_fallback"])

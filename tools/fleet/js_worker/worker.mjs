@@ -118,6 +118,7 @@ async function main() {
     lib_retries_allowed: stats.retriesAllowed,
     lib_fallback_allowed: stats.fallbackAllowed,
     lib_tokens_held: stats.tokensHeld,
+    lib_successes_credited_locally: stats.successesCreditedLocally,
     fallback_allowance: budget.fallbackAllowance(client.now()),
     saw_fallback: seen.fallback,
     lease_after_fallback: seen.leaseAfterFallback,
