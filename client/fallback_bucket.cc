@@ -17,14 +17,14 @@ double Sanitize(double value, double most) {
 
 }  // namespace
 
-FallbackBucket::FallbackBucket(BucketShape shape, absl::Time now) : last_(now) {
+FallbackBucket::FallbackBucket(BucketShape shape, absl::Time now, bool start_full) : last_(now) {
   // The word holds at most Lease::kMaxTokens; nothing above it could ever be handed out.
   constexpr double kMost = static_cast<double>(Lease::kMaxTokens);
   shape_.capacity = Sanitize(shape.capacity, kMost);
   shape_.refill_per_second = Sanitize(shape.refill_per_second, kMost);
   shape_.success_credit = Sanitize(shape.success_credit, kMost);
   cap_ = shape_.refill_per_second > 0 ? std::max(shape_.capacity, 1.0) : shape_.capacity;
-  level_ = shape_.capacity;
+  level_ = start_full ? shape_.capacity : 0;
   held_ = 0;  // nothing in the word yet: the first Refill() puts floor(capacity) in
 }
 

@@ -48,8 +48,10 @@ struct SmallerShape {
 // Not thread-safe: the owner serialises calls.
 class FallbackBucket {
  public:
-  // A full bucket of `shape` at `now`. Negative or non-finite values count as 0.
-  FallbackBucket(BucketShape shape, absl::Time now);
+  // A bucket of `shape` at `now`, full or (`start_full` false: a spent lease falling back
+  // early, whose share of the burst was already spent in the lease) empty. Negative or
+  // non-finite values count as 0.
+  FallbackBucket(BucketShape shape, absl::Time now, bool start_full = true);
 
   // Whole tokens to put into the word at `now`, which holds `held` tokens right now (taken
   // tokens lower it, refunds raise it). The caller deposits exactly the returned count.

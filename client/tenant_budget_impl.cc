@@ -88,7 +88,7 @@ void TenantBudgetImpl::WithdrawAllLocked() {
   fallback_.reset();
 }
 
-void TenantBudgetImpl::EnterFallbackLocked(absl::Time now) {
+void TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full) {
   if (fallback_config_.mode == FallbackMode::kDeny) {
     WithdrawAllLocked();
     mode_ = LeaseMode::kDenyFallback;
@@ -100,7 +100,7 @@ void TenantBudgetImpl::EnterFallbackLocked(absl::Time now) {
   const std::optional<BucketShape> share =
       last_safe_share_at_ == absl::InfinitePast() ? std::nullopt
                                                   : safe_shares_.Get(last_safe_share_at_);
-  fallback_.emplace(share.value_or(fallback_config_.never_reached), now);
+  fallback_.emplace(share.value_or(fallback_config_.never_reached), now, start_full);
   uint64_t credited = 0;
   const uint64_t first = fallback_->Refill(now, 0, CreditableSuccessesLocked(), &credited);
   successes_credited_locally_ += credited;
@@ -148,10 +148,12 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
       if (server != ServerState::kDown || lease_.Held() > 0) return expiry_;
       // The lease is spent and the server has been unreachable for a while: fall back now
       // instead of denying every retry until the lease's expiry. Nothing is counted twice: the
-      // lease holds no token, and the fallback bucket is the instance's share of the budget for
-      // the time the server is down (what it spends is fallback_spent). A blip (one failed
-      // Sync) is not "down", so lost responses do not open fallback buckets.
-      EnterFallbackLocked(now);
+      // lease holds no token, and the fallback bucket starts EMPTY (the instance spent its share
+      // of the burst in the lease), gaining only its share of the refill and the credit of its
+      // own successes while the server is down. A slow server (Syncs timing out) is "down" too,
+      // so a full bucket here would let one instance spend its lease and its whole share again.
+      // A blip (one failed Sync) is not "down", so lost responses do not open fallback buckets.
+      EnterFallbackLocked(now, /*start_full=*/false);
       return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
     }
     if (unreachable) {

@@ -158,7 +158,10 @@ class TenantBudgetImpl final : public TenantBudget {
   // Enters fallback at `now` (kFallback or kDenyFallback as configured). In one exchange, takes
   // out whatever the word holds (leased tokens: returned) and puts the local bucket's first
   // tokens in, so workers never see a closed word in between.
-  void EnterFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `start_full`: the bucket starts at its capacity (a lease that expired), or empty (a spent
+  // lease falling back early, FallbackBucket).
+  void EnterFallbackLocked(absl::Time now, bool start_full = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The low-water mark for the fallback tokens in the word (see the .cc).
   uint64_t FallbackMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the tokens the fallback bucket owes into the word, with the credit of the successes

@@ -233,7 +233,9 @@ type fallbackBucket struct {
 	last  time.Time
 }
 
-func newFallbackBucket(s bucketShape, now time.Time) *fallbackBucket {
+// newFallbackBucket is full, or empty with startFull false (a spent lease falling back early:
+// its share of the burst went in the lease).
+func newFallbackBucket(s bucketShape, now time.Time, startFull bool) *fallbackBucket {
 	shape := bucketShape{sanitize(s.capacity, float64(maxLeaseTokens)),
 		sanitize(s.refillPerSecond, float64(maxLeaseTokens)),
 		sanitize(s.successCredit, float64(maxLeaseTokens))}
@@ -241,7 +243,11 @@ func newFallbackBucket(s bucketShape, now time.Time) *fallbackBucket {
 	if shape.refillPerSecond > 0 {
 		c = math.Max(c, 1)
 	}
-	return &fallbackBucket{shape: shape, cap: c, level: shape.capacity, last: now}
+	level := shape.capacity
+	if !startFull {
+		level = 0
+	}
+	return &fallbackBucket{shape: shape, cap: c, level: level, last: now}
 }
 
 // refill is the whole tokens to put into the word at `now`, which holds `held` tokens right

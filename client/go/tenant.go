@@ -269,7 +269,7 @@ func (t *TenantBudget) fallbackMarkLocked() uint64 {
 	return t.fallback.held - 1
 }
 
-func (t *TenantBudget) enterFallbackLocked(now time.Time) {
+func (t *TenantBudget) enterFallbackLocked(now time.Time, startFull bool) {
 	if t.fb.mode == FallbackDeny {
 		t.withdrawAllLocked(now)
 		t.mode = inDenyFallback
@@ -284,7 +284,7 @@ func (t *TenantBudget) enterFallbackLocked(now time.Time) {
 			shape = *s
 		}
 	}
-	t.fallback = newFallbackBucket(shape, now)
+	t.fallback = newFallbackBucket(shape, now, startFull)
 	t.episodes = append(t.episodes, fallbackEpisode{cap: t.fallback.cap,
 		refill: t.fallback.shape.refillPerSecond, start: now})
 	first, credited := t.fallback.refill(now, 0, t.creditableSuccessesLocked())
@@ -321,8 +321,8 @@ func (t *TenantBudget) refillFallbackLocked(now time.Time) time.Time {
 	return t.fallback.nextTokenAt()
 }
 
-func (t *TenantBudget) enterFallbackAndRefillLocked(now time.Time) time.Time {
-	t.enterFallbackLocked(now)
+func (t *TenantBudget) enterFallbackAndRefillLocked(now time.Time, startFull bool) time.Time {
+	t.enterFallbackLocked(now, startFull)
 	if t.mode == inFallback {
 		return t.refillFallbackLocked(now)
 	}
@@ -345,17 +345,16 @@ func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 				return t.expiry
 			}
 			// The lease is spent and the server has been unreachable for a while: fall back
-			// now instead of denying every retry until the lease's expiry. Nothing is counted
-			// twice: the lease holds no token, and the fallback bucket is the instance's share
-			// of the budget for the time the server is down (what it spends is
-			// fallback_spent). A blip (one failed Sync) is not "down", so lost responses do
-			// not open fallback buckets.
-			return t.enterFallbackAndRefillLocked(now)
+			// now instead of denying every retry until the lease's expiry, into an EMPTY
+			// bucket: the instance spent its share of the burst in the lease (a slow server is
+			// "down" too), so only its share of the refill and its own successes' credit fund
+			// it. A blip (one failed Sync) is not "down", so lost responses open no bucket.
+			return t.enterFallbackAndRefillLocked(now, false)
 		}
 		if server.isUnreachable() {
 			// The lease ran out while the server cannot be reached: fall back (the leased
 			// tokens left are returned in the next Sync that gets through).
-			return t.enterFallbackAndRefillLocked(now)
+			return t.enterFallbackAndRefillLocked(now, true)
 		}
 		// The lease ends at send time + TTL: every unspent token goes back.
 		t.withdrawAllLocked(now)
@@ -374,7 +373,7 @@ func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 		t.mode = expired
 	}
 	if (t.mode == awaitingLease || t.mode == expired) && server.isUnreachable() {
-		return t.enterFallbackAndRefillLocked(now)
+		return t.enterFallbackAndRefillLocked(now, true)
 	}
 	// A closed word: tokens can only be there from a Refund racing a withdrawal. They cannot
 	// be spent; give them back too.

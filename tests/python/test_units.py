@@ -121,13 +121,14 @@ def test_credit_funded_fallback_hands_out_at_most_capacity_refill_and_the_credit
     assert handed_out - held <= 5 + 3 * now + 0.1 * credited + 1e-6
 
 
-def _leased_budget(granted: int, share_capacity: float):
+def _leased_budget(granted: int, share_capacity: float, share_refill: float = 0):
     from retrybudget._proto import budget_pb2
     from retrybudget.tenant_budget import TenantBudget
 
     budget = TenantBudget("t", lambda: None, 0.0, "local_bucket", BucketShape(1, 0.1))
     grant = budget_pb2.TenantGrant(tenant="t", granted=granted, lease_ttl_ms=5000,
-                                   safe_share=budget_pb2.SafeShare(capacity=share_capacity))
+                                   safe_share=budget_pb2.SafeShare(
+                                       capacity=share_capacity, refill_per_second=share_refill))
     budget.apply_grant(grant, budget_pb2.TenantSync(tenant="t", want=granted), 0.0, 0.0,
                        RefreshPolicy())
     return budget
@@ -136,13 +137,16 @@ def _leased_budget(granted: int, share_capacity: float):
 def test_a_spent_lease_falls_back_once_the_server_is_down_not_at_its_expiry():
     from retrybudget.tenant_budget import DOWN, UNREACHABLE
 
-    budget = _leased_budget(2, share_capacity=3)
+    budget = _leased_budget(2, share_capacity=3, share_refill=10)
     assert budget.try_acquire() and budget.try_acquire() and not budget.try_acquire()
     budget.step(0.1, UNREACHABLE)  # a blip: the spent lease denies until it is renewed
     assert budget.stats().mode == "lease" and not budget.try_acquire()
-    budget.step(0.3, DOWN)  # down for a refresh period: the share, long before 5 s
+    budget.step(0.3, DOWN)  # down for a refresh period: fallback long before 5 s
     assert budget.stats().mode == "fallback"
-    assert sum(budget.try_acquire() for _ in range(5)) == 3
+    # The bucket starts empty (the share of the burst went in the lease): refill only.
+    assert not budget.try_acquire()
+    budget.step(0.4, DOWN)
+    assert sum(budget.try_acquire() for _ in range(5)) == 1
 
 
 def test_a_lease_with_tokens_left_is_spent_while_the_server_is_down():

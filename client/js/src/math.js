@@ -137,14 +137,15 @@ function sanitize(value, most) {
  * credited here and stays the server's to credit; `lastCredited` says how many the last
  * refill() credited. */
 export class FallbackBucket {
-  constructor(shape, now) {
+  constructor(shape, now, startFull = true) {
     this.shape = {
       capacity: sanitize(shape.capacity, MAX_LEASE_TOKENS),
       refillPerSecond: sanitize(shape.refillPerSecond, MAX_LEASE_TOKENS),
       successCredit: sanitize(shape.successCredit ?? 0, MAX_LEASE_TOKENS),
     };
     this.cap = this.shape.refillPerSecond > 0 ? Math.max(this.shape.capacity, 1) : this.shape.capacity;
-    this.level = this.shape.capacity;
+    // Empty for a spent lease falling back early (its share of the burst went in the lease).
+    this.level = startFull ? this.shape.capacity : 0;
     this.held = 0;
     this.lastCredited = 0;
     this.last = now;

@@ -222,14 +222,14 @@ export class TenantBudget {
     return fb.held - 1;
   }
 
-  _enterFallback(now) {
+  _enterFallback(now, startFull = true) {
     if (this._fallbackMode === 'deny') {
       this._withdrawAll(now);
       this._mode = IN_DENY_FALLBACK;
       return;
     }
     const share = this._lastSafeShareAt === INFINITE_PAST ? null : this._safeShares.get(this._lastSafeShareAt);
-    this._fallback = new FallbackBucket(share ?? this._neverReached, now);
+    this._fallback = new FallbackBucket(share ?? this._neverReached, now, startFull);
     this._episodes.push({ cap: this._fallback.cap, refill: this._fallback.shape.refillPerSecond, start: now, end: null });
     const first = this._fallback.refill(now, 0, this._creditableSuccesses());
     this._successesCreditedLocally += this._fallback.lastCredited;
@@ -264,8 +264,9 @@ export class TenantBudget {
       if (now < this._expiry) {
         if (server !== DOWN || this._held > 0) return this._expiry;
         // The lease is spent and the server has been down a while: fall back now rather than
-        // deny until the lease's expiry (a blip is not "down").
-        this._enterFallback(now);
+        // deny until the lease's expiry (a blip is not "down"), into an EMPTY bucket: the share
+        // of the burst went in the lease (a slow server is "down" too).
+        this._enterFallback(now, false);
         return this._mode === IN_FALLBACK ? this._refillFallback(now) : INFINITE_FUTURE;
       }
       if (unreachable) {

@@ -153,13 +153,14 @@ class FallbackBucket:
     not credited here and stays the server's to credit; `last_credited` says how many the last
     refill() credited."""
 
-    def __init__(self, shape: BucketShape, now: float):
+    def __init__(self, shape: BucketShape, now: float, start_full: bool = True):
         self.shape = BucketShape(_sanitize(shape.capacity, MAX_LEASE_TOKENS),
                                  _sanitize(shape.refill_per_second, MAX_LEASE_TOKENS),
                                  _sanitize(shape.success_credit, MAX_LEASE_TOKENS))
         self.cap = (max(self.shape.capacity, 1.0) if self.shape.refill_per_second > 0
                     else self.shape.capacity)
-        self._level = self.shape.capacity
+        # Empty for a spent lease falling back early (its share of the burst went in the lease).
+        self._level = self.shape.capacity if start_full else 0.0
         self.held = 0
         self.last_credited = 0
         self._last = now

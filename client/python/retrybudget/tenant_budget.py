@@ -215,14 +215,14 @@ class TenantBudget:
         self._sync_wanted = False
         return fb.held - 1
 
-    def _enter_fallback(self, now: float) -> None:
+    def _enter_fallback(self, now: float, start_full: bool = True) -> None:
         if self._fallback_mode == "deny":
             self._withdraw_all(now)
             self._mode = IN_DENY_FALLBACK
             return
         share = (None if self._last_safe_share_at == INFINITE_PAST
                  else self._safe_shares.get(self._last_safe_share_at))
-        self._fallback = FallbackBucket(share or self._never_reached, now)
+        self._fallback = FallbackBucket(share or self._never_reached, now, start_full)
         self._episodes.append([self._fallback.cap, self._fallback.shape.refill_per_second, now,
                                None])
         first = self._fallback.refill(now, 0, self._creditable_successes())
@@ -258,8 +258,10 @@ class TenantBudget:
                     if server != DOWN or self._held_now() > 0:
                         return self._expiry
                     # The lease is spent and the server has been down a while: fall back now
-                    # rather than deny until the lease's expiry (a blip is not "down").
-                    self._enter_fallback(now)
+                    # rather than deny until the lease's expiry (a blip is not "down"), into an
+                    # EMPTY bucket: the share of the burst went in the lease (a slow server is
+                    # "down" too), only refill and the instance's own credit fund it.
+                    self._enter_fallback(now, start_full=False)
                     return (self._refill_fallback(now) if self._mode == IN_FALLBACK
                             else INFINITE_FUTURE)
                 if unreachable:
