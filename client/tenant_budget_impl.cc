@@ -88,11 +88,11 @@ void TenantBudgetImpl::WithdrawAllLocked() {
   fallback_.reset();
 }
 
-void TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full) {
+absl::Time TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full) {
   if (fallback_config_.mode == FallbackMode::kDeny) {
     WithdrawAllLocked();
     mode_ = LeaseMode::kDenyFallback;
-    return;
+    return absl::InfiniteFuture();
   }
   // The instance's share of the fleet's budget as the server last saw it (the smallest of the
   // minute before its last answer); a tenant the server never answered for gets the configured
@@ -109,6 +109,7 @@ void TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full) {
   ledger_.SwitchTo(TenantLedger::Source::kFallback);
   ledger_.FallbackDeposited(Lease::Capped(first));
   mode_ = LeaseMode::kFallback;
+  return RefillFallbackLocked(now);
 }
 
 uint64_t TenantBudgetImpl::FallbackMarkLocked() {
@@ -153,14 +154,12 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
       // own successes while the server is down. A slow server (Syncs timing out) is "down" too,
       // so a full bucket here would let one instance spend its lease and its whole share again.
       // A blip (one failed Sync) is not "down", so lost responses do not open fallback buckets.
-      EnterFallbackLocked(now, /*start_full=*/false);
-      return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+      return EnterFallbackLocked(now, /*start_full=*/false);
     }
     if (unreachable) {
       // The lease ran out while the server cannot be reached: fall back (the leased tokens left
       // are returned in the next Sync that gets through).
-      EnterFallbackLocked(now);
-      return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+      return EnterFallbackLocked(now);
     }
     // The lease ends at send time + TTL: take every unspent token back (one exchange) and report
     // it as returned in the next Sync.
@@ -179,8 +178,7 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
     mode_ = LeaseMode::kExpired;
   }
   if ((mode_ == LeaseMode::kAwaitingLease || mode_ == LeaseMode::kExpired) && unreachable) {
-    EnterFallbackLocked(now);
-    return mode_ == LeaseMode::kFallback ? RefillFallbackLocked(now) : absl::InfiniteFuture();
+    return EnterFallbackLocked(now);
   }
   // The word is closed: tokens can only be here from a Refund() that raced with the withdrawal.
   // They cannot be spent; give them back too.

@@ -159,8 +159,9 @@ class TenantBudgetImpl final : public TenantBudget {
   // out whatever the word holds (leased tokens: returned) and puts the local bucket's first
   // tokens in, so workers never see a closed word in between.
   // `start_full`: the bucket starts at its capacity (a lease that expired), or empty (a spent
-  // lease falling back early, FallbackBucket).
-  void EnterFallbackLocked(absl::Time now, bool start_full = true)
+  // lease falling back early, FallbackBucket). Returns the tenant's next step (the bucket's
+  // next token; InfiniteFuture in deny mode).
+  absl::Time EnterFallbackLocked(absl::Time now, bool start_full = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The low-water mark for the fallback tokens in the word (see the .cc).
   uint64_t FallbackMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
