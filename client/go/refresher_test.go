@@ -49,21 +49,10 @@ func (f *fakeStub) last(t *testing.T) *pb.SyncRequest {
 	return r[len(r)-1]
 }
 
-// grantAll answers every entry with `granted` tokens, a TTL and a safe share.
+// grantAll answers every entry with `granted` tokens, a TTL and a safe share of 3 tokens
+// refilling 1/s (fallback_test.go's grantWithShare with that share).
 func grantAll(granted uint64, ttlMs int64) func(*pb.SyncRequest) (*pb.SyncResponse, error) {
-	return func(req *pb.SyncRequest) (*pb.SyncResponse, error) {
-		resp := &pb.SyncResponse{}
-		for _, e := range req.Tenants {
-			g := granted
-			if req.Final {
-				g = 0
-			}
-			resp.Tenants = append(resp.Tenants, &pb.TenantGrant{Tenant: e.Tenant, Granted: g,
-				LeaseTtlMs: ttlMs, NextSyncMs: 200,
-				SafeShare: &pb.SafeShare{Capacity: 3, RefillPerSecond: 1}})
-		}
-		return resp, nil
-	}
+	return grantWithShare(granted, 3, 1, ttlMs, 0)
 }
 
 func unavailable(*pb.SyncRequest) (*pb.SyncResponse, error) {
