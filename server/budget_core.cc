@@ -508,12 +508,12 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   // With the journal a block is an eighth of the capacity and the margin half a block (one
   // fdatasync per block of grants). In cluster mode each write is an etcd transaction (a Raft
   // round, counted against etcd's write rate): the block is sized from the tenant's observed
-  // grant rate to about kClusterReserveAhead of grants, and the margin is an eighth of a block
-  // (about 250 ms of grants: still far more than one etcd round trip takes), so a busy tenant
-  // costs about one write per 1.75 s. The rate is measured between two sizings at least
-  // kMinSizingInterval apart: a reservation on its way re-asks on every grant, and those few
-  // milliseconds say nothing.
-  constexpr absl::Duration kClusterReserveAhead = absl::Seconds(2);
+  // grant rate to about `cluster_reserve_ahead` of grants (1 s by default), and the margin is a
+  // quarter of a block (250 ms of grants: still far more than one etcd round trip takes), so a
+  // busy tenant costs about one write per 0.75 s. What a killed owner had reserved and not
+  // granted, the new owner counts as spent: about one block, which is why the block is not
+  // larger. The rate is measured between two sizings at least kMinSizingInterval apart: a
+  // reservation on its way re-asks on every grant, and those few milliseconds say nothing.
   constexpr absl::Duration kMinSizingInterval = absl::Milliseconds(500);
   const bool cluster = options_.router != nullptr;
   uint64_t block = ReservationBlock(t.policy.capacity);
@@ -521,7 +521,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
     if (t.reservation_block == 0) t.reservation_block = block;
     block = t.reservation_block;
   }
-  const uint64_t margin = cluster ? block / 8 : block / 2;
+  const uint64_t margin = cluster ? block / 4 : block / 2;
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
@@ -537,7 +537,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
         t.reservation_block =
             ClusterReservationBlock(t.policy.capacity, rate,
                                     t.policy.refill_per_second + t.CreditRate(),
-                                    kClusterReserveAhead);
+                                    options_.cluster_reserve_ahead);
         block = t.reservation_block;
       }
       t.block_sized_at = now;

@@ -74,6 +74,11 @@ struct CoreOptions {
   // With a store: how long the request that creates a tenant waits for the tenant's first
   // reservation to reach the disk (with no lock held) before it is answered with what is durable.
   absl::Duration first_reservation_wait = absl::Seconds(1);
+  // Cluster mode: a busy tenant's reservations in etcd are sized to about this long of its
+  // grants. A new owner counts what its dead predecessor reserved and had not granted as spent,
+  // so this is about what a failover costs the tenant (in grants), against one etcd write per
+  // ~3/4 of this long per busy tenant (DESIGN.md "Many servers (etcd)").
+  absl::Duration cluster_reserve_ahead = absl::Seconds(1);
   // Receives one line per significant event (a client reporting fallback spending), never one
   // per ordinary request. Called with no tenant lock held; must be thread-safe. Null: silent.
   std::function<void(absl::string_view)> log = nullptr;

@@ -26,8 +26,12 @@ ClusterRouter::ClusterRouter(etcd::EtcdClient* etcd, cluster::ShardMap map,
     : etcd_(etcd),
       map_(map),
       options_(std::move(options)),
-      ready_(new std::atomic<int64_t>[static_cast<size_t>(map.shards())]) {
-  for (int s = 0; s < map_.shards(); ++s) ready_[s].store(0, std::memory_order_relaxed);
+      ready_(new std::atomic<int64_t>[static_cast<size_t>(map.shards())]),
+      unserved_(new std::atomic<int64_t>[static_cast<size_t>(map.shards())]) {
+  for (int s = 0; s < map_.shards(); ++s) {
+    ready_[s].store(0, std::memory_order_relaxed);
+    unserved_[s].store(0, std::memory_order_relaxed);
+  }
 }
 
 ClusterRouter::~ClusterRouter() { Stop(); }
@@ -251,7 +255,10 @@ void ClusterRouter::OnChange() {
     const int64_t token = ready_[s].load(std::memory_order_acquire);
     if (token == 0) continue;
     auto it = owned.find(s);
-    if (it == owned.end() || it->second != token) ready_[s].store(0, std::memory_order_release);
+    if (it == owned.end() || it->second != token) {
+      unserved_[s].store(token, std::memory_order_release);
+      ready_[s].store(0, std::memory_order_release);
+    }
   }
   {
     MutexLock lock(&queue_mu_);
@@ -261,16 +268,25 @@ void ClusterRouter::OnChange() {
 }
 
 void ClusterRouter::BeforeRelease(int shard, int64_t token) {
-  BudgetCore* core = core_.load(std::memory_order_acquire);
-  if (core == nullptr) return;
+  if (core_.load(std::memory_order_acquire) == nullptr) return;
   ready_[shard].store(0, std::memory_order_release);
   MutexLock lock(&write_mu_);
+  WriteFinalStateAndDrop(shard, token);
+}
+
+void ClusterRouter::WriteFinalStateAndDrop(int shard, int64_t token) {
+  unserved_[shard].store(0, std::memory_order_release);
+  BudgetCore* core = core_.load(std::memory_order_acquire);
   auto pick = [&](absl::string_view name) { return map_.ShardOf(name) == shard; };
-  // Exported under each tenant's lock: a grant that passed MayServe before the store above has
-  // finished, and none starts after it.
-  const std::vector<v1::TenantState> states = core->ExportTenants(pick);
+  // Exported under each tenant's lock, after ready_ went to 0: a grant that passed MayServe
+  // before that has finished, and none starts after it. So the granted totals are final, and
+  // what was reserved ahead and not granted is given back: the next owner starts from the level
+  // as it is, not in debt by this server's reservation (as it must be after a crash, when
+  // nothing says how much of the reservation was granted).
+  std::vector<v1::TenantState> states = core->ExportTenants(pick);
+  for (v1::TenantState& ts : states) ts.set_grant_limit(ts.granted_total());
   if (absl::Status s = WriteStates(shard, token, states); !s.ok()) {
-    Log(absl::StrCat("shard ", shard, ": final state not written before release: ", s.message()));
+    Log(absl::StrCat("shard ", shard, ": final state not written: ", s.message()));
   }
   core->DropTenants(pick);
 }
@@ -326,7 +342,9 @@ void ClusterRouter::Lose(int shard, absl::string_view why) {
 void ClusterRouter::Load(int shard, int64_t token) {
   BudgetCore* core = core_.load(std::memory_order_acquire);
   auto pick = [&](absl::string_view name) { return map_.ShardOf(name) == shard; };
-  // Budgets of this shard made here while it was not served (none granted) go first.
+  // Budgets of this shard made here while it was not served (none granted) go first; so does
+  // any final state still to write from an earlier token (it would be refused now).
+  unserved_[shard].store(0, std::memory_order_release);
   core->DropTenants(pick);
   const std::string prefix = absl::StrCat(cluster::ShardStatePrefix(options_.prefix, shard), "t/");
   const absl::Time start = absl::Now();
@@ -377,6 +395,15 @@ void ClusterRouter::Reconcile() {
   const std::map<int, int64_t> owned = ownership->OwnedShards();
   MutexLock lock(&write_mu_);
   BudgetCore* core = core_.load(std::memory_order_acquire);
+  // Shards that stopped being served since the last pass: a release on its way (the ownership
+  // manager stops serving a shard before it calls BeforeRelease) or a loss. Their final state
+  // first, while the fence may still hold, so that a drop here never beats the release's write.
+  for (int s = 0; s < map_.shards(); ++s) {
+    const int64_t token = unserved_[s].load(std::memory_order_acquire);
+    if (token != 0 && ready_[s].load(std::memory_order_acquire) == 0) {
+      WriteFinalStateAndDrop(s, token);
+    }
+  }
   // Budgets of shards not served here (lost, or created by a request racing a loss) go.
   core->DropTenants([&](absl::string_view name) {
     const int s = map_.ShardOf(name);

@@ -117,6 +117,12 @@ class ClusterRouter : public TenantRouter {
   void Reconcile();
   void Load(int shard, int64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   void Lose(int shard, absl::string_view why);
+  // The last state of a shard that stopped being served here (under `token`): exported once no
+  // grant can be made from it, so with the exact granted totals and no reservation left ahead,
+  // written fenced by `token` (refused, harmlessly, when the shard is not ours in etcd any more),
+  // then its budgets dropped. Whatever comes first, the release's own call or the writer's next
+  // pass, writes it; the other finds nothing left.
+  void WriteFinalStateAndDrop(int shard, int64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Writes `states` of `shard` under `token` (chunks of at most kMaxOps). False when a fence was
   // refused (the shard is lost) or etcd failed.
   absl::Status WriteStates(int shard, int64_t token, const std::vector<v1::TenantState>& states)
@@ -138,6 +144,9 @@ class ClusterRouter : public TenantRouter {
   std::atomic<cluster::OwnershipManager*> ownership_{nullptr};
   // Per shard: the fencing token its tenants were loaded under; 0 when not served here.
   std::unique_ptr<std::atomic<int64_t>[]> ready_;
+  // Per shard: the token it was served under until OnChange saw it go, until its final state is
+  // written (WriteFinalStateAndDrop); 0 otherwise.
+  std::unique_ptr<std::atomic<int64_t>[]> unserved_;
 
   std::atomic<int64_t> etcd_writes_{0};
   std::atomic<int64_t> etcd_errors_{0};

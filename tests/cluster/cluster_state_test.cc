@@ -2,9 +2,11 @@
 // tests/support/test_launcher.h) keep in etcd: how few writes a busy tenant costs, and that a
 // budget deleted or created through the admin API is so in etcd too, for its next owner.
 // Every wait is bounded; no speed is asserted (the write rate is counted per Sync, and printed).
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -260,6 +262,53 @@ TEST_F(ClusterStateTest, BudgetCreatedByPutPolicyHasItsFirstBlockReservedInEtcd)
       },
       absl::Seconds(5)))
       << (state.has_value() ? state->DebugString() : "no state in etcd");
+}
+
+TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) {
+  const std::string tenant = "handed-over";
+  absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto stub = Budget(*owner);
+  Spender spender(tenant, stub.get());
+  // A few grants, well inside the capacity, until etcd holds a reservation ahead of them.
+  std::optional<v1::TenantState> state;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        if (spender.received() < 20) spender.Sync();
+        state = StoredState(tenant);
+        return spender.received() >= 20 && state.has_value() &&
+               state->grant_limit() > state->granted_total();
+      },
+      absl::Seconds(10)))
+      << (state.has_value() ? state->DebugString() : "no state in etcd");
+
+  // SIGTERM: the owner stops granting, writes the shard's state and hands it over. Nothing is
+  // granted after that write, so nothing of the reservation ahead is left to count as spent.
+  absl::StatusOr<int> stopped = cluster_->server(*owner).Stop(SIGTERM, absl::Seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  state = StoredState(tenant);
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->granted_total(), spender.received());
+  EXPECT_EQ(state->grant_limit(), state->granted_total()) << state->DebugString();
+  EXPECT_GT(state->level(), 0);
+
+  // The next owner starts from that level (refill restarts at the takeover): not lower, as it
+  // would be after a kill -9, when the whole reservation counts as granted.
+  int next = -1;
+  v1::GetBudgetResponse got;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        absl::StatusOr<int> o = cluster_->OwnerOf(tenant);
+        if (!o.ok() || *o == *owner) return false;
+        next = *o;
+        return GetBudget(next, tenant, &got).ok();
+      },
+      absl::Seconds(10)));
+  std::printf("handed over at level %.3f (granted %llu); the next owner starts at %.3f\n",
+              state->level(), static_cast<unsigned long long>(state->granted_total()),
+              got.budget().tokens());
+  EXPECT_GE(got.budget().tokens(), state->level() - 1e-9);
+  EXPECT_EQ(got.budget().granted_total(), state->granted_total());
 }
 
 }  // namespace
