@@ -419,6 +419,11 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
                                           .lease_ttl = o.cluster_lease_ttl});
     if (!started.ok()) return started.status();
     cluster = *std::move(started);
+    // The run starts on a settled cluster: shards still moving between the servers that just
+    // joined would be measured as part of whatever fault the run is about.
+    if (absl::Status balanced = cluster->WaitUntilBalanced(absl::Seconds(30)); !balanced.ok()) {
+      return balanced;
+    }
     server = cluster->target();
   } else if (!o.spawn_server.empty()) {
     absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
