@@ -186,7 +186,11 @@ absl::Time Refresher::RunOnce() {
     lease_ends = std::min(lease_ends, tenant->LeaseEndsAt());
   }
   // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
-  // expiry, a fallback step runs at most kMinFallbackStepWindow late.
+  // expiry, a fallback step runs at most kMinFallbackStepWindow late, and a server unreachable
+  // since an earlier attempt turns "down" on time (a spent lease then falls back at once, not
+  // when an attempt waiting for the channel gives up a sync_timeout later).
+  const absl::Time down_at = NextDownLocked(now);
+  next_step = std::min(next_step, down_at);
   const absl::Time cut = std::min(lease_ends, std::max(next_step, now + kMinFallbackStepWindow));
   if (!tenants.empty() && routed_.empty() && owners_.empty()) {
     if (SyncDueLocked(main_, tenants) <= now) {
@@ -222,6 +226,7 @@ absl::Time Refresher::RunOnce() {
   for (TenantBudgetImpl* tenant : tenants) {
     next = std::min(next, tenant->Step(now, StateForLocked(tenant, now)));
   }
+  next = std::min(next, NextDownLocked(now));
   UpdateMetricsLocked(tenants);
   return next;
 }
@@ -232,6 +237,23 @@ ServerState Refresher::StateOf(const Route& route, absl::Time now) const {
     return ServerState::kDown;
   }
   return route.server_state;
+}
+
+absl::Time Refresher::NextDownLocked(absl::Time now) const {
+  absl::Time next = absl::InfiniteFuture();
+  auto consider = [&](absl::Time since) {
+    if (since == absl::InfiniteFuture()) return;
+    const absl::Time down = since + options_.policy.refresh_period;
+    if (down > now) next = std::min(next, down);
+  };
+  if (main_.server_state == ServerState::kUnreachable) consider(main_.failing_since);
+  for (const auto& [address, route] : owners_) {
+    if (route->server_state == ServerState::kUnreachable) consider(route->failing_since);
+  }
+  for (const auto& [tenant, route] : routed_) {
+    if (route.unavailable) consider(route.unavailable_since);
+  }
+  return next;
 }
 
 ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant, absl::Time now) const {

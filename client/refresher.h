@@ -182,6 +182,9 @@ class Refresher final : public SyncWaker {
   ServerState StateForLocked(const TenantBudgetImpl* tenant, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ServerState StateOf(const Route& route, absl::Time now) const;
+  // The earliest time after `now` at which a route or a parked tenant turns kDown (InfiniteFuture
+  // when none will): a step is due then, and a Sync attempt is cut short for it.
+  absl::Time NextDownLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Per-entry answers of a cluster: follow a redirect, or park the tenant (UNAVAILABLE).
   void RedirectLocked(TenantBudgetImpl* tenant, const std::string& owner, absl::Time received)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -98,8 +98,10 @@ TEST(FallbackTest, LeaseIsSpentUntilItsExpiryThenTheSafeShareBucketTakesOver) {
 TEST(FallbackTest, FallbackRateAndBurstAreTheLastSafeShare) {
   ClientHarness h;
   TenantBudget* budget = h.Tenant("payments");
+  // The lease (150 ms) ends before the server has been down for a refresh period (200 ms): the
+  // bucket starts full (a spent lease falling back early would start empty).
   h.set_handler(GrantingWithShare(0, /*share_capacity=*/4, /*share_refill_per_second=*/2.5,
-                                  /*lease_ttl_ms=*/500));
+                                  /*lease_ttl_ms=*/150));
   h.client().RunOnce();
   h.set_handler(Failing(grpc::StatusCode::DEADLINE_EXCEEDED));
   // Step until the lease has ended and the fallback begun.
@@ -129,12 +131,14 @@ TEST(FallbackTest, FallbackRateAndBurstAreTheLastSafeShare) {
 TEST(FallbackTest, FallbackBurstIsTheSmallestShareOfTheLastMinute) {
   ClientHarness h;
   TenantBudget* budget = h.Tenant("payments");
+  // Leases of 150 ms end before the server has been down for a refresh period (200 ms): each
+  // fallback bucket starts full, at its share's burst.
   h.set_handler(GrantingWithShare(0, /*share_capacity=*/3, /*share_refill_per_second=*/1,
-                                  /*lease_ttl_ms=*/500));
+                                  /*lease_ttl_ms=*/150));
   h.client().RunOnce();
   h.clock().Advance(absl::Seconds(20));
   h.set_handler(GrantingWithShare(0, /*share_capacity=*/12, /*share_refill_per_second=*/4,
-                                  /*lease_ttl_ms=*/500));
+                                  /*lease_ttl_ms=*/150));
   h.client().RunOnce();
   h.set_handler(Failing(grpc::StatusCode::UNAVAILABLE));
   StepUntilMode(h, budget, BudgetMode::kFallback);
@@ -143,7 +147,7 @@ TEST(FallbackTest, FallbackBurstIsTheSmallestShareOfTheLastMinute) {
   // A fleet that really shrank: once the small share is more than two minutes old, the larger
   // one is the share.
   h.set_handler(GrantingWithShare(0, /*share_capacity=*/12, /*share_refill_per_second=*/4,
-                                  /*lease_ttl_ms=*/500));
+                                  /*lease_ttl_ms=*/150));
   StepUntilMode(h, budget, BudgetMode::kLease);
   for (int i = 0; i < 5; ++i) {
     h.clock().Advance(absl::Seconds(30));
@@ -361,6 +365,35 @@ TEST(FallbackTest, ASpentLeaseFallsBackOnceTheServerHasBeenDownForARefreshPeriod
   EXPECT_THAT(h.violations(), ::testing::IsEmpty());
 }
 
+// After one failed attempt the next ones wait for the channel to connect, each up to its deadline
+// (sync_timeout, 1 s). The server turns "down" a refresh period after the first failure, and the
+// attempt waiting then is cut short for it: the spent lease falls back at that moment, not when the
+// wait gives up (a second of retries denied after every kill -9 of a server, before this).
+TEST(FallbackTest, AnAttemptWaitingForTheServerIsCutShortWhenTheServerTurnsDown) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(GrantingWithShare(3, /*share_capacity=*/2, /*share_refill_per_second=*/10,
+                                  /*lease_ttl_ms=*/5000));
+  h.client().RunOnce();
+  EXPECT_EQ(TakeAll(budget), 3);
+  const absl::Time t0 = h.clock().Now();
+  // The first attempt fails at once (connection refused); the later ones wait out their
+  // deadline, as a wait_for_ready call on a dead address does.
+  bool first = true;
+  h.set_handler([&](const v1::SyncRequest&, v1::SyncResponse*) {
+    if (first) {
+      first = false;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused");
+    }
+    h.clock().Advance(h.last_timeout());
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "waited for the channel");
+  });
+  StepUntilMode(h, budget, BudgetMode::kFallback, /*at_most=*/absl::Seconds(3));
+  EXPECT_GE(h.clock().Now() - t0, absl::Milliseconds(200));
+  EXPECT_LE(h.clock().Now() - t0, absl::Milliseconds(250))
+      << "the spent lease fell back only when an attempt gave up";
+}
+
 TEST(FallbackTest, ALeaseWithTokensLeftIsSpentWhileTheServerIsDown) {
   ClientHarness h;
   TenantBudget* budget = h.Tenant("payments");
@@ -419,8 +452,12 @@ TEST(FallbackTest, AFailingRequestIsReplacedByAFreshOneAfterARefreshPeriod) {
     EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 0u);
   }
   EXPECT_GE(h.sync_count(), 4u);
-  h.clock().Set(next);
-  h.client().RunOnce();
+  // The next attempt, once the request is a refresh period old, is a new request.
+  const size_t sent = h.sync_count();
+  while (h.sync_count() == sent) {
+    h.clock().Set(next);
+    next = h.client().RunOnce();
+  }
   EXPECT_EQ(h.last_request().seq(), 3u);
   EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 1u);
 }
