@@ -318,32 +318,90 @@ TEST(FleetChaosTest, HungServerNeverBlocksTryAcquireAndStaysWithinTheBudget) {
   ExpectFallbackSpentWithinItsAllowance(r);
 }
 
-// Half the attempts fail and successes fund most of the budget (credit 0.1, refill 10/s): while
-// the server hangs, each client's fallback bucket is funded by its own successes
-// (success-funded fallback), which the server then does not credit again. The bound is the same
-// (the credit is in credit * successes); the figures of docs/BENCHMARKS.md section 9 come from
-// this run's shape (bench/fault_utilisation.sh).
-TEST(FleetChaosTest, SuccessesFundTheFallbackThroughAHangAndTheBoundHolds) {
-  FleetResult r = RunFleetTool({absl::StrCat("--spawn-server=", kServerBinary), "--workers=4",
-                                "--threads=2", "--duration=8", "--call-latency=1ms",
-                                "--failure-rate=0.5", "--tenant=credit", "--capacity=50",
-                                "--refill=10", "--credit=0.1", "--lease-ttl-ms=2000",
-                                "--seed=13", "--stop-server-after=2", "--resume-after=3"});
+// ---- Utilisation through faults (docs/BENCHMARKS.md section 9, bench/fault_utilisation.sh) ----
+//
+// The workload of section 9: 4 workers x 2 threads, half the attempts fail, a budget funded mostly
+// by successes (capacity 50, refill 10/s, credit 0.1 per success), lease TTL 2 s. Each fault's run
+// must stay within the bound (the lease part within the lease bound, the fallback within its share
+// plus the credit its own successes deposited) and use a good part of what one ideal central
+// bucket would have allowed the run's own demand (`utilisation_vs_ideal`). The floors sit far
+// below the figures measured on a quiet machine (printed by each test and in section 9) so that a
+// loaded CI machine under a sanitizer does not flake; a fleet that forgot the success credit in
+// fallback or stranded its budget falls below them.
+std::vector<std::string> CreditFundedRun(const std::string& tenant, double duration,
+                                         std::vector<std::string> fault) {
+  std::vector<std::string> args = {absl::StrCat("--spawn-server=", kServerBinary),
+                                   "--workers=4",
+                                   "--threads=2",
+                                   absl::StrCat("--duration=", duration),
+                                   "--call-latency=1ms",
+                                   "--failure-rate=0.5",
+                                   absl::StrCat("--tenant=", tenant),
+                                   "--capacity=50",
+                                   "--refill=10",
+                                   "--credit=0.1",
+                                   "--lease-ttl-ms=2000",
+                                   "--seed=13"};
+  args.insert(args.end(), fault.begin(), fault.end());
+  return args;
+}
+
+void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal) {
   ExpectWithinBudgetAndNeverBlocked(r);
-  ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
-  // Successes were credited locally, and the fallback spent within its share plus that credit.
-  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
-  EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
-  EXPECT_LE(r.Sub("fallback", "library_fallback_allowed"),
-            r.Sub("fallback", "allowance") + r.Sub("fallback", "success_credit_deposited"))
-      << r.line;
   EXPECT_LE(r.Num("retries_allowed") - r.Sub("fallback", "library_fallback_allowed"),
             r.Num("lease_bound"))
       << r.line;
+  EXPECT_LE(r.Sub("fallback", "library_fallback_allowed"),
+            r.Sub("fallback", "allowance") + r.Sub("fallback", "success_credit_deposited"))
+      << r.line;
+  ASSERT_TRUE(r.Has("utilisation_vs_ideal")) << r.line;
+  std::printf("utilisation %.3f, utilisation_vs_ideal %.3f (floor %.2f)\n", r.Num("utilisation"),
+              r.Num("utilisation_vs_ideal"), floor_vs_ideal);
+  EXPECT_GE(r.Num("utilisation_vs_ideal"), floor_vs_ideal) << r.line;
+}
+
+// Section 9 measured 0.99 of the ideal.
+TEST(FleetFaultUtilisationTest, SteadyStateUsesWhatAnIdealBucketWould) {
+  FleetResult r = RunFleetTool(CreditFundedRun("steady", 6, {}));
+  ExpectWithinTheBoundAndUsed(r, 0.9);
+  EXPECT_EQ(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
+}
+
+// While the server hangs, each client's fallback bucket is funded by its own successes
+// (success-funded fallback), which the server then does not credit again. Measured 0.92-0.93 on a
+// quiet machine (0.78 without success-funded fallback and the early fallback of a spent lease).
+TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAHangLongerThanTheLease) {
+  FleetResult r = RunFleetTool(
+      CreditFundedRun("hang", 8, {"--stop-server-after=2", "--resume-after=3"}));
+  ExpectWithinTheBoundAndUsed(r, 0.6);
+  ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
+  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
+  EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
   EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
-  // Measured 0.92 on a quiet machine (0.78 without success-funded fallback and the early
-  // fallback of a spent lease); the floor is low enough for a loaded CI machine.
-  EXPECT_GE(r.Num("utilisation_vs_ideal"), 0.6) << r.line;
+}
+
+// kill -9, restarted 2 s later from its data directory: the journal keeps the credit deposited
+// since the last snapshot, the clients fund their fallback meanwhile. Measured 0.90.
+TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAKillNineAndRestart) {
+  FleetResult r = RunFleetTool(
+      CreditFundedRun("kill", 10, {"--kill-server-after=3", "--restart-after=2"}));
+  ExpectWithinTheBoundAndUsed(r, 0.6);
+  ASSERT_TRUE(r.SubHas("chaos", "restart_at_seconds")) << r.line;
+  EXPECT_TRUE(r.SubBool("chaos", "persistent")) << r.line;
+  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
+  EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
+}
+
+// No outage, but 30% of the Sync responses lost, 10% of the requests duplicated and 10% replayed
+// late through the fault proxy. Measured 0.96.
+TEST(FleetFaultUtilisationTest, LostDuplicatedAndReplayedSyncsWasteLittle) {
+  FleetResult r = RunFleetTool(CreditFundedRun(
+      "lossy", 8,
+      {"--fault-drop-response=0.3", "--fault-duplicate-request=0.1", "--fault-replay-old=0.1"}));
+  ExpectWithinTheBoundAndUsed(r, 0.7);
+  ASSERT_TRUE(r.Has("faults")) << r.line;
+  EXPECT_GT(r.Sub("faults", "dropped_responses"), 0) << r.line;
+  EXPECT_EQ(r.Sub("faults", "replay_granted_tokens"), 0) << r.line;
 }
 
 TEST(FleetChaosTest, SlowServerStaysWithinTheBudget) {
