@@ -71,9 +71,10 @@ struct RefresherOptions {
 //    request that produced it (same order), leases ending at that request's FIRST send + TTL.
 //  * Syncs are never closer than min_sync_interval.
 //  * A Sync never holds up the tenants' duties: its deadline is the earliest of sync_timeout,
-//    the next lease expiry, and the next fallback step (at least kMinFallbackStepWindow away:
-//    a fallback token a few milliseconds late costs nothing, a Sync that can never finish
-//    would). An attempt cut short by that deadline, or cancelled by Wake() while it waited for
+//    the next lease expiry, and the next fallback step or moment a route (or a parked tenant)
+//    turns down (at least kMinFallbackStepWindow away: a fallback token a few milliseconds late
+//    costs nothing, a Sync that can never finish would), so a spent lease falls back on time
+//    even while an attempt waits for the channel. An attempt cut short by that deadline, or cancelled by Wake() while it waited for
 //    a connection, is "interrupted": no verdict on the server, no backoff; the duties run and
 //    the same request (same seq) goes out again at once.
 //  * Reconnecting: the first attempt after a success is fail-fast, so a refused connection is
