@@ -1,12 +1,15 @@
 package retrybudget
 
 import (
+	"context"
 	"math"
 	"testing"
 	"time"
 
 	pb "github.com/retry-budget/retry-budget/client/go/budgetpb"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Success-funded fallback and the early fallback of a spent lease (the C++ client's
@@ -316,6 +319,54 @@ func TestASpentLeaseFallsBackOnceTheServerHasBeenDownForARefreshPeriod(t *testin
 		t.Fatalf("fallback_spent %d, want %d (at least 1)", got, want)
 	}
 	serverRules(t, h.stub.sent())
+}
+
+// waitingStub fails the first attempt at once, as a refused connection does, and makes every
+// later one wait out its deadline, as a WaitForReady call on a dead address does: the fake
+// clock moves by the attempt's timeout (the real context deadline's remaining time, rounded up
+// to the millisecond) and the attempt ends with DEADLINE_EXCEEDED.
+type waitingStub struct {
+	*fakeStub
+	clock *FakeClock
+	calls int
+}
+
+func (s *waitingStub) Sync(ctx context.Context, req *pb.SyncRequest, opts ...grpc.CallOption) (*pb.SyncResponse, error) {
+	s.fakeStub.Sync(ctx, req, opts...)
+	s.calls++
+	if s.calls == 1 {
+		return nil, status.Error(codes.Unavailable, "connection refused")
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		s.clock.Advance((time.Until(deadline) + time.Millisecond - 1).Truncate(time.Millisecond))
+	}
+	return nil, status.Error(codes.DeadlineExceeded, "waited for the channel")
+}
+
+// After one failed attempt the next ones wait for the channel to connect, each up to its
+// deadline (SyncTimeout, 1 s). The server turns "down" a refresh period after the first
+// failure, and the attempt waiting then is cut short for it: the spent lease falls back at that
+// moment, not when the wait gives up.
+func TestAnAttemptWaitingForTheServerIsCutShortWhenTheServerTurnsDown(t *testing.T) {
+	h := newHarness(t, grantWithShare(3, 2, 10, 5000, 0), func(o *ClientOptions) {
+		o.SyncTimeout = time.Second
+	})
+	b := h.tenant(t, "payments")
+	h.ref.runOnce()
+	if got := takeAll(b); got != 3 {
+		t.Fatalf("took %d of a lease of 3", got)
+	}
+	t0 := h.clock.Now()
+	stub := &waitingStub{fakeStub: h.stub, clock: h.clock}
+	h.ref.main.stub = stub
+	stepUntilMode(t, h, b, ModeFallback, 3*time.Second)
+	if stub.calls < 2 {
+		t.Fatalf("%d Sync attempts: none waited for the channel", stub.calls)
+	}
+	if d := h.clock.Now().Sub(t0); d < 200*time.Millisecond || d > 250*time.Millisecond {
+		t.Fatalf("fell back %v after the first failure, want between 200 and 250 ms (not when an "+
+			"attempt waiting for the channel gave up)", d)
+	}
 }
 
 func TestALeaseWithTokensLeftIsSpentWhileTheServerIsDown(t *testing.T) {

@@ -123,8 +123,10 @@ const (
 //     them (same order, same names; anything else is taken as nothing), leases ending at that
 //     request's FIRST send + TTL.
 //   - Syncs are never closer than minSyncInterval.
-//   - An attempt's deadline is the earliest of syncTimeout, the next lease expiry and the next
-//     fallback step (at least minFallbackStepWindow away). An attempt cut short by it, or
+//   - An attempt's deadline is the earliest of syncTimeout, the next lease expiry, and the next
+//     fallback step or moment a route (or a parked tenant) turns down, that one at least
+//     minFallbackStepWindow away: a spent lease falls back on time even while an attempt waits
+//     for the channel. An attempt cut short by it, or
 //     cancelled by a wake while it waited for a connection, is "interrupted": no verdict, no
 //     backoff; the tenants step and the same request (same seq) goes out again at once.
 //   - The first attempt after a success is fail-fast; once one failed, attempts are
@@ -291,7 +293,10 @@ func (r *refresher) runOnce() time.Time {
 		leaseEnds = minTime(leaseEnds, t.leaseEndsAt())
 	}
 	// The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
-	// expiry, a fallback step runs at most minFallbackStepWindow late.
+	// expiry, a fallback step runs at most minFallbackStepWindow late, and a server unreachable
+	// since an earlier attempt turns "down" on time (a spent lease then falls back at once, not
+	// when an attempt waiting for the channel gives up a syncTimeout later).
+	nextStep = minTime(nextStep, r.nextDownLocked(now))
 	cut := minTime(leaseEnds, maxTime(nextStep, now.Add(minFallbackStepWindow)))
 	if len(tenants) > 0 && len(r.routed) == 0 && len(r.owners) == 0 {
 		if !r.syncDueLocked(r.main, tenants).After(now) {
@@ -329,6 +334,7 @@ func (r *refresher) runOnce() time.Time {
 	for _, t := range tenants {
 		next = minTime(next, t.step(now, r.stateForLocked(t, now)))
 	}
+	next = minTime(next, r.nextDownLocked(now))
 	r.updateMetricsLocked(tenants)
 	return next
 }
@@ -340,6 +346,35 @@ func (r *refresher) stateOf(route *syncRoute, now time.Time) serverState {
 		return down
 	}
 	return route.state
+}
+
+// nextDownLocked is the earliest time after `now` at which a route (unreachable since its
+// failingSince) or a parked tenant (since its unavailableSince) turns down, a refresh period
+// later; farFuture when none will. A step is due then, and a Sync attempt is cut short for it.
+func (r *refresher) nextDownLocked(now time.Time) time.Time {
+	next := farFuture
+	consider := func(since time.Time) {
+		if !since.Before(farFuture) {
+			return
+		}
+		if at := addDur(since, r.opts.policy.refreshPeriod); at.After(now) {
+			next = minTime(next, at)
+		}
+	}
+	if r.main.state == unreachable {
+		consider(r.main.failingSince)
+	}
+	for _, o := range r.owners {
+		if o.state == unreachable {
+			consider(o.failingSince)
+		}
+	}
+	for _, tr := range r.routed {
+		if tr.unavailable {
+			consider(tr.unavailableSince)
+		}
+	}
+	return next
 }
 
 // stateForLocked is what `t`'s route says of its server at `now`; down for a tenant parked
