@@ -18,9 +18,11 @@ Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
    answers. A `stale` response is dropped.
  * Leases end at the request's FIRST send + lease_ttl_ms.
  * Syncs are never closer than min_sync_interval; an attempt's deadline is the earliest of
-   sync_timeout, the next lease expiry and the next fallback step (>= 20 ms away); an attempt
-   cut short by it, or cancelled by a wake while waiting for a connection, is "interrupted":
-   no verdict, no backoff, the same request goes out again at once.
+   sync_timeout, the next lease expiry, and the next fallback step or moment a route (or a
+   parked tenant) turns DOWN (>= 20 ms away), so that a spent lease falls back on time while
+   an attempt waits for the channel; an attempt cut short by it, or cancelled by a wake while
+   waiting for a connection, is "interrupted": no verdict, no backoff, the same request goes
+   out again at once.
  * The first attempt after a success is fail-fast; later ones wait for the channel to connect.
 
 Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
@@ -150,9 +152,14 @@ class SyncEngine:
     def server_state(self) -> str:
         return self._main.server_state
 
+    def _down_at(self, since: float) -> float:
+        """When a route unreachable since `since` (its first failed attempt), or a tenant parked
+        since then, turns DOWN: a refresh period later. _state_for and _next_down both use it,
+        so the step scheduled for that moment sees the server down."""
+        return since + self.policy.refresh_period
+
     def _state_of(self, route, now: float) -> str:
-        if (route.server_state == UNREACHABLE
-                and now - route.failing_since >= self.policy.refresh_period):
+        if route.server_state == UNREACHABLE and now >= self._down_at(route.failing_since):
             return DOWN
         return route.server_state
 
@@ -163,9 +170,20 @@ class SyncEngine:
         if r is None:
             return self._state_of(self._main, now)
         if r.unavailable:  # a live server said the shard has no owner: a failover once it lasts
-            return DOWN if now - r.unavailable_since >= self.policy.refresh_period else UNREACHABLE
+            return DOWN if now >= self._down_at(r.unavailable_since) else UNREACHABLE
         route = self._owners.get(r.owner) if r.owner else None
         return self._state_of(route or self._main, now)
+
+    def _next_down(self, now: float) -> float:
+        """The earliest time after `now` at which a route (unreachable, a refresh period after
+        its first failure) or a parked tenant (a refresh period after it was parked) turns DOWN;
+        INFINITE_FUTURE when none will. A step is due then, and a Sync attempt is cut short
+        for it."""
+        sinces = [route.failing_since for route in (self._main, *self._owners.values())
+                  if route.server_state == UNREACHABLE]
+        sinces += [r.unavailable_since for r in self._routed.values() if r.unavailable]
+        return min((self._down_at(since) for since in sinces if self._down_at(since) > now),
+                   default=INFINITE_FUTURE)
 
     def _groups(self, tenants):
         """[(route, its tenants)], the main route first."""
@@ -212,6 +230,12 @@ class SyncEngine:
         for t in tenants:
             next_step = min(next_step, t.step(now, self._state_for(t, now)))
             lease_ends = min(lease_ends, t.lease_ends_at())
+        # The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
+        # expiry, a fallback step runs at most MIN_FALLBACK_STEP_WINDOW late, and a server
+        # unreachable since an earlier attempt turns "down" on time (a spent lease then falls
+        # back at once, not when an attempt waiting for the channel gives up a sync_timeout
+        # later).
+        next_step = min(next_step, self._next_down(now))
         cut = min(lease_ends, max(next_step, now + MIN_FALLBACK_STEP_WINDOW))
         self._step = _StepState(tenants, now, cut)
         if self._routed or self._owners:
@@ -392,6 +416,7 @@ class SyncEngine:
             nxt = min(nxt, self._sync_due(route, group))
         for t in tenants:
             nxt = min(nxt, t.step(now, self._state_for(t, now)))
+        nxt = min(nxt, self._next_down(now))
         self.update_metrics(tenants)
         return nxt
 
