@@ -527,3 +527,39 @@ test('success-funded fallback: successes no request carried deposit the share\'s
   assert.equal(e.fallbackSpent, 3);
   assert.ok(e.successesCreditedLocally <= e.successes);
 });
+
+// After one failed attempt the next ones wait for the channel to connect, each up to its
+// deadline (syncTimeout, 1 s). The server turns "down" a refresh period after the first failure,
+// and the attempt waiting then is cut short for it: the spent lease falls back at that moment,
+// not when the wait gives up.
+test('an attempt waiting for the server is cut short when the server turns down', () => {
+  const r = rig(); // refresh period 0.2, sync timeout 1
+  const a = r.add('a');
+  r.step((plan) => grants(plan, { granted: 3, leaseTtlMs: 5000, safeShare: { capacity: 2, refillPerSecond: 10 } }));
+  let taken = 0;
+  while (a.tryAcquire()) taken++;
+  assert.equal(taken, 3); // spent
+  // The first attempt fails at once (connection refused); the later ones wait out their
+  // deadline, as a waitForReady call on a dead address does.
+  let failingSince = null;
+  const waiting = (plan) => {
+    if (failingSince === null) {
+      failingSince = plan.sent;
+      return { code: Status.UNAVAILABLE, details: 'connection refused' };
+    }
+    assert.equal(plan.waitForReady, true);
+    r.clock.t += plan.timeout;
+    return { code: Status.DEADLINE_EXCEEDED, details: 'waited for the channel' };
+  };
+  const giveUp = r.clock.t + 3;
+  let { next } = r.step(waiting);
+  while (a.mode !== 'fallback') {
+    assert.ok(next <= giveUp, `still in ${a.mode}`);
+    r.clock.t = Math.max(r.clock.t, next);
+    next = r.step(waiting).next;
+  }
+  assert.notEqual(failingSince, null);
+  const after = r.clock.t - failingSince;
+  assert.ok(after >= 0.2, `in fallback ${after} s after the first failure`);
+  assert.ok(after <= 0.25, `the spent lease fell back only when an attempt gave up (${after} s after the first failure)`);
+});

@@ -24,9 +24,11 @@
 //    anything else is ignored and reclaimed by the server), leases ending at the request's
 //    FIRST send + lease_ttl_ms.
 //  * Syncs are never closer than minSyncInterval; an attempt's deadline is the earliest of
-//    syncTimeout, the next lease expiry and the next fallback step (>= 20 ms away); an attempt
-//    cut short by it, or cancelled by a wake while waiting for a connection, is "interrupted":
-//    no verdict, no backoff, the same request goes out again at once.
+//    syncTimeout, the next lease expiry, and the next fallback step or moment a route (or a
+//    parked tenant) turns down, so that a spent lease falls back on time while an attempt
+//    waits for the channel (>= 20 ms away); an attempt cut short by it, or cancelled by a wake
+//    while waiting for a connection, is "interrupted": no verdict, no backoff, the same
+//    request goes out again at once.
 //  * The first attempt after a success is fail-fast; later ones wait for the channel to
 //    connect (waitForReady).
 //
@@ -148,8 +150,32 @@ export class SyncEngine {
   }
 
   stateOf(route, now) {
-    if (route.serverState === UNREACHABLE && now - route.failingSince >= this.policy.refreshPeriod) return DOWN;
+    if (route.serverState === UNREACHABLE && now >= this.downAt(route.failingSince)) return DOWN;
     return route.serverState;
+  }
+
+  /** When a route unreachable since `since` (its first failed attempt), or a tenant parked
+   * since then, turns down: a refresh period later. The checks and nextDown use this one sum,
+   * so the step scheduled for that moment sees the server down (with float milliseconds,
+   * `now - since >= refreshPeriod` can be false at `now = since + refreshPeriod`). */
+  downAt(since) {
+    return since + this.policy.refreshPeriod;
+  }
+
+  /** The earliest time after `now` at which a route (unreachable since its failingSince) or a
+   * parked tenant (since its unavailableSince) turns down, a refresh period later; Infinity
+   * when none will. A step is due then, and a Sync attempt is cut short for it. */
+  nextDown(now) {
+    let next = INFINITE_FUTURE;
+    const consider = (since) => {
+      if (since === INFINITE_FUTURE) return;
+      const down = this.downAt(since);
+      if (down > now) next = Math.min(next, down);
+    };
+    if (this.main.serverState === UNREACHABLE) consider(this.main.failingSince);
+    for (const route of this.owners.values()) if (route.serverState === UNREACHABLE) consider(route.failingSince);
+    for (const r of this.routed.values()) if (r.unavailable) consider(r.unavailableSince);
+    return next;
   }
 
   /** The ServerState a tenant's step sees at `now` (clock time; default the clock's now). */
@@ -159,7 +185,7 @@ export class SyncEngine {
     if (r === undefined) return this.stateOf(this.main, now);
     // A live server said the shard has no owner: a failover once it lasts a refresh period.
     if (r.unavailable) {
-      return now - r.unavailableSince >= this.policy.refreshPeriod ? DOWN : UNREACHABLE;
+      return now >= this.downAt(r.unavailableSince) ? DOWN : UNREACHABLE;
     }
     const route = r.owner !== null ? this.owners.get(r.owner) : undefined;
     return this.stateOf(route ?? this.main, now);
@@ -219,6 +245,11 @@ export class SyncEngine {
       nextStep = Math.min(nextStep, t.step(now, this.stateFor(t, now)));
       leaseEnds = Math.min(leaseEnds, t.leaseEndsAt());
     }
+    // The Sync ends (or is cut short) in time for the next duty: a lease ends exactly at its
+    // expiry, a fallback step runs at most MIN_FALLBACK_STEP_WINDOW late, and a server
+    // unreachable since an earlier attempt turns "down" on time (a spent lease then falls back
+    // at once, not when an attempt waiting for the channel gives up a syncTimeout later).
+    nextStep = Math.min(nextStep, this.nextDown(now));
     const cut = Math.min(leaseEnds, Math.max(nextStep, now + MIN_FALLBACK_STEP_WINDOW));
     this.step = newStep(tenants, now, cut);
     if (this.routed.size > 0 || this.owners.size > 0) this.prune();
@@ -457,6 +488,7 @@ export class SyncEngine {
     let next = INFINITE_FUTURE;
     for (const [route, group] of this.groups(tenants)) next = Math.min(next, this.syncDue(route, group));
     for (const t of tenants) next = Math.min(next, t.step(now, this.stateFor(t, now)));
+    next = Math.min(next, this.nextDown(now));
     this.updateMetrics(tenants);
     return next;
   }
