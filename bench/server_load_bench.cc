@@ -58,6 +58,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -84,6 +85,8 @@ ABSL_FLAG(double, durable_capacity, 1000,
 ABSL_FLAG(std::string, servers,
           "echo_callback,retry-budget-server,retry-budget-server-durable,echo_cq,budget_cq",
           "the servers each round runs, in this order; ratios need both of their servers");
+ABSL_FLAG(std::vector<std::string>, tenants_per_request, std::vector<std::string>({"1", "8"}),
+          "tenants named per request, one pass of the rounds each (1..64, at most --tenant_pool)");
 ABSL_FLAG(int, cq_threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
           "completion-queue threads of the *_cq servers");
 
@@ -464,6 +467,16 @@ int Main() {
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   std::vector<std::string> names;
   for (int i = 0; i < pool; ++i) names.push_back(TenantName(i));
+  std::vector<int> per_request_counts;
+  for (const std::string& text : absl::GetFlag(FLAGS_tenants_per_request)) {
+    int n = 0;
+    if (!absl::SimpleAtoi(text, &n) || n < 1 || n > 64 || n > pool) {
+      std::fprintf(stderr, "--tenants_per_request: \"%s\" is not a count in 1..%d\n",
+                   text.c_str(), std::min(64, pool));
+      return 1;
+    }
+    per_request_counts.push_back(n);
+  }
 
   // The servers, in the order each round runs them.
   const std::map<std::string, Target> kKnown = {
@@ -510,7 +523,7 @@ int Main() {
 
   // Per tenants-per-request, per server: each round's result.
   std::map<int, std::map<std::string, std::vector<RunResult>>> results;
-  for (int per_request : {1, 8}) {
+  for (int per_request : per_request_counts) {
     for (int round = 0; round < rounds; ++round) {
       for (const ServerInRun& server : servers) {
         const RunResult r = RunLoad(server, per_request, round, names);
@@ -562,12 +575,14 @@ int Main() {
                        [&](const ServerInRun& s) { return s.name == name; });
   };
   std::vector<std::string> ratio_fields, target_fields, median_fields;
-  for (int per_request : {1, 8}) {
+  for (int per_request : per_request_counts) {
     double throughput_ratio = 0;
+    double cpu_ratio = 0;
     for (const RatioSpec& spec : kRatios) {
       if (!ran(spec.server) || !ran(spec.baseline)) continue;
       const double ratio = median_ratio(per_request, spec.server, spec.baseline, spec.field);
       if (&spec == &kRatios[0]) throughput_ratio = ratio;
+      if (&spec == &kRatios[1]) cpu_ratio = ratio;
       ratio_fields.push_back(
           absl::StrFormat("\"%s_%dt\":%.3f", spec.name, per_request, ratio));
     }
@@ -575,6 +590,11 @@ int Main() {
       target_fields.push_back(absl::StrFormat("\"throughput_at_least_80pct_of_echo_%dt\":%s",
                                               per_request,
                                               throughput_ratio >= 0.8 ? "true" : "false"));
+      target_fields.push_back(absl::StrFormat("\"throughput_at_least_90pct_of_echo_%dt\":%s",
+                                              per_request,
+                                              throughput_ratio >= 0.9 ? "true" : "false"));
+      target_fields.push_back(absl::StrFormat("\"server_cpu_at_most_1_2x_echo_%dt\":%s",
+                                              per_request, cpu_ratio <= 1.2 ? "true" : "false"));
     }
     for (const ServerInRun& server : servers) {
       median_fields.push_back(absl::StrFormat(
