@@ -360,6 +360,14 @@ void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal) {
   EXPECT_GE(r.Num("utilisation_vs_ideal"), floor_vs_ideal) << r.line;
 }
 
+// Through an outage: successes were credited locally, fallback spent something, and every client
+// went back to leases afterwards.
+void ExpectSuccessesFundedTheFallback(const FleetResult& r) {
+  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
+  EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
+  EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
+}
+
 // Section 9 measured 0.99 of the ideal.
 TEST(FleetFaultUtilisationTest, SteadyStateUsesWhatAnIdealBucketWould) {
   FleetResult r = RunFleetTool(CreditFundedRun("steady", 6, {}));
@@ -375,21 +383,19 @@ TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAHangLongerThanTh
       CreditFundedRun("hang", 8, {"--stop-server-after=2", "--resume-after=3"}));
   ExpectWithinTheBoundAndUsed(r, 0.6);
   ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
-  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
-  EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
-  EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
+  ExpectSuccessesFundedTheFallback(r);
 }
 
 // kill -9, restarted 2 s later from its data directory: the journal keeps the credit deposited
-// since the last snapshot, the clients fund their fallback meanwhile. Measured 0.90.
+// since the last snapshot, the clients fund their fallback meanwhile. Measured 0.98 (0.90 while a
+// Sync waiting for the dead server held a spent lease out of fallback for a second).
 TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAKillNineAndRestart) {
   FleetResult r = RunFleetTool(
       CreditFundedRun("kill", 10, {"--kill-server-after=3", "--restart-after=2"}));
   ExpectWithinTheBoundAndUsed(r, 0.6);
   ASSERT_TRUE(r.SubHas("chaos", "restart_at_seconds")) << r.line;
   EXPECT_TRUE(r.SubBool("chaos", "persistent")) << r.line;
-  EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
-  EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
+  ExpectSuccessesFundedTheFallback(r);
 }
 
 // No outage, but 30% of the Sync responses lost, 10% of the requests duplicated and 10% replayed
