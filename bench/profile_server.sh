@@ -55,7 +55,7 @@ total = inside = 0
 for line in open(folded):
     stack, n = line.rsplit(" ", 1)
     total += int(n)
-    if "RetryBudgetServiceImpl::Sync" in stack or "Echo" in stack:
+    if "RetryBudgetServiceImpl::Sync" in stack or "CallbackEchoService::Echo" in stack:
         inside += int(n)
 by_library = {}
 for line in open(dso):
