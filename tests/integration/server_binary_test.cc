@@ -244,5 +244,18 @@ TEST(ServerBinaryFlagsTest, NonPositiveMaxMessageBytesExitsTwo) {
   EXPECT_THAT(process->Output(), HasSubstr("--max_message_bytes"));
 }
 
+TEST(ServerBinaryFlagsTest, ReserveAheadOutsideItsRangeExitsTwoNamingTheFlagAndTheValue) {
+  for (const char* value : {"5ms", "2m"}) {
+    ScopedTempDir dir;
+    auto process = ChildProcess::Start(RETRY_BUDGET_SERVER_BINARY,
+                                       {absl::StrCat("--etcd_reserve_ahead=", value)},
+                                       dir.path() + "/output");
+    ASSERT_TRUE(process.has_value());
+    EXPECT_EQ(process->Wait(kExitTimeout), 2) << value;
+    EXPECT_THAT(process->Output(), HasSubstr(absl::StrCat("--etcd_reserve_ahead=", value)));
+    EXPECT_THAT(process->Output(), HasSubstr("between 10ms and 1m"));
+  }
+}
+
 }  // namespace
 }  // namespace retrybudget::testing
