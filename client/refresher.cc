@@ -233,7 +233,7 @@ absl::Time Refresher::RunOnce() {
 
 ServerState Refresher::StateOf(const Route& route, absl::Time now) const {
   if (route.server_state == ServerState::kUnreachable &&
-      now - route.failing_since >= options_.policy.refresh_period) {
+      now >= DownAt(route.failing_since)) {
     return ServerState::kDown;
   }
   return route.server_state;
@@ -243,7 +243,7 @@ absl::Time Refresher::NextDownLocked(absl::Time now) const {
   absl::Time next = absl::InfiniteFuture();
   auto consider = [&](absl::Time since) {
     if (since == absl::InfiniteFuture()) return;
-    const absl::Time down = since + options_.policy.refresh_period;
+    const absl::Time down = DownAt(since);
     if (down > now) next = std::min(next, down);
   };
   if (main_.server_state == ServerState::kUnreachable) consider(main_.failing_since);
@@ -262,7 +262,7 @@ ServerState Refresher::StateForLocked(const TenantBudgetImpl* tenant, absl::Time
   if (it == routed_.end()) return StateOf(main_, now);
   // A live server said the shard has no owner that can grant: a failover once it lasts.
   if (it->second.unavailable) {
-    return now - it->second.unavailable_since >= options_.policy.refresh_period
+    return now >= DownAt(it->second.unavailable_since)
                ? ServerState::kDown
                : ServerState::kUnreachable;
   }

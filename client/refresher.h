@@ -186,6 +186,10 @@ class Refresher final : public SyncWaker {
   // The earliest time after `now` at which a route or a parked tenant turns kDown (InfiniteFuture
   // when none will): a step is due then, and a Sync attempt is cut short for it.
   absl::Time NextDownLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When a route unreachable since `since` (its first failed attempt), or a tenant parked since
+  // then, turns kDown: a refresh period later. StateOf, StateForLocked and NextDownLocked all
+  // use it, so the step scheduled for that moment sees the server down.
+  absl::Time DownAt(absl::Time since) const { return since + options_.policy.refresh_period; }
   // Per-entry answers of a cluster: follow a redirect, or park the tenant (UNAVAILABLE).
   void RedirectLocked(TenantBudgetImpl* tenant, const std::string& owner, absl::Time received)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
