@@ -38,10 +38,10 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
   policy_ = config;
   default_policy_ = *default_policy;
   MutexLock tenants_lock(&tenants_mu_);
-  for (auto& [name, tenant] : tenants_) {
-    MutexLock lock(&tenant->mu);
+  for (const auto& tenant : tenants_) {
+    CompactMutexLock lock(&tenant->mu);
     if (tenant->source == v1::POLICY_SOURCE_ADMIN) continue;
-    auto it = listed.find(name);
+    auto it = listed.find(tenant->name);
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
     tenant->Advance(now);
     tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
@@ -52,7 +52,7 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
 }
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
-  MutexLock lock(&tenant.mu);
+  CompactMutexLock lock(&tenant.mu);
   tenant.Advance(now);
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
@@ -101,8 +101,8 @@ absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
-    for (const auto& [name, t] : tenants_) {
-      if (request.page_token().empty() || name > request.page_token()) tenants.push_back(t);
+    for (const auto& t : tenants_) {
+      if (request.page_token().empty() || t->name > request.page_token()) tenants.push_back(t);
     }
   }
   std::sort(tenants.begin(), tenants.end(),
@@ -135,7 +135,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
     MutexLock lock(&tenants_mu_);
     auto it = tenants_.find(tenant);
     if (it != tenants_.end()) {
-      t = it->second;
+      t = *it;
     } else {
       if (tenants_.size() >= options_.max_tenants) {
         return absl::ResourceExhaustedError(absl::StrFormat(
@@ -143,7 +143,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
             QuoteForError(tenant), tenants_.size()));
       }
       t = std::make_shared<Tenant>(std::string(tenant), *resolved, v1::POLICY_SOURCE_ADMIN, now);
-      tenants_.emplace(t->name, t);
+      tenants_.insert(t);
       created = true;
     }
   }
@@ -156,7 +156,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
     return StatusOf(*t, now);
   }
   {
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     t->Advance(now);  // time so far counts at the old rate
     t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
     t->policy = *resolved;
@@ -177,10 +177,10 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
         return absl::NotFoundError(
             absl::StrCat("tenant ", QuoteForError(tenant), " has no budget"));
       }
-      t = it->second;
+      t = *it;
       tenants_.erase(it);
     }
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     t->deleted.store(true, std::memory_order_release);
     return absl::OkStatus();
   };
@@ -194,7 +194,7 @@ std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
-    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+    tenants.assign(tenants_.begin(), tenants_.end());
   }
   std::sort(tenants.begin(), tenants.end(),
             [](const auto& a, const auto& b) { return a->name < b->name; });

@@ -49,7 +49,7 @@ BudgetCore::~BudgetCore() {
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
   ReaderMutexLock lock(&tenants_mu_);
   auto it = tenants_.find(name);
-  return it == tenants_.end() ? nullptr : it->second;
+  return it == tenants_.end() ? nullptr : *it;
 }
 
 std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
@@ -60,7 +60,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   if (created && (options_.store != nullptr || options_.router != nullptr)) {
     uint64_t block = 0;
     {
-      MutexLock lock(&tenant->mu);
+      CompactMutexLock lock(&tenant->mu);
       block = ReservationBlock(tenant->policy.capacity);
     }
     PrimeReservation(tenant->name, block);
@@ -104,7 +104,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
   }
   MutexLock lock(&tenants_mu_);
   auto it = tenants_.find(name);
-  if (it != tenants_.end()) return it->second;
+  if (it != tenants_.end()) return *it;
   if (tenants_.size() >= options_.max_tenants) {
     error->set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
     error->set_message(absl::StrFormat("tenant %s cannot be created: the server holds %d "
@@ -113,7 +113,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
     return nullptr;
   }
   auto tenant = std::make_shared<Tenant>(std::string(name), policy, source, now);
-  tenants_.emplace(tenant->name, tenant);
+  tenants_.insert(tenant);
   *created = true;
   return tenant;
 }
@@ -133,7 +133,7 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
     ReaderMutexLock lock(&instances_mu_);
     auto it = instances_.find(id);
     if (it != instances_.end()) {
-      *instance = it->second;
+      *instance = *it;
       return absl::OkStatus();
     }
   }
@@ -141,7 +141,7 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
   MutexLock lock(&instances_mu_);
   auto it = instances_.find(id);
   if (it != instances_.end()) {
-    *instance = it->second;
+    *instance = *it;
     return absl::OkStatus();
   }
   // A tombstone keeps the id's owner and last seq: a delayed duplicate of a request of a
@@ -159,10 +159,10 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
       return absl::OkStatus();
     }
   }
-  auto fresh = std::make_shared<Instance>(principal);
+  auto fresh = std::make_shared<Instance>(std::string(id), principal);
   // Seen now, so the eviction below takes older instances, never this one.
   fresh->last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
-  instances_.emplace(id, fresh);
+  instances_.insert(fresh);
   *created = true;
   *instance = std::move(fresh);
   EvictInstancesIfFull();
@@ -177,20 +177,20 @@ void BudgetCore::EvictInstancesIfFull() {
   const size_t excess = instances_.size() - options_.max_instances;
   const size_t evict = std::min(instances_.size() - 1,
                                 std::max(excess, options_.max_instances / 100));
-  std::vector<std::pair<int64_t, std::string>> by_age;
+  std::vector<std::pair<int64_t, Instance*>> by_age;
   by_age.reserve(instances_.size());
-  for (const auto& [id, inst] : instances_) {
-    by_age.emplace_back(inst->last_seen_ns.load(std::memory_order_relaxed), id);
+  for (const auto& inst : instances_) {
+    by_age.emplace_back(inst->last_seen_ns.load(std::memory_order_relaxed), inst.get());
   }
   std::nth_element(by_age.begin(), by_age.begin() + evict, by_age.end());
   const absl::Time now = clock_->Now();
   for (size_t i = 0; i < evict; ++i) {
-    auto it = instances_.find(by_age[i].second);
-    Instance& inst = *it->second;
+    auto it = instances_.find(absl::string_view(by_age[i].second->id));
+    Instance& inst = **it;
     inst.forgotten.store(true, std::memory_order_release);
     const uint64_t last_seq = inst.published_seq.load(std::memory_order_acquire);
     if (last_seq != 0) {
-      tombstones_->Put(it->first, {.last_seq = last_seq, .principal = inst.principal, .at = now});
+      tombstones_->Put(inst.id, {.last_seq = last_seq, .principal = inst.principal, .at = now});
     }
     instances_.erase(it);
   }
@@ -200,8 +200,8 @@ void BudgetCore::ForgetInstance(absl::string_view id, const Instance* instance,
                                 uint64_t last_seq) {
   MutexLock lock(&instances_mu_);
   auto it = instances_.find(id);
-  if (it == instances_.end() || it->second.get() != instance) return;
-  it->second->forgotten.store(true, std::memory_order_release);
+  if (it == instances_.end() || it->get() != instance) return;
+  (*it)->forgotten.store(true, std::memory_order_release);
   if (last_seq != 0) {
     tombstones_->Put(id, {.last_seq = last_seq, .principal = instance->principal,
                           .at = clock_->Now()});
@@ -238,7 +238,7 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
       response->set_stale(true);
       return absl::OkStatus();
     }
-    MutexLock instance_lock(&instance->mu);
+    CompactMutexLock instance_lock(&instance->mu);
     if (instance->forgotten.load(std::memory_order_acquire) && attempt < 2) continue;
     return SyncLocked(request, principal, now, *instance, created, response);
   }
@@ -367,7 +367,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
   std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
   Tenant& tb = *tenant;
-  MutexLock lock(&tb.mu);
+  CompactMutexLock lock(&tb.mu);
   if (tb.deleted.load(std::memory_order_relaxed)) {
     // Deleted between the check above and the lock: nothing applied, nothing granted, and no
     // new record (an empty one would later pass for a known history).
@@ -560,7 +560,7 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit, double 
           // covers whichever tenant of that name holds it now.
           std::shared_ptr<Tenant> t = FindTenant(name);
           if (t != nullptr) {
-            MutexLock lock(&t->mu);
+            CompactMutexLock lock(&t->mu);
             t->grant_limit = std::max(t->grant_limit, limit);
           }
         }

@@ -39,6 +39,7 @@
 #include "server/budget_totals.h"
 #include "server/durable_store.h"
 #include "server/instance_state.h"
+#include "server/keyed_set.h"
 #include "server/policy.h"
 #include "server/tenant_router.h"
 
@@ -232,13 +233,14 @@ class BudgetCore {
   ResolvedPolicy default_policy_ ABSL_GUARDED_BY(policy_mu_);
 
   Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> tenants_ ABSL_GUARDED_BY(tenants_mu_);
+  using TenantTable = SharedByName<Tenant, &Tenant::name>;
+  using InstanceTable = SharedByName<Instance, &Instance::id>;
+  TenantTable tenants_ ABSL_GUARDED_BY(tenants_mu_);
 
   std::atomic<uint64_t> store_errors_{0};
 
   Mutex instances_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances_
-      ABSL_GUARDED_BY(instances_mu_);
+  InstanceTable instances_ ABSL_GUARDED_BY(instances_mu_);
   const std::unique_ptr<core_internal::Tombstones> tombstones_ ABSL_PT_GUARDED_BY(instances_mu_);
 };
 

@@ -17,14 +17,14 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
-    for (const auto& [name, t] : tenants_) {
-      if (pick(name)) tenants.push_back(t);
+    for (const auto& t : tenants_) {
+      if (pick(t->name)) tenants.push_back(t);
     }
   }
   std::vector<v1::TenantState> out;
   out.reserve(tenants.size());
   for (auto& t : tenants) {
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     if (t->deleted.load(std::memory_order_relaxed)) continue;
     t->Advance(now);
     v1::TenantState& ts = out.emplace_back();
@@ -71,7 +71,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
         }
       }
       auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, now);
-      MutexLock lock(&t->mu);
+      CompactMutexLock lock(&t->mu);
       // Every token up to the reserved limit may have been granted by the last owner, after
       // the level was written; refill starts now.
       const uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
@@ -85,15 +85,17 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
   {
     MutexLock lock(&tenants_mu_);
     for (auto& t : adopted) {
-      auto [it, inserted] = tenants_.try_emplace(t->name, t);
+      auto [it, inserted] = tenants_.insert(t);
       if (!inserted) {
-        replaced.push_back(std::move(it->second));
-        it->second = t;
+        // A set's element is const: the old budget leaves and the new one goes in.
+        replaced.push_back(*it);
+        tenants_.erase(it);
+        tenants_.insert(t);
       }
     }
   }
   for (auto& t : replaced) {
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     t->deleted.store(true, std::memory_order_release);
   }
 }
@@ -103,8 +105,8 @@ void BudgetCore::DropTenants(const std::function<bool(absl::string_view)>& pick)
   {
     MutexLock lock(&tenants_mu_);
     for (auto it = tenants_.begin(); it != tenants_.end();) {
-      if (pick(it->first)) {
-        dropped.push_back(std::move(it->second));
+      if (pick((*it)->name)) {
+        dropped.push_back(*it);
         tenants_.erase(it++);
       } else {
         ++it;
@@ -112,7 +114,7 @@ void BudgetCore::DropTenants(const std::function<bool(absl::string_view)>& pick)
     }
   }
   for (auto& t : dropped) {
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     t->deleted.store(true, std::memory_order_release);
   }
 }

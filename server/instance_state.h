@@ -9,13 +9,14 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "retrybudget/mutex.h"
+#include "server/compact_mutex.h"
 #include "server/grant_math.h"
 #include "server/replay_cache.h"
 #include "server/tenant_state.h"
@@ -31,11 +32,14 @@ struct InstanceTenant {
 };
 
 struct Instance {
-  explicit Instance(uint64_t principal_hash) : principal(principal_hash) {}
+  Instance(std::string instance_id, uint64_t principal_hash)
+      : id(std::move(instance_id)), principal(principal_hash) {}
+
+  const std::string id;
 
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
-  Mutex mu;
+  CompactMutex mu;
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
   // last_seq, readable without `mu` (for the tombstone of an eviction).

@@ -23,10 +23,10 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   std::vector<std::shared_ptr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
-    for (const auto& [name, t] : tenants_) tenants.push_back(t);
+    tenants.assign(tenants_.begin(), tenants_.end());
   }
   for (auto& t : tenants) {
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     t->Advance(now);
     if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
     v1::TenantState* ts = state.add_tenants();
@@ -47,10 +47,10 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_fallback_retries_total(t->totals.fallback_retries);
     ts->set_uncredited_total(t->totals.uncredited);
   }
-  std::vector<std::pair<std::string, std::shared_ptr<Instance>>> instances;
+  std::vector<std::shared_ptr<Instance>> instances;
   {
     ReaderMutexLock lock(&instances_mu_);
-    for (const auto& [id, inst] : instances_) instances.emplace_back(id, inst);
+    instances.assign(instances_.begin(), instances_.end());
     // Tombstones matter only to a clean restart: after a crash every instance is a baseline.
     if (clean) {
       tombstones_->ForEach([&](absl::string_view id, const core_internal::Tombstone& t) {
@@ -62,10 +62,10 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
       });
     }
   }
-  for (auto& [id, inst] : instances) {
-    MutexLock lock(&inst->mu);
+  for (auto& inst : instances) {
+    CompactMutexLock lock(&inst->mu);
     v1::InstanceState* is = state.add_instances();
-    is->set_instance_id(id);
+    is->set_instance_id(inst->id);
     is->set_principal_hash(inst->principal);
     is->set_last_seq(inst->last_seq);
     is->set_last_fingerprint(inst->last_fingerprint);
@@ -96,7 +96,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     return it != listed.end() ? it->second : default_policy_;
   };
 
-  absl::flat_hash_map<std::string, std::shared_ptr<Tenant>> restored;
+  TenantTable restored;
   if (recovered.snapshot.has_value()) {
     for (const v1::TenantState& ts : recovered.snapshot->tenants()) {
       if (auto s = ValidateTenantName(ts.tenant(), "snapshot tenant"); !s.ok()) return s;
@@ -111,7 +111,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       }
       const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
       auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, at);
-      MutexLock lock(&t->mu);
+      CompactMutexLock lock(&t->mu);
       uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
       if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
         limit = std::max(limit, it->second);
@@ -129,31 +129,31 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       t->credited_total = credited;
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, granted);
-      restored.emplace(ts.tenant(), std::move(t));
+      restored.insert(std::move(t));
     }
   }
   // Tenants created after the last snapshot that had reserved grants: recreated now, in debt by
   // everything they may have granted.
   for (const auto& [name, limit] : recovered.reservations) {
-    if (restored.contains(name)) continue;
+    if (restored.contains(absl::string_view(name))) continue;
     if (auto s = ValidateTenantName(name, "journal tenant"); !s.ok()) return s;
     v1::PolicySource source;
     const ResolvedPolicy policy = current_policy(name, &source);
     auto t = std::make_shared<Tenant>(name, policy, source, now);
-    MutexLock lock(&t->mu);
+    CompactMutexLock lock(&t->mu);
     const auto credited = recovered.credited.find(name);
     t->credited_total = credited == recovered.credited.end() ? 0 : credited->second;
     t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit) + t->credited_total, now);
     t->grant_limit = limit;
     t->totals.granted = limit;
-    restored.emplace(name, std::move(t));
+    restored.insert(std::move(t));
   }
 
-  absl::flat_hash_map<std::string, std::shared_ptr<Instance>> instances;
+  InstanceTable instances;
   if (clean) {
     for (const v1::InstanceState& is : recovered.snapshot->instances()) {
-      auto inst = std::make_shared<Instance>(is.principal_hash());
-      MutexLock lock(&inst->mu);
+      auto inst = std::make_shared<Instance>(is.instance_id(), is.principal_hash());
+      CompactMutexLock lock(&inst->mu);
       inst->last_seq = is.last_seq();
       inst->published_seq.store(is.last_seq(), std::memory_order_relaxed);
       inst->last_fingerprint = is.last_fingerprint();
@@ -165,15 +165,15 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
                                  .expected_received = r.granted_total(),
                                  .outstanding = r.outstanding()};
       }
-      instances.emplace(is.instance_id(), std::move(inst));
+      instances.insert(std::move(inst));
     }
   }
   std::vector<std::pair<std::string, uint64_t>> ahead;  // a block past each durable limit
   std::vector<double> credited_ahead;                     // with each tenant's credited_total
   if (options_.store != nullptr) {
-    for (auto& [name, t] : restored) {
-      MutexLock lock(&t->mu);
-      ahead.emplace_back(name, std::max(t->grant_limit, t->totals.granted) +
+    for (const auto& t : restored) {
+      CompactMutexLock lock(&t->mu);
+      ahead.emplace_back(t->name, std::max(t->grant_limit, t->totals.granted) +
                                    ReservationBlock(t->policy.capacity));
       credited_ahead.push_back(t->credited_total);
     }

@@ -14,10 +14,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/numeric/int128.h"
 #include "absl/time/time.h"
-#include "retrybudget/mutex.h"
 #include "retrybudget/recent_extreme.h"
 #include "retrybudget/v1/state.pb.h"
 #include "server/budget_totals.h"
+#include "server/compact_mutex.h"
 #include "server/policy.h"
 #include "server/token_bucket.h"
 
@@ -52,7 +52,7 @@ struct Tenant {
   };
 
   const std::string name;
-  Mutex mu;
+  CompactMutex mu;
   ResolvedPolicy policy ABSL_GUARDED_BY(mu);
   v1::PolicySource source ABSL_GUARDED_BY(mu);
   TokenBucket bucket ABSL_GUARDED_BY(mu);
