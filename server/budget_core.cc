@@ -332,8 +332,7 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(Instance& instance, const v1::TenantSyn
       refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
       refusal.set_message(kDeletedMeanwhile);
     }
-    out.error_code = refusal.code();
-    out.error_message = refusal.message();
+    out.Refuse(refusal.code(), refusal.message());
     return nullptr;
   }
   return found->get();
@@ -344,9 +343,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
                             std::vector<std::string>* fallback_reports) {
   const v1::TenantSync& sent = request.tenants(index);
   out.tenant = sent.tenant();
-  out.error_code = 0;
-  out.error_message.clear();
-  out.error_owner.clear();
+  out.error.reset();
   // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
@@ -371,8 +368,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   if (tb.deleted.load(std::memory_order_relaxed)) {
     // Deleted between the check above and the lock: nothing applied, nothing granted, and no
     // new record (an empty one would later pass for a known history).
-    out.error_code = static_cast<int>(absl::StatusCode::kUnavailable);
-    out.error_message = kDeletedMeanwhile;
+    out.Refuse(static_cast<int>(absl::StatusCode::kUnavailable), kDeletedMeanwhile);
     keep_alive = std::move(rec.tenant);
     if (new_record) instance.tenants.erase(rec_it);
     return;
@@ -529,18 +525,19 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   const uint64_t another =
       left_after <= 0 ? 0 : std::min(granted, static_cast<uint64_t>(std::ceil(left_after)));
   if (durable_left - allowed < another + margin) {
-    if (cluster && (t.block_sized_at == absl::InfinitePast() ||
-                    now - t.block_sized_at >= kMinSizingInterval)) {
-      if (t.block_sized_at != absl::InfinitePast()) {
+    const int64_t now_ns = absl::ToUnixNanos(now);
+    if (cluster && (t.block_sized_at_ns == Tenant::kNever ||
+                    now_ns - t.block_sized_at_ns >= absl::ToInt64Nanoseconds(kMinSizingInterval))) {
+      if (t.block_sized_at_ns != Tenant::kNever) {
         const double rate = static_cast<double>(t.totals.granted - t.granted_when_sized) /
-                            absl::ToDoubleSeconds(now - t.block_sized_at);
+                            (static_cast<double>(now_ns - t.block_sized_at_ns) * 1e-9);
         t.reservation_block =
             ClusterReservationBlock(t.policy.capacity, rate,
                                     t.policy.refill_per_second + t.CreditRate(),
                                     options_.cluster_reserve_ahead);
         block = t.reservation_block;
       }
-      t.block_sized_at = now;
+      t.block_sized_at_ns = now_ns;
       t.granted_when_sized = t.totals.granted;
     }
     ReserveAhead(t.name, t.totals.granted + allowed + another + block, t.credited_total);
@@ -576,9 +573,7 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit, double 
 
 void BudgetCore::Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out) {
   TenantRefusal refusal = options_.router->Refusal(tenant, now);
-  out.error_code = refusal.code;
-  out.error_message = std::move(refusal.message);
-  out.error_owner = std::move(refusal.owner);
+  out.Refuse(refusal.code, std::move(refusal.message), std::move(refusal.owner));
 }
 
 size_t BudgetCore::tenant_count() {

@@ -54,10 +54,10 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
   for (const GrantRecord& r : records) {
     v1::TenantGrant* out = response->add_tenants();
     out->set_tenant(r.tenant);
-    if (r.error_code != 0) {
-      out->mutable_error()->set_code(r.error_code);
-      out->mutable_error()->set_message(r.error_message);
-      if (!r.error_owner.empty()) out->mutable_error()->set_owner(r.error_owner);
+    if (r.error != nullptr) {
+      out->mutable_error()->set_code(r.error->code);
+      out->mutable_error()->set_message(r.error->message);
+      if (!r.error->owner.empty()) out->mutable_error()->set_owner(r.error->owner);
       continue;
     }
     out->set_granted(r.granted);
@@ -86,9 +86,7 @@ void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* re
     r.bucket_tokens = g.bucket_tokens();
     r.capacity = g.capacity();
     r.active_instances = g.active_instances();
-    r.error_code = g.error().code();
-    r.error_message = g.error().message();
-    r.error_owner = g.error().owner();
+    if (g.error().code() != 0) r.Refuse(g.error().code(), g.error().message(), g.error().owner());
   }
 }
 

@@ -7,7 +7,9 @@
 #define RETRYBUDGET_SERVER_REPLAY_CACHE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -52,10 +54,18 @@ struct GrantRecord {
   double bucket_tokens = 0;
   double capacity = 0;
   uint32_t active_instances = 0;
-  // Non-zero when the entry was refused on its own (google.rpc.Code), with its message.
-  int32_t error_code = 0;
-  std::string error_message;
-  std::string error_owner;  // TenantError.owner
+  // Set when the entry was refused on its own. Behind a pointer: refusals are rare, and every
+  // instance keeps a record per tenant it syncs (their strings were a third of the record).
+  struct Refusal {
+    int32_t code = 0;  // google.rpc.Code, never 0
+    std::string message;
+    std::string owner;  // TenantError.owner
+  };
+  std::unique_ptr<Refusal> error;
+
+  void Refuse(int32_t code, std::string message, std::string owner = "") {
+    error = std::make_unique<Refusal>(Refusal{code, std::move(message), std::move(owner)});
+  }
 };
 
 // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.

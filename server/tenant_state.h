@@ -41,14 +41,18 @@ struct Tenant {
         policy(p),
         source(s),
         bucket(p.capacity, p.refill_per_second, p.initial_tokens, now),
-        last_sweep(now) {}
+        last_sweep_ns(absl::ToUnixNanos(now)) {}
+
+  // Times kept per tenant and per active instance are Unix nanoseconds (8 bytes, where an
+  // absl::Time takes 16); kNever is "not yet".
+  static constexpr int64_t kNever = INT64_MIN;
 
   struct Active {
     uint64_t want = 0;
     // Tokens the instance may still spend from this server's grants, as far as the server
     // knows (its counted holdings, grant_math.h), plus what was granted at its last report.
     uint64_t held = 0;
-    absl::Time last_seen;
+    int64_t last_seen_ns = 0;
   };
 
   const std::string name;
@@ -68,7 +72,7 @@ struct Tenant {
   absl::flat_hash_map<const Instance*, Active> active ABSL_GUARDED_BY(mu);
   absl::uint128 want_sum ABSL_GUARDED_BY(mu) = 0;
   absl::uint128 held_sum ABSL_GUARDED_BY(mu) = 0;  // also the bucket's `leased`
-  absl::Time last_sweep ABSL_GUARDED_BY(mu);
+  int64_t last_sweep_ns ABSL_GUARDED_BY(mu);
   // The most instances active at once lately: the SafeShare divides the budget among them.
   RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
@@ -83,7 +87,7 @@ struct Tenant {
   // time when the block was last sized, for the observed grant rate.
   uint64_t reservation_block ABSL_GUARDED_BY(mu) = 0;
   uint64_t granted_when_sized ABSL_GUARDED_BY(mu) = 0;
-  absl::Time block_sized_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  int64_t block_sized_at_ns ABSL_GUARDED_BY(mu) = kNever;
   // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
   // again. Atomic so that a cached pointer can be checked before taking `mu`.
   std::atomic<bool> deleted{false};
@@ -100,7 +104,7 @@ struct Tenant {
     want_sum = want_sum - a.want + want;
     a.want = want;
     SetHeld(a, held);
-    a.last_seen = now;
+    a.last_seen_ns = absl::ToUnixNanos(now);
     return a;
   }
 
@@ -119,11 +123,12 @@ struct Tenant {
   }
 
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (now - last_sweep < absl::Milliseconds(100)) return;
-    last_sweep = now;
-    const absl::Time cutoff = now - policy.lease_ttl;
+    const int64_t now_ns = absl::ToUnixNanos(now);
+    if (now_ns - last_sweep_ns < 100'000'000) return;
+    last_sweep_ns = now_ns;
+    const int64_t cutoff = absl::ToUnixNanos(now - policy.lease_ttl);
     for (auto it = active.begin(); it != active.end();) {
-      if (it->second.last_seen < cutoff) {
+      if (it->second.last_seen_ns < cutoff) {
         want_sum -= it->second.want;
         SetHeld(it->second, 0);
         active.erase(it++);
@@ -143,25 +148,26 @@ struct Tenant {
   // Success credit per second, smoothed over windows of about a second.
   double credit_rate ABSL_GUARDED_BY(mu) = 0;
   double window_credit ABSL_GUARDED_BY(mu) = 0;
-  absl::Time window_start ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  int64_t window_start_ns ABSL_GUARDED_BY(mu) = kNever;
 
   void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (window_start == absl::InfinitePast()) window_start = now;
+    const int64_t now_ns = absl::ToUnixNanos(now);
+    if (window_start_ns == kNever) window_start_ns = now_ns;
     window_credit += credit;
-    const absl::Duration window = now - window_start;
-    if (window >= absl::Seconds(1)) {
-      credit_rate = 0.5 * credit_rate + 0.5 * window_credit / absl::ToDoubleSeconds(window);
+    const int64_t window_ns = now_ns - window_start_ns;
+    if (window_ns >= 1'000'000'000) {
+      credit_rate = 0.5 * credit_rate + 0.5 * window_credit / (static_cast<double>(window_ns) * 1e-9);
       window_credit = 0;
-      window_start = now;
+      window_start_ns = now_ns;
     }
   }
 
   double CreditRate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return credit_rate; }
 
   uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const absl::Time cutoff = now - policy.lease_ttl;
+    const int64_t cutoff = absl::ToUnixNanos(now - policy.lease_ttl);
     uint32_t n = 0;
-    for (const auto& [id, a] : active) n += a.last_seen >= cutoff ? 1 : 0;
+    for (const auto& [id, a] : active) n += a.last_seen_ns >= cutoff ? 1 : 0;
     return n;
   }
 };

@@ -10,17 +10,18 @@ TokenBucket::TokenBucket(double capacity, double refill_per_second, double initi
     : capacity_(capacity),
       refill_per_second_(refill_per_second),
       tokens_(std::clamp(initial_tokens, 0.0, capacity)),
-      last_(now) {}
+      last_ns_(absl::ToUnixNanos(now)) {}
 
 double TokenBucket::Grown(double added) const {
   return std::max(tokens_, std::min(capacity_ - leased_, tokens_ + added));
 }
 
 void TokenBucket::Refill(absl::Time now) {
-  if (now <= last_) return;
-  const double dt = absl::ToDoubleSeconds(now - last_);
+  const int64_t now_ns = absl::ToUnixNanos(now);
+  if (now_ns <= last_ns_) return;
+  const double dt = static_cast<double>(now_ns - last_ns_) * 1e-9;
   tokens_ = Grown(refill_per_second_ * dt);
-  last_ = now;
+  last_ns_ = now_ns;
 }
 
 void TokenBucket::Deposit(double tokens) {
@@ -47,7 +48,7 @@ void TokenBucket::Reconfigure(double capacity, double refill_per_second) {
 
 void TokenBucket::Restore(double tokens, absl::Time at) {
   tokens_ = std::min(tokens, capacity_);
-  last_ = at;
+  last_ns_ = absl::ToUnixNanos(at);
 }
 
 }  // namespace retrybudget

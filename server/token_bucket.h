@@ -36,7 +36,7 @@ class TokenBucket {
   double tokens() const { return tokens_; }
   double capacity() const { return capacity_; }
   double refill_per_second() const { return refill_per_second_; }
-  absl::Time last_refill() const { return last_; }
+  absl::Time last_refill() const { return absl::FromUnixNanos(last_ns_); }
 
   // Restores a persisted level as of `at`, capped at capacity. A negative level is kept: it is a
   // debt (tokens that may have been granted before a crash) that refill pays off first.
@@ -47,7 +47,9 @@ class TokenBucket {
   double refill_per_second_;
   double tokens_;
   double leased_ = 0;
-  absl::Time last_;
+  // The last refill, in Unix nanoseconds: 8 bytes where an absl::Time takes 16 (one bucket per
+  // tenant, a million tenants).
+  int64_t last_ns_;
 
   // `tokens_` + `added`, capped at capacity - leased, but never lower than now.
   double Grown(double added) const;
