@@ -45,7 +45,7 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
     tenant->Advance(now);
     tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
-    tenant->policy = p;
+    tenant->policy = Intern(p);
     tenant->source = it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT;
   }
   return absl::OkStatus();
@@ -56,9 +56,9 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   tenant.Advance(now);
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
-  *s.mutable_policy() = tenant.policy.ToProto();
+  *s.mutable_policy() = tenant.policy->ToProto();
   s.set_tokens(tenant.bucket.tokens());
-  s.set_leased_tokens(static_cast<double>(tenant.held_sum));
+  s.set_leased_tokens(static_cast<double>(tenant.HeldSum()));
   s.set_active_instances(tenant.ActiveCount(now));
   s.set_granted_total(tenant.totals.granted);
   s.set_successes_total(tenant.totals.successes);
@@ -142,7 +142,8 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
             "tenant %s cannot be created: the server holds %d tenants, its limit",
             QuoteForError(tenant), tenants_.size()));
       }
-      t = std::make_shared<Tenant>(std::string(tenant), *resolved, v1::POLICY_SOURCE_ADMIN, now);
+      t = std::make_shared<Tenant>(std::string(tenant), Intern(*resolved), v1::POLICY_SOURCE_ADMIN,
+                                   now);
       tenants_.insert(t);
       created = true;
     }
@@ -159,7 +160,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
     CompactMutexLock lock(&t->mu);
     t->Advance(now);  // time so far counts at the old rate
     t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
-    t->policy = *resolved;
+    t->policy = Intern(*resolved);
     t->source = v1::POLICY_SOURCE_ADMIN;
   }
   return StatusOf(*t, now);

@@ -61,7 +61,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
     uint64_t block = 0;
     {
       CompactMutexLock lock(&tenant->mu);
-      block = ReservationBlock(tenant->policy.capacity);
+      block = ReservationBlock(tenant->policy->capacity);
     }
     PrimeReservation(tenant->name, block);
   }
@@ -112,7 +112,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
                                        QuoteForError(name), tenants_.size()));
     return nullptr;
   }
-  auto tenant = std::make_shared<Tenant>(std::string(name), policy, source, now);
+  auto tenant = std::make_shared<Tenant>(std::string(name), Intern(policy), source, now);
   tenants_.insert(tenant);
   *created = true;
   return tenant;
@@ -403,7 +403,6 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     tb.RemoveActive(&instance);
   } else {
     entry = &tb.SetActive(&instance, sent.want(), effect.spent_since < held ? held : 0, now);
-    tb.fleet_size.Note(tb.active.size(), now);
   }
   if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
   Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
@@ -413,7 +412,7 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
                         absl::string_view tenant, absl::string_view instance_id,
                         std::vector<std::string>* fallback_reports) {
   const double credit =
-      tb.policy.success_credit * static_cast<double>(effect.d_credited_successes);
+      tb.policy->success_credit * static_cast<double>(effect.d_credited_successes);
   tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
   tb.credited_total += credit + static_cast<double>(effect.credited_back);
   tb.NoteCredit(credit, now);
@@ -438,7 +437,7 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
 void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
                        uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out) {
   uint64_t granted = 0;
-  const absl::Duration ttl = tb.policy.lease_ttl;
+  const absl::Duration ttl = tb.policy->lease_ttl;
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
@@ -466,27 +465,27 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
       // back too rarely, and tokens pile up in the bucket while retries are denied.
       next_sync = waiting_for_disk
                       ? options_.min_next_sync
-                      : DryNextSync(tb.policy.refill_per_second + tb.CreditRate(), want,
+                      : DryNextSync(tb.policy->refill_per_second + tb.CreditRate(), want,
                                     tb.WantSum(), next_sync, options_.min_next_sync);
     }
   }
   // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
   // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
-  const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.active.size()));
+  const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.ActiveSize()));
   // Fallback shares divide among the largest fleet of the last minute, not the active set of
   // this moment: every instance that may be in fallback at once gets a share of one budget.
   const SafeShareOf share =
-      SafeShare(tb.policy.capacity, tb.policy.refill_per_second,
-                std::max<uint64_t>(active, tb.fleet_size.Get(now).value_or(0)));
+      SafeShare(tb.policy->capacity, tb.policy->refill_per_second,
+                std::max<uint64_t>(active, tb.RecentFleetSize(now)));
   out.granted = granted;
   out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
   out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
   out.safe_capacity = share.capacity;
   out.safe_refill_per_second = share.refill_per_second;
   // Credit is not divided: each success is seen by exactly one instance.
-  out.safe_success_credit = tb.policy.success_credit;
+  out.safe_success_credit = tb.policy->success_credit;
   out.bucket_tokens = tb.bucket.tokens();
-  out.capacity = tb.policy.capacity;
+  out.capacity = tb.policy->capacity;
   out.active_instances = active;
 }
 
@@ -512,7 +511,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   // reservation on its way re-asks on every grant, and those few milliseconds say nothing.
   constexpr absl::Duration kMinSizingInterval = absl::Milliseconds(500);
   const bool cluster = options_.router != nullptr;
-  uint64_t block = ReservationBlock(t.policy.capacity);
+  uint64_t block = ReservationBlock(t.policy->capacity);
   if (cluster) {
     if (t.reservation_block == 0) t.reservation_block = block;
     block = t.reservation_block;
@@ -532,8 +531,8 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
         const double rate = static_cast<double>(t.totals.granted - t.granted_when_sized) /
                             (static_cast<double>(now_ns - t.block_sized_at_ns) * 1e-9);
         t.reservation_block =
-            ClusterReservationBlock(t.policy.capacity, rate,
-                                    t.policy.refill_per_second + t.CreditRate(),
+            ClusterReservationBlock(t.policy->capacity, rate,
+                                    t.policy->refill_per_second + t.CreditRate(),
                                     options_.cluster_reserve_ahead);
         block = t.reservation_block;
       }

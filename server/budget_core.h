@@ -232,6 +232,14 @@ class BudgetCore {
   v1::PolicyConfig policy_ ABSL_GUARDED_BY(policy_mu_);
   ResolvedPolicy default_policy_ ABSL_GUARDED_BY(policy_mu_);
 
+  // The policies budgets hold (a leaf lock: taken under any other, never the other way).
+  Mutex policy_table_mu_;
+  PolicyTable policy_table_ ABSL_GUARDED_BY(policy_table_mu_);
+  std::shared_ptr<const ResolvedPolicy> Intern(const ResolvedPolicy& policy) {
+    MutexLock lock(&policy_table_mu_);
+    return policy_table_.Intern(policy);
+  }
+
   Mutex tenants_mu_ ABSL_ACQUIRED_AFTER(policy_mu_);
   using TenantTable = SharedByName<Tenant, &Tenant::name>;
   using InstanceTable = SharedByName<Instance, &Instance::id>;

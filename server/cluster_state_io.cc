@@ -29,7 +29,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
     t->Advance(now);
     v1::TenantState& ts = out.emplace_back();
     ts.set_tenant(t->name);
-    *ts.mutable_policy() = t->policy.ToProto();
+    *ts.mutable_policy() = t->policy->ToProto();
     ts.set_policy_source(t->source);
     ts.set_level(t->bucket.tokens());
     ts.set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
@@ -70,7 +70,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
           }
         }
       }
-      auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, now);
+      auto t = std::make_shared<Tenant>(ts.tenant(), Intern(policy), source, now);
       CompactMutexLock lock(&t->mu);
       // Every token up to the reserved limit may have been granted by the last owner, after
       // the level was written; refill starts now.

@@ -187,4 +187,18 @@ absl::StatusOr<v1::PolicyConfig> LoadPolicyFile(const std::string& path) {
   return config;
 }
 
+std::shared_ptr<const ResolvedPolicy> PolicyTable::Intern(const ResolvedPolicy& policy) {
+  auto [it, inserted] = by_value_.try_emplace(policy);
+  if (!inserted) {
+    if (std::shared_ptr<const ResolvedPolicy> kept = it->second.lock()) return kept;
+  }
+  auto fresh = std::make_shared<const ResolvedPolicy>(policy);
+  it->second = fresh;
+  if (by_value_.size() >= prune_at_) {
+    absl::erase_if(by_value_, [](const auto& entry) { return entry.second.expired(); });
+    prune_at_ = std::max<size_t>(64, 2 * by_value_.size());
+  }
+  return fresh;
+}
+
 }  // namespace retrybudget

@@ -3,7 +3,11 @@
 #ifndef RETRYBUDGET_SERVER_POLICY_H_
 #define RETRYBUDGET_SERVER_POLICY_H_
 
+#include <memory>
 #include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -22,6 +26,27 @@ struct ResolvedPolicy {
 
   // The same policy as a message with every field set explicitly.
   v1::BudgetPolicy ToProto() const;
+
+  friend bool operator==(const ResolvedPolicy&, const ResolvedPolicy&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ResolvedPolicy& p) {
+    return H::combine(std::move(h), p.capacity, p.refill_per_second, p.success_credit,
+                      p.initial_tokens, p.lease_ttl);
+  }
+};
+
+// One shared, immutable copy of each distinct policy in use. A budget holds its policy as a
+// pointer to it: a million budgets under a few policies do not each carry a 48-byte copy.
+// Copies no budget holds any more are dropped as the table grows (amortised), so a stream of
+// distinct admin policies does not accumulate. Thread-compatible: the caller serialises calls.
+class PolicyTable {
+ public:
+  std::shared_ptr<const ResolvedPolicy> Intern(const ResolvedPolicy& policy);
+  size_t size() const { return by_value_.size(); }
+
+ private:
+  absl::flat_hash_map<ResolvedPolicy, std::weak_ptr<const ResolvedPolicy>> by_value_;
+  size_t prune_at_ = 64;
 };
 
 // Applies the defaults of budget.proto to unset (zero) fields and checks ranges. `field` prefixes

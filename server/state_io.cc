@@ -31,7 +31,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
     v1::TenantState* ts = state.add_tenants();
     ts->set_tenant(t->name);
-    *ts->mutable_policy() = t->policy.ToProto();
+    *ts->mutable_policy() = t->policy->ToProto();
     ts->set_policy_source(t->source);
     ts->set_level(t->bucket.tokens());
     ts->set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
@@ -110,7 +110,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
         policy = current_policy(ts.tenant(), &source);
       }
       const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
-      auto t = std::make_shared<Tenant>(ts.tenant(), policy, source, at);
+      auto t = std::make_shared<Tenant>(ts.tenant(), Intern(policy), source, at);
       CompactMutexLock lock(&t->mu);
       uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
       if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
@@ -139,7 +139,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     if (auto s = ValidateTenantName(name, "journal tenant"); !s.ok()) return s;
     v1::PolicySource source;
     const ResolvedPolicy policy = current_policy(name, &source);
-    auto t = std::make_shared<Tenant>(name, policy, source, now);
+    auto t = std::make_shared<Tenant>(name, Intern(policy), source, now);
     CompactMutexLock lock(&t->mu);
     const auto credited = recovered.credited.find(name);
     t->credited_total = credited == recovered.credited.end() ? 0 : credited->second;
@@ -174,7 +174,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     for (const auto& t : restored) {
       CompactMutexLock lock(&t->mu);
       ahead.emplace_back(t->name, std::max(t->grant_limit, t->totals.granted) +
-                                   ReservationBlock(t->policy.capacity));
+                                   ReservationBlock(t->policy->capacity));
       credited_ahead.push_back(t->credited_total);
     }
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -36,11 +37,13 @@ struct MaxCount {
 struct Instance;
 
 struct Tenant {
-  Tenant(std::string n, const ResolvedPolicy& p, v1::PolicySource s, absl::Time now)
+  // `p` is shared (PolicyTable::Intern), never null.
+  Tenant(std::string n, std::shared_ptr<const ResolvedPolicy> p, v1::PolicySource s,
+         absl::Time now)
       : name(std::move(n)),
-        policy(p),
         source(s),
-        bucket(p.capacity, p.refill_per_second, p.initial_tokens, now),
+        policy(std::move(p)),
+        bucket(policy->capacity, policy->refill_per_second, policy->initial_tokens, now),
         last_sweep_ns(absl::ToUnixNanos(now)) {}
 
   // Times kept per tenant and per active instance are Unix nanoseconds (8 bytes, where an
@@ -57,8 +60,8 @@ struct Tenant {
 
   const std::string name;
   CompactMutex mu;
-  ResolvedPolicy policy ABSL_GUARDED_BY(mu);
-  v1::PolicySource source ABSL_GUARDED_BY(mu);
+  v1::PolicySource source ABSL_GUARDED_BY(mu);  // beside the 4-byte mutex: no padding
+  std::shared_ptr<const ResolvedPolicy> policy ABSL_GUARDED_BY(mu);
   TokenBucket bucket ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL, with the want they last sent and the tokens
   // they hold. `want_sum` and `held_sum` are the sums, kept incrementally in 128 bits (no sum of
@@ -69,12 +72,22 @@ struct Tenant {
   // touching the id's characters (this map is probed on every Sync of every tenant entry). An
   // instance forgotten by eviction whose address is reused by a new one only hands its entry
   // over early; the entry would have expired within the TTL anyway.
-  absl::flat_hash_map<const Instance*, Active> active ABSL_GUARDED_BY(mu);
-  absl::uint128 want_sum ABSL_GUARDED_BY(mu) = 0;
-  absl::uint128 held_sum ABSL_GUARDED_BY(mu) = 0;  // also the bucket's `leased`
+  // With the largest recent fleet (the SafeShare divides the budget among it) and the recent
+  // success credit rate, this is the state of a tenant in use: allocated when an instance first syncs, and let go by the sweep
+  // once no instance is active and no fleet is remembered (kFleetSizeWindowMillis), so that a
+  // million idle tenants do not each carry ~140 bytes of it. Empty is the same as absent.
+  struct ActiveSet {
+    absl::flat_hash_map<const Instance*, Active> entries;
+    absl::uint128 want_sum = 0;
+    absl::uint128 held_sum = 0;  // also the bucket's `leased`
+    RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size;
+    // The success credit rate (NoteCredit).
+    double credit_rate = 0;
+    double window_credit = 0;
+    int64_t window_start_ns = kNever;
+  };
+  std::unique_ptr<ActiveSet> active ABSL_GUARDED_BY(mu);
   int64_t last_sweep_ns ABSL_GUARDED_BY(mu);
-  // The most instances active at once lately: the SafeShare divides the budget among them.
-  RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
@@ -94,48 +107,74 @@ struct Tenant {
 
   // want_sum, capped to 64 bits for the grant arithmetic.
   uint64_t WantSum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return want_sum > absl::uint128(UINT64_MAX) ? UINT64_MAX : absl::Uint128Low64(want_sum);
+    if (active == nullptr) return 0;
+    return active->want_sum > absl::uint128(UINT64_MAX) ? UINT64_MAX
+                                                         : absl::Uint128Low64(active->want_sum);
   }
 
-  // Records an instance's report: its want and the tokens it still holds. Returns its entry.
+  // Tokens the active instances hold, as far as the server counts them.
+  absl::uint128 HeldSum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return active == nullptr ? 0 : active->held_sum;
+  }
+
+  // Instances in the swept set (entries older than the TTL linger at most 100 ms).
+  size_t ActiveSize() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return active == nullptr ? 0 : active->entries.size();
+  }
+
+  // The largest active set noted within the last kFleetSizeWindowMillis, or 0.
+  uint64_t RecentFleetSize(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return active == nullptr ? 0 : active->fleet_size.Get(now).value_or(0);
+  }
+
+  // Records an instance's report: its want and the tokens it still holds, and the size of the
+  // active set it makes. Returns its entry, valid until the next sweep (Advance).
   Active& SetActive(const Instance* instance, uint64_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    Active& a = active[instance];
-    want_sum = want_sum - a.want + want;
+    if (active == nullptr) active = std::make_unique<ActiveSet>();
+    Active& a = active->entries[instance];
+    active->want_sum = active->want_sum - a.want + want;
     a.want = want;
     SetHeld(a, held);
     a.last_seen_ns = absl::ToUnixNanos(now);
+    active->fleet_size.Note(active->entries.size(), now);
     return a;
   }
 
+  // `a` must be an entry of the active set.
   void SetHeld(Active& a, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    held_sum = held_sum - a.held + held;
+    active->held_sum = active->held_sum - a.held + held;
     a.held = held;
-    bucket.set_leased(static_cast<double>(held_sum));
+    bucket.set_leased(static_cast<double>(active->held_sum));
   }
 
   void RemoveActive(const Instance* instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    auto it = active.find(instance);
-    if (it == active.end()) return;
-    want_sum -= it->second.want;
+    if (active == nullptr) return;
+    auto it = active->entries.find(instance);
+    if (it == active->entries.end()) return;
+    active->want_sum -= it->second.want;
     SetHeld(it->second, 0);
-    active.erase(it);
+    active->entries.erase(it);
   }
 
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (active == nullptr) return;
     const int64_t now_ns = absl::ToUnixNanos(now);
     if (now_ns - last_sweep_ns < 100'000'000) return;
     last_sweep_ns = now_ns;
-    const int64_t cutoff = absl::ToUnixNanos(now - policy.lease_ttl);
-    for (auto it = active.begin(); it != active.end();) {
+    const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
+    auto& entries = active->entries;
+    for (auto it = entries.begin(); it != entries.end();) {
       if (it->second.last_seen_ns < cutoff) {
-        want_sum -= it->second.want;
+        active->want_sum -= it->second.want;
         SetHeld(it->second, 0);
-        active.erase(it++);
+        entries.erase(it++);
       } else {
         ++it;
       }
     }
+    // Nothing active and no fleet remembered: the same as no set at all.
+    if (entries.empty() && !active->fleet_size.Get(now).has_value()) active.reset();
   }
 
   // Brings the bucket up to `now`: forgets the leases that expired (at most 100 ms late), then
@@ -145,29 +184,32 @@ struct Tenant {
     bucket.Refill(now);
   }
 
-  // Success credit per second, smoothed over windows of about a second.
-  double credit_rate ABSL_GUARDED_BY(mu) = 0;
-  double window_credit ABSL_GUARDED_BY(mu) = 0;
-  int64_t window_start_ns ABSL_GUARDED_BY(mu) = kNever;
-
+  // Success credit per second, smoothed over windows of about a second; 0 once the tenant's
+  // active set was let go (a minute or more with no instance active).
   void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (active == nullptr) active = std::make_unique<ActiveSet>();  // a final request's credit
+    ActiveSet& a = *active;
     const int64_t now_ns = absl::ToUnixNanos(now);
-    if (window_start_ns == kNever) window_start_ns = now_ns;
-    window_credit += credit;
-    const int64_t window_ns = now_ns - window_start_ns;
+    if (a.window_start_ns == kNever) a.window_start_ns = now_ns;
+    a.window_credit += credit;
+    const int64_t window_ns = now_ns - a.window_start_ns;
     if (window_ns >= 1'000'000'000) {
-      credit_rate = 0.5 * credit_rate + 0.5 * window_credit / (static_cast<double>(window_ns) * 1e-9);
-      window_credit = 0;
-      window_start_ns = now_ns;
+      a.credit_rate =
+          0.5 * a.credit_rate + 0.5 * a.window_credit / (static_cast<double>(window_ns) * 1e-9);
+      a.window_credit = 0;
+      a.window_start_ns = now_ns;
     }
   }
 
-  double CreditRate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return credit_rate; }
+  double CreditRate() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return active == nullptr ? 0 : active->credit_rate;
+  }
 
   uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const int64_t cutoff = absl::ToUnixNanos(now - policy.lease_ttl);
+    if (active == nullptr) return 0;
+    const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
     uint32_t n = 0;
-    for (const auto& [id, a] : active) n += a.last_seen_ns >= cutoff ? 1 : 0;
+    for (const auto& [id, a] : active->entries) n += a.last_seen_ns >= cutoff ? 1 : 0;
     return n;
   }
 };
