@@ -296,7 +296,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
 
   // Phase 2: apply each tenant under its own lock, and grant. The outcome is recorded in place
   // of the previous response (nothing fails from here on).
-  std::vector<GrantRecord>& records = instance.last_grants;
+  GrantRecords& records = instance.last_grants;
   records.resize(request.tenants_size());
   std::vector<std::string> fallback_reports;  // logged once no tenant lock is held
   for (int i = 0; i < request.tenants_size(); ++i) {

@@ -40,17 +40,19 @@ struct Instance {
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
   CompactMutex mu;
+  // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
+  // failed first request): a request that finds it so after taking `mu` looks the id up again.
+  // Beside the 4-byte mutex: no padding.
+  std::atomic<bool> forgotten{false};
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
   // last_seq, readable without `mu` (for the tombstone of an eviction).
   std::atomic<uint64_t> published_seq{0};
-  // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
-  // failed first request): a request that finds it so after taking `mu` looks the id up again.
-  std::atomic<bool> forgotten{false};
   uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
   uint64_t last_fingerprint ABSL_GUARDED_BY(mu) = 0;
-  // The response to last_seq, one record per tenant entry.
-  std::vector<GrantRecord> last_grants ABSL_GUARDED_BY(mu);
+  // The response to last_seq, one record per tenant entry (most instances sync one tenant: its
+  // record is kept inline, without an allocation of its own).
+  GrantRecords last_grants ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, InstanceTenant> tenants ABSL_GUARDED_BY(mu);
 };
 

@@ -72,7 +72,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
   }
 }
 
-void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* records) {
+void ReadResponse(const v1::SyncResponse& response, GrantRecords* records) {
   records->clear();
   for (const v1::TenantGrant& g : response.tenants()) {
     GrantRecord& r = records->emplace_back();

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "retrybudget/v1/budget.pb.h"
@@ -70,7 +71,8 @@ struct GrantRecord {
 
 // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.
 void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* response);
-void ReadResponse(const v1::SyncResponse& response, std::vector<GrantRecord>* records);
+using GrantRecords = absl::InlinedVector<GrantRecord, 1>;
+void ReadResponse(const v1::SyncResponse& response, GrantRecords* records);
 
 }  // namespace retrybudget
 
