@@ -530,6 +530,36 @@ TEST_F(BudgetCoreTest, SafeShareDividesAmongTheLargestFleetOfTheLastMinute) {
   EXPECT_DOUBLE_EQ(g.safe_share().refill_per_second(), 8);
 }
 
+// A tenant's active set (with its largest recent fleet and credit rate) is let go once nothing
+// is active and no fleet is remembered, so that idle tenants cost less memory. Letting it go
+// must change nothing a client sees: the tokens the fleet held come back to the bucket as
+// their leases end, and the next instance is treated as by a tenant that never had a fleet.
+TEST_F(BudgetCoreTest, AnIdleTenantsLetGoActiveSetLeavesNothingBehind) {
+  MakeCore(100, 0, 1);
+  uint64_t granted = 0;
+  for (const char* id : {"a", "b", "c", "d"}) granted += SyncOne(id, 1, {.want = 5}).granted();
+  EXPECT_EQ(granted, 20u);
+  EXPECT_EQ(Status().active_instances(), 4u);
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 20);
+  // Leases end after 5 s; the fleet of four is remembered for a minute or two after.
+  clock_.Advance(absl::Seconds(6));
+  EXPECT_EQ(Status().active_instances(), 0u);
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 0);
+  auto g = SyncOne("e", 1, {.want = 1});
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 25);  // 100 among the four remembered
+  clock_.Advance(absl::Minutes(3));
+  EXPECT_EQ(Status().active_instances(), 0u);  // swept, and the set let go
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 0);
+  EXPECT_DOUBLE_EQ(Tokens(), 79);  // no refill: 100 - 20 - 1 granted, nothing given back
+  // "a" reports its 5 tokens returned: credited back (its ledger is kept by the instance).
+  g = SyncOne("a", 2, {.returned = 5, .received = 5, .want = 1});
+  EXPECT_EQ(g.active_instances(), 1u);
+  EXPECT_DOUBLE_EQ(g.safe_share().capacity(), 100);  // a fleet of one, as for a new tenant
+  EXPECT_DOUBLE_EQ(Tokens(), 83);                      // 79 + 5 returned - 1 granted
+  EXPECT_EQ(Status().active_instances(), 1u);
+  EXPECT_DOUBLE_EQ(Status().leased_tokens(), 1);
+}
+
 TEST_F(BudgetCoreTest, ADryBucketAsksTheClientToComeBackLater) {
   MakeCore(100, 4, 0, 0);
   auto g = SyncOne("a", 1, {.want = 1});

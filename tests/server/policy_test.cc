@@ -22,6 +22,30 @@ TEST(PolicyTest, EmptyPolicyGetsTheDocumentedDefaults) {
   EXPECT_EQ(p->lease_ttl, absl::Seconds(5));
 }
 
+TEST(PolicyTableTest, OneSharedCopyPerDistinctPolicyAndNoneKeptForPoliciesNoLongerHeld) {
+  PolicyTable table;
+  ResolvedPolicy a;
+  ResolvedPolicy b = a;
+  b.lease_ttl = absl::Seconds(7);
+  auto a1 = table.Intern(a);
+  auto a2 = table.Intern(a);
+  auto b1 = table.Intern(b);
+  EXPECT_EQ(a1.get(), a2.get());
+  EXPECT_NE(a1.get(), b1.get());
+  EXPECT_EQ(*b1, b);
+  // Thousands of distinct policies, each let go at once (an admin changing one budget's
+  // policy over and over): the table keeps a bounded number of entries, and the ones still
+  // held keep their copies.
+  for (int i = 0; i < 10'000; ++i) {
+    ResolvedPolicy p;
+    p.capacity = 1000 + i;
+    (void)table.Intern(p);
+  }
+  EXPECT_LT(table.size(), 200u);
+  EXPECT_EQ(table.Intern(a).get(), a1.get());
+  EXPECT_EQ(table.Intern(b).get(), b1.get());
+}
+
 TEST(PolicyTest, InitialTokensDefaultToCapacityAndExplicitZeroIsKept) {
   v1::BudgetPolicy in;
   in.set_capacity(40);
