@@ -40,13 +40,13 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
   MutexLock tenants_lock(&tenants_mu_);
   for (const auto& tenant : tenants_) {
     CompactMutexLock lock(&tenant->mu);
-    if (tenant->source == v1::POLICY_SOURCE_ADMIN) continue;
+    if (tenant->source() == v1::POLICY_SOURCE_ADMIN) continue;
     auto it = listed.find(tenant->name);
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
     tenant->Advance(now);
-    tenant->bucket.Reconfigure(p.capacity, p.refill_per_second);
+    tenant->bucket.CapAt(p.capacity);
     tenant->policy = Intern(p);
-    tenant->source = it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT;
+    tenant->set_source(it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT);
   }
   return absl::OkStatus();
 }
@@ -67,7 +67,7 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_returned_total(tenant.totals.returned);
   s.set_reclaimed_total(tenant.totals.reclaimed);
   s.set_wanted_total(tenant.totals.wanted);
-  s.set_explicit_policy(tenant.source != v1::POLICY_SOURCE_DEFAULT);
+  s.set_explicit_policy(tenant.source() != v1::POLICY_SOURCE_DEFAULT);
   s.set_fallback_retries_total(tenant.totals.fallback_retries);
   s.set_uncredited_total(tenant.totals.uncredited);
   return s;
@@ -159,9 +159,9 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
   {
     CompactMutexLock lock(&t->mu);
     t->Advance(now);  // time so far counts at the old rate
-    t->bucket.Reconfigure(resolved->capacity, resolved->refill_per_second);
+    t->bucket.CapAt(resolved->capacity);
     t->policy = Intern(*resolved);
-    t->source = v1::POLICY_SOURCE_ADMIN;
+    t->set_source(v1::POLICY_SOURCE_ADMIN);
   }
   return StatusOf(*t, now);
 }

@@ -413,7 +413,7 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
                         std::vector<std::string>* fallback_reports) {
   const double credit =
       tb.policy->success_credit * static_cast<double>(effect.d_credited_successes);
-  tb.bucket.Deposit(credit + static_cast<double>(effect.credited_back));
+  tb.Deposit(credit + static_cast<double>(effect.credited_back));
   tb.credited_total += credit + static_cast<double>(effect.credited_back);
   tb.NoteCredit(credit, now);
   BudgetTotals& totals = tb.totals;

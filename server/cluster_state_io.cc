@@ -30,7 +30,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
     v1::TenantState& ts = out.emplace_back();
     ts.set_tenant(t->name);
     *ts.mutable_policy() = t->policy->ToProto();
-    ts.set_policy_source(t->source);
+    ts.set_policy_source(t->source());
     ts.set_level(t->bucket.tokens());
     ts.set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
     ts.set_granted_total(t->totals.granted);
@@ -75,7 +75,8 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
       // Every token up to the reserved limit may have been granted by the last owner, after
       // the level was written; refill starts now.
       const uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
-      t->bucket.Restore(ts.level() - static_cast<double>(limit - ts.granted_total()), now);
+      t->bucket.Restore(ts.level() - static_cast<double>(limit - ts.granted_total()),
+                        t->policy->capacity, now);
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, limit);
       adopted.push_back(std::move(t));

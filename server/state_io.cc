@@ -32,7 +32,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     v1::TenantState* ts = state.add_tenants();
     ts->set_tenant(t->name);
     *ts->mutable_policy() = t->policy->ToProto();
-    ts->set_policy_source(t->source);
+    ts->set_policy_source(t->source());
     ts->set_level(t->bucket.tokens());
     ts->set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
     ts->set_granted_total(t->totals.granted);
@@ -125,7 +125,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       }
       t->bucket.Restore(ts.level() - static_cast<double>(granted - ts.granted_total()) +
                             (credited - ts.credited_total()),
-                        at);
+                        t->policy->capacity, at);
       t->credited_total = credited;
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, granted);
@@ -143,7 +143,8 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     CompactMutexLock lock(&t->mu);
     const auto credited = recovered.credited.find(name);
     t->credited_total = credited == recovered.credited.end() ? 0 : credited->second;
-    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit) + t->credited_total, now);
+    t->bucket.Restore(policy.initial_tokens - static_cast<double>(limit) + t->credited_total,
+                      policy.capacity, now);
     t->grant_limit = limit;
     t->totals.granted = limit;
     restored.insert(std::move(t));

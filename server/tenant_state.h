@@ -41,10 +41,9 @@ struct Tenant {
   Tenant(std::string n, std::shared_ptr<const ResolvedPolicy> p, v1::PolicySource s,
          absl::Time now)
       : name(std::move(n)),
-        source(s),
+        source_(static_cast<uint8_t>(s)),
         policy(std::move(p)),
-        bucket(policy->capacity, policy->refill_per_second, policy->initial_tokens, now),
-        last_sweep_ns(absl::ToUnixNanos(now)) {}
+        bucket(policy->initial_tokens, policy->capacity, now) {}
 
   // Times kept per tenant and per active instance are Unix nanoseconds (8 bytes, where an
   // absl::Time takes 16); kNever is "not yet".
@@ -60,8 +59,24 @@ struct Tenant {
 
   const std::string name;
   CompactMutex mu;
-  v1::PolicySource source ABSL_GUARDED_BY(mu);  // beside the 4-byte mutex: no padding
+  // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
+  // again. Atomic so that a cached pointer can be checked before taking `mu`. With the source
+  // below, beside the 4-byte mutex: no padding.
+  std::atomic<bool> deleted{false};
+
+ private:
+  uint8_t source_ ABSL_GUARDED_BY(mu);  // a v1::PolicySource
+
+ public:
+  v1::PolicySource source() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return static_cast<v1::PolicySource>(source_);
+  }
+  void set_source(v1::PolicySource s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    source_ = static_cast<uint8_t>(s);
+  }
+
   std::shared_ptr<const ResolvedPolicy> policy ABSL_GUARDED_BY(mu);
+  // The level and last refill; its capacity and refill are the policy's (Limits).
   TokenBucket bucket ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL, with the want they last sent and the tokens
   // they hold. `want_sum` and `held_sum` are the sums, kept incrementally in 128 bits (no sum of
@@ -79,15 +94,16 @@ struct Tenant {
   struct ActiveSet {
     absl::flat_hash_map<const Instance*, Active> entries;
     absl::uint128 want_sum = 0;
-    absl::uint128 held_sum = 0;  // also the bucket's `leased`
+    absl::uint128 held_sum = 0;  // also the bucket's `leased` (Limits)
     RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size;
     // The success credit rate (NoteCredit).
     double credit_rate = 0;
     double window_credit = 0;
     int64_t window_start_ns = kNever;
+    // The last sweep of `entries` (SweepActive).
+    int64_t last_sweep_ns = 0;
   };
   std::unique_ptr<ActiveSet> active ABSL_GUARDED_BY(mu);
-  int64_t last_sweep_ns ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
   // With a durable store: grants may reach this cumulative total (totals.granted) without
   // another reservation on disk.
@@ -101,9 +117,6 @@ struct Tenant {
   uint64_t reservation_block ABSL_GUARDED_BY(mu) = 0;
   uint64_t granted_when_sized ABSL_GUARDED_BY(mu) = 0;
   int64_t block_sized_at_ns ABSL_GUARDED_BY(mu) = kNever;
-  // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
-  // again. Atomic so that a cached pointer can be checked before taking `mu`.
-  std::atomic<bool> deleted{false};
 
   // want_sum, capped to 64 bits for the grant arithmetic.
   uint64_t WantSum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -127,17 +140,40 @@ struct Tenant {
     return active == nullptr ? 0 : active->fleet_size.Get(now).value_or(0);
   }
 
+  // What bounds the bucket now: the policy's capacity and refill, and the tokens the active
+  // instances hold (they count against the capacity).
+  BucketLimits Limits() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return BucketLimits{.capacity = policy->capacity,
+                        .refill_per_second = policy->refill_per_second,
+                        .leased = static_cast<double>(HeldSum())};
+  }
+
+  // Adds credited or returned tokens to the bucket, up to capacity - leased.
+  void Deposit(double tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    bucket.Deposit(Limits(), tokens);
+  }
+
+  // The active set, made on first use; a new one sweeps no sooner than 100 ms after `now_ns`.
+  ActiveSet& ActiveSetFrom(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (active == nullptr) {
+      active = std::make_unique<ActiveSet>();
+      active->last_sweep_ns = now_ns;
+    }
+    return *active;
+  }
+
   // Records an instance's report: its want and the tokens it still holds, and the size of the
   // active set it makes. Returns its entry, valid until the next sweep (Advance).
   Active& SetActive(const Instance* instance, uint64_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (active == nullptr) active = std::make_unique<ActiveSet>();
-    Active& a = active->entries[instance];
-    active->want_sum = active->want_sum - a.want + want;
+    const int64_t now_ns = absl::ToUnixNanos(now);
+    ActiveSet& set = ActiveSetFrom(now_ns);
+    Active& a = set.entries[instance];
+    set.want_sum = set.want_sum - a.want + want;
     a.want = want;
     SetHeld(a, held);
-    a.last_seen_ns = absl::ToUnixNanos(now);
-    active->fleet_size.Note(active->entries.size(), now);
+    a.last_seen_ns = now_ns;
+    set.fleet_size.Note(set.entries.size(), now);
     return a;
   }
 
@@ -145,7 +181,6 @@ struct Tenant {
   void SetHeld(Active& a, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     active->held_sum = active->held_sum - a.held + held;
     a.held = held;
-    bucket.set_leased(static_cast<double>(active->held_sum));
   }
 
   void RemoveActive(const Instance* instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -160,8 +195,8 @@ struct Tenant {
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
     const int64_t now_ns = absl::ToUnixNanos(now);
-    if (now_ns - last_sweep_ns < 100'000'000) return;
-    last_sweep_ns = now_ns;
+    if (now_ns - active->last_sweep_ns < 100'000'000) return;
+    active->last_sweep_ns = now_ns;
     const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
     auto& entries = active->entries;
     for (auto it = entries.begin(); it != entries.end();) {
@@ -181,15 +216,14 @@ struct Tenant {
   // refills. Every read or change of the level starts here.
   void Advance(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     SweepActive(now);
-    bucket.Refill(now);
+    bucket.Refill(Limits(), now);
   }
 
   // Success credit per second, smoothed over windows of about a second; 0 once the tenant's
   // active set was let go (a minute or more with no instance active).
   void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (active == nullptr) active = std::make_unique<ActiveSet>();  // a final request's credit
-    ActiveSet& a = *active;
     const int64_t now_ns = absl::ToUnixNanos(now);
+    ActiveSet& a = ActiveSetFrom(now_ns);  // made here for a final request's credit
     if (a.window_start_ns == kNever) a.window_start_ns = now_ns;
     a.window_credit += credit;
     const int64_t window_ns = now_ns - a.window_start_ns;

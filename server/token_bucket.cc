@@ -5,28 +5,24 @@
 
 namespace retrybudget {
 
-TokenBucket::TokenBucket(double capacity, double refill_per_second, double initial_tokens,
-                         absl::Time now)
-    : capacity_(capacity),
-      refill_per_second_(refill_per_second),
-      tokens_(std::clamp(initial_tokens, 0.0, capacity)),
-      last_ns_(absl::ToUnixNanos(now)) {}
+TokenBucket::TokenBucket(double initial_tokens, double capacity, absl::Time now)
+    : tokens_(std::clamp(initial_tokens, 0.0, capacity)), last_ns_(absl::ToUnixNanos(now)) {}
 
-double TokenBucket::Grown(double added) const {
-  return std::max(tokens_, std::min(capacity_ - leased_, tokens_ + added));
+double TokenBucket::Grown(const BucketLimits& limits, double added) const {
+  return std::max(tokens_, std::min(limits.capacity - limits.leased, tokens_ + added));
 }
 
-void TokenBucket::Refill(absl::Time now) {
+void TokenBucket::Refill(const BucketLimits& limits, absl::Time now) {
   const int64_t now_ns = absl::ToUnixNanos(now);
   if (now_ns <= last_ns_) return;
   const double dt = static_cast<double>(now_ns - last_ns_) * 1e-9;
-  tokens_ = Grown(refill_per_second_ * dt);
+  tokens_ = Grown(limits, limits.refill_per_second * dt);
   last_ns_ = now_ns;
 }
 
-void TokenBucket::Deposit(double tokens) {
+void TokenBucket::Deposit(const BucketLimits& limits, double tokens) {
   if (tokens <= 0) return;
-  tokens_ = Grown(tokens);
+  tokens_ = Grown(limits, tokens);
 }
 
 uint64_t TokenBucket::Take(uint64_t max_tokens) {
@@ -40,14 +36,10 @@ uint64_t TokenBucket::Take(uint64_t max_tokens) {
   return taken;
 }
 
-void TokenBucket::Reconfigure(double capacity, double refill_per_second) {
-  capacity_ = capacity;
-  refill_per_second_ = refill_per_second;
-  tokens_ = std::min(tokens_, capacity_);
-}
+void TokenBucket::CapAt(double capacity) { tokens_ = std::min(tokens_, capacity); }
 
-void TokenBucket::Restore(double tokens, absl::Time at) {
-  tokens_ = std::min(tokens, capacity_);
+void TokenBucket::Restore(double tokens, double capacity, absl::Time at) {
+  tokens_ = std::min(tokens, capacity);
   last_ns_ = absl::ToUnixNanos(at);
 }
 
