@@ -284,11 +284,11 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   // or applied as a baseline below, never checked against that stale history.
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
-    auto it = instance.tenants.find(t.tenant());
-    if (it == instance.tenants.end()) continue;
-    const std::shared_ptr<Tenant>& kept_for = it->second.tenant;
+    const core_internal::InstanceTenant* rec = instance.tenants.Find(t.tenant());
+    if (rec == nullptr) continue;
+    const std::shared_ptr<Tenant>& kept_for = rec->tenant;
     if (kept_for != nullptr && kept_for->deleted.load(std::memory_order_acquire)) continue;
-    if (auto s = CheckAgainstApplied(i, t, it->second.ledger); !s.ok()) {
+    if (auto s = CheckAgainstApplied(i, t, rec->ledger); !s.ok()) {
       if (created) ForgetInstance(request.instance_id(), &instance, 0);
       return s;
     }
@@ -316,10 +316,10 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(Instance& instance, const v1::TenantSyn
                              std::shared_ptr<Tenant>* found, GrantRecord& out) {
   // The one this instance used last time unless it was deleted since, else found (or created)
   // by name.
-  auto rec_it = instance.tenants.find(sent.tenant());
-  if (rec_it != instance.tenants.end() && rec_it->second.tenant != nullptr &&
-      !rec_it->second.tenant->deleted.load(std::memory_order_acquire)) {
-    return rec_it->second.tenant.get();
+  const core_internal::InstanceTenant* rec = instance.tenants.Find(sent.tenant());
+  if (rec != nullptr && rec->tenant != nullptr &&
+      !rec->tenant->deleted.load(std::memory_order_acquire)) {
+    return rec->tenant.get();
   }
   v1::TenantError refusal;
   for (int attempt = 0; attempt < 3 && *found == nullptr; ++attempt) {
@@ -355,8 +355,8 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
 
   // A record exists only for a tenant applied before, so a refused tenant never gains a
   // history.
-  auto [rec_it, new_record] = instance.tenants.try_emplace(sent.tenant());
-  core_internal::InstanceTenant& rec = rec_it->second;
+  auto [rec_ptr, new_record] = instance.tenants.FindOrAdd(sent.tenant());
+  core_internal::InstanceTenant& rec = *rec_ptr;
   // A baseline also when the budget the record was kept for was deleted and this is a new one:
   // the record's grants came from the old budget, and returning them must not fill the new one.
   const bool baseline =
@@ -370,7 +370,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     // new record (an empty one would later pass for a known history).
     out.Refuse(static_cast<int>(absl::StatusCode::kUnavailable), kDeletedMeanwhile);
     keep_alive = std::move(rec.tenant);
-    if (new_record) instance.tenants.erase(rec_it);
+    if (new_record) instance.tenants.Erase(sent.tenant());
     return;
   }
   // Again under the lock: a shard lost (its budgets dropped) or not loaded yet since the check
@@ -378,7 +378,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
     keep_alive = std::move(rec.tenant);
-    if (new_record) instance.tenants.erase(rec_it);
+    if (new_record) instance.tenants.Erase(sent.tenant());
     return;
   }
   tb.Advance(now);  // up to now, with what the fleet held until this report

@@ -2,6 +2,43 @@
 
 namespace retrybudget::core_internal {
 
+InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
+  if (has_first_ && first_name_ == tenant) return &first_;
+  if (rest_ == nullptr) return nullptr;
+  auto it = rest_->find(tenant);
+  return it == rest_->end() ? nullptr : &it->second;
+}
+
+std::pair<InstanceTenant*, bool> InstanceTenants::FindOrAdd(absl::string_view tenant) {
+  if (InstanceTenant* found = Find(tenant)) return {found, false};
+  if (!has_first_) {
+    has_first_ = true;
+    first_name_.assign(tenant.data(), tenant.size());
+    first_ = InstanceTenant{};
+    return {&first_, true};
+  }
+  if (rest_ == nullptr) rest_ = std::make_unique<Map>();
+  return {&rest_->try_emplace(tenant).first->second, true};
+}
+
+void InstanceTenants::Erase(absl::string_view tenant) {
+  if (has_first_ && first_name_ == tenant) {
+    if (rest_ != nullptr && !rest_->empty()) {
+      // One of the others takes the inline place.
+      auto node = rest_->extract(rest_->begin());
+      first_name_ = std::move(node.key());
+      first_ = std::move(node.mapped());
+    } else {
+      has_first_ = false;
+      std::string().swap(first_name_);
+      first_ = InstanceTenant{};
+    }
+  } else if (rest_ != nullptr) {
+    rest_->erase(tenant);
+  }
+  if (rest_ != nullptr && rest_->empty()) rest_.reset();
+}
+
 void Tombstones::Put(absl::string_view id, const Tombstone& t) {
   if (max_ == 0) return;
   const uint64_t generation = next_generation_++;

@@ -31,6 +31,38 @@ struct InstanceTenant {
   std::shared_ptr<Tenant> tenant;
 };
 
+// An instance's records, one per tenant it synced, found by the tenant's name. Most instances
+// sync one tenant: the first record is kept inline (no allocation; a hash map's smallest table
+// took 160 bytes per instance), any others in a hash map made for them, so lookups stay O(1)
+// however many tenants one instance reports. Adding may move the records of the map (as a
+// flat_hash_map does): hold no record across an Add.
+class InstanceTenants {
+ public:
+  // Null when `tenant` has no record.
+  InstanceTenant* Find(absl::string_view tenant);
+  // The record of `tenant`, made empty when it had none; `.second` says it was made now.
+  std::pair<InstanceTenant*, bool> FindOrAdd(absl::string_view tenant);
+  // Drops the record of `tenant`, if any.
+  void Erase(absl::string_view tenant);
+  size_t size() const { return (has_first_ ? 1 : 0) + (rest_ == nullptr ? 0 : rest_->size()); }
+
+  // f(const std::string& tenant, const InstanceTenant& record), for each record.
+  template <typename F>
+  void ForEach(F f) const {
+    if (has_first_) f(first_name_, first_);
+    if (rest_ != nullptr) {
+      for (const auto& [name, record] : *rest_) f(name, record);
+    }
+  }
+
+ private:
+  bool has_first_ = false;
+  std::string first_name_;
+  InstanceTenant first_;
+  using Map = absl::flat_hash_map<std::string, InstanceTenant>;
+  std::unique_ptr<Map> rest_;
+};
+
 struct Instance {
   Instance(std::string instance_id, uint64_t principal_hash)
       : id(std::move(instance_id)), principal(principal_hash) {}
@@ -53,7 +85,7 @@ struct Instance {
   // The response to last_seq, one record per tenant entry (most instances sync one tenant: its
   // record is kept inline, without an allocation of its own).
   GrantRecords last_grants ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<std::string, InstanceTenant> tenants ABSL_GUARDED_BY(mu);
+  InstanceTenants tenants ABSL_GUARDED_BY(mu);
 };
 
 // An instance that sent `final` or was evicted: a request with seq <= last_seq is stale, and

@@ -71,13 +71,14 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     is->set_last_fingerprint(inst->last_fingerprint);
     WriteResponse(inst->last_grants, is->mutable_last_response());
     is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
-    for (const auto& [tenant, rec] : inst->tenants) {
+    inst->tenants.ForEach([is](const std::string& tenant,
+                               const core_internal::InstanceTenant& rec) {
       v1::InstanceTenantState* r = is->add_tenants();
       r->set_tenant(tenant);
       SaveCounters(rec.ledger.applied, r);
       r->set_granted_total(rec.ledger.expected_received);
       r->set_outstanding(rec.ledger.outstanding);
-    }
+    });
   }
   return state;
 }
@@ -161,7 +162,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       ReadResponse(is.last_response(), &inst->last_grants);
       inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
       for (const v1::InstanceTenantState& r : is.tenants()) {
-        core_internal::InstanceTenant& rec = inst->tenants[r.tenant()];
+        core_internal::InstanceTenant& rec = *inst->tenants.FindOrAdd(r.tenant()).first;
         rec.ledger = LedgerEntry{.applied = CountersOf(r),
                                  .expected_received = r.granted_total(),
                                  .outstanding = r.outstanding()};
