@@ -98,7 +98,7 @@ absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
     const v1::ListBudgetsRequest& request) {
   constexpr uint32_t kMaxPage = 1000;
   const uint32_t page = request.page_size() == 0 ? kMaxPage : std::min(request.page_size(), kMaxPage);
-  std::vector<std::shared_ptr<Tenant>> tenants;
+  std::vector<RefPtr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
     for (const auto& t : tenants_) {
@@ -129,7 +129,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
                                                               const ResolvedPolicy& policy) {
   const ResolvedPolicy* resolved = &policy;
   const absl::Time now = clock_->Now();
-  std::shared_ptr<Tenant> t;
+  RefPtr<Tenant> t;
   bool created = false;
   {
     MutexLock lock(&tenants_mu_);
@@ -142,7 +142,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
             "tenant %s cannot be created: the server holds %d tenants, its limit",
             QuoteForError(tenant), tenants_.size()));
       }
-      t = std::make_shared<Tenant>(std::string(tenant), Intern(*resolved), v1::POLICY_SOURCE_ADMIN,
+      t = MakeRef<Tenant>(std::string(tenant), Intern(*resolved), v1::POLICY_SOURCE_ADMIN,
                                    now);
       tenants_.insert(t);
       created = true;
@@ -170,7 +170,7 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
   if (auto s = CheckOwned(tenant); !s.ok()) return s;
   auto forget = [this, tenant]() -> absl::Status {
-    std::shared_ptr<Tenant> t;
+    RefPtr<Tenant> t;
     {
       MutexLock lock(&tenants_mu_);
       auto it = tenants_.find(tenant);
@@ -192,7 +192,7 @@ absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {
 
 std::vector<v1::BudgetStatus> BudgetCore::Snapshot() {
   std::vector<v1::BudgetStatus> out;
-  std::vector<std::shared_ptr<Tenant>> tenants;
+  std::vector<RefPtr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
     tenants.assign(tenants_.begin(), tenants_.end());

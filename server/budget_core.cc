@@ -46,17 +46,17 @@ BudgetCore::~BudgetCore() {
   if (options_.router != nullptr) options_.router->WaitIdle();
 }
 
-std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
+RefPtr<BudgetCore::Tenant> BudgetCore::FindTenant(absl::string_view name) {
   ReaderMutexLock lock(&tenants_mu_);
   auto it = tenants_.find(name);
   return it == tenants_.end() ? nullptr : *it;
 }
 
-std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
+RefPtr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_view name,
                                                                    v1::TenantError* error) {
   if (auto t = FindTenant(name)) return t;
   bool created = false;
-  std::shared_ptr<Tenant> tenant = CreateTenant(name, error, &created);
+  RefPtr<Tenant> tenant = CreateTenant(name, error, &created);
   if (created && (options_.store != nullptr || options_.router != nullptr)) {
     uint64_t block = 0;
     {
@@ -68,7 +68,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::FindOrCreateTenant(absl::string_
   return tenant;
 }
 
-std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view name,
+RefPtr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view name,
                                                              v1::TenantError* error,
                                                              bool* created) {
   const absl::Time now = clock_->Now();
@@ -112,7 +112,7 @@ std::shared_ptr<BudgetCore::Tenant> BudgetCore::CreateTenant(absl::string_view n
                                        QuoteForError(name), tenants_.size()));
     return nullptr;
   }
-  auto tenant = std::make_shared<Tenant>(std::string(name), Intern(policy), source, now);
+  auto tenant = MakeRef<Tenant>(std::string(name), Intern(policy), source, now);
   tenants_.insert(tenant);
   *created = true;
   return tenant;
@@ -126,7 +126,7 @@ void BudgetCore::PrimeReservation(const std::string& tenant, uint64_t limit) {
 
 absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq,
                                               uint64_t principal,
-                                              std::shared_ptr<Instance>* instance,
+                                              RefPtr<Instance>* instance,
                                               bool* created) {
   *created = false;
   {
@@ -159,7 +159,7 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
       return absl::OkStatus();
     }
   }
-  auto fresh = std::make_shared<Instance>(std::string(id), principal);
+  auto fresh = MakeRef<Instance>(std::string(id), principal);
   // Seen now, so the eviction below takes older instances, never this one.
   fresh->last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   instances_.insert(fresh);
@@ -227,7 +227,7 @@ absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* 
   // lock is looked up again. After a few tries the request runs on the forgotten object: what
   // it applies is then lost with it, which credits nothing (the safe direction).
   for (int attempt = 0;; ++attempt) {
-    std::shared_ptr<Instance> instance;
+    RefPtr<Instance> instance;
     bool created = false;
     if (auto s = FindOrCreateInstance(request.instance_id(), request.seq(), principal, &instance,
                                       &created);
@@ -286,7 +286,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
     const v1::TenantSync& t = request.tenants(i);
     const core_internal::InstanceTenant* rec = instance.tenants.Find(t.tenant());
     if (rec == nullptr) continue;
-    const std::shared_ptr<Tenant>& kept_for = rec->tenant;
+    const RefPtr<Tenant>& kept_for = rec->tenant;
     if (kept_for != nullptr && kept_for->deleted.load(std::memory_order_acquire)) continue;
     if (auto s = CheckAgainstApplied(i, t, rec->ledger); !s.ok()) {
       if (created) ForgetInstance(request.instance_id(), &instance, 0);
@@ -313,7 +313,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
 }
 
 BudgetCore::Tenant* BudgetCore::BudgetOf(Instance& instance, const v1::TenantSync& sent,
-                             std::shared_ptr<Tenant>* found, GrantRecord& out) {
+                             RefPtr<Tenant>* found, GrantRecord& out) {
   // The one this instance used last time unless it was deleted since, else found (or created)
   // by name.
   const core_internal::InstanceTenant* rec = instance.tenants.Find(sent.tenant());
@@ -349,7 +349,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     Refuse(sent.tenant(), now, out);
     return;
   }
-  std::shared_ptr<Tenant> found;
+  RefPtr<Tenant> found;
   Tenant* tenant = BudgetOf(instance, sent, &found, out);
   if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
 
@@ -362,7 +362,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   const bool baseline =
       new_record || (found != nullptr && rec.tenant != nullptr && rec.tenant != found);
   if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
-  std::shared_ptr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
+  RefPtr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
   Tenant& tb = *tenant;
   CompactMutexLock lock(&tb.mu);
   if (tb.deleted.load(std::memory_order_relaxed)) {
@@ -554,7 +554,7 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit, double 
         } else {
           // Looked up by name: the journal is keyed by name, so a limit on disk for this name
           // covers whichever tenant of that name holds it now.
-          std::shared_ptr<Tenant> t = FindTenant(name);
+          RefPtr<Tenant> t = FindTenant(name);
           if (t != nullptr) {
             CompactMutexLock lock(&t->mu);
             t->grant_limit = std::max(t->grant_limit, limit);

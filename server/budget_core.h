@@ -168,16 +168,16 @@ class BudgetCore {
   explicit BudgetCore(CoreOptions options);
 
   // Finds the budget, creating it with the default policy unless strict or full. Sets *error.
-  std::shared_ptr<Tenant> FindOrCreateTenant(absl::string_view name, v1::TenantError* error);
+  RefPtr<Tenant> FindOrCreateTenant(absl::string_view name, v1::TenantError* error);
   // The part of FindOrCreateTenant under the locks; sets *created when it made the budget.
-  std::shared_ptr<Tenant> CreateTenant(absl::string_view name, v1::TenantError* error,
+  RefPtr<Tenant> CreateTenant(absl::string_view name, v1::TenantError* error,
                                        bool* created);
-  std::shared_ptr<Tenant> FindTenant(absl::string_view name);
+  RefPtr<Tenant> FindTenant(absl::string_view name);
   // The instance `id` for a request with `seq` from `principal`, created if unknown. Null with
   // OK status: the id has a tombstone with a seq >= `seq` (the request is stale). Null with
   // PERMISSION_DENIED: the id (or its tombstone) belongs to another principal.
   absl::Status FindOrCreateInstance(absl::string_view id, uint64_t seq, uint64_t principal,
-                                    std::shared_ptr<Instance>* instance, bool* created);
+                                    RefPtr<Instance>* instance, bool* created);
   // Removes `id` from the map if it still holds `instance` (never another object that holds
   // the id by now), leaving a tombstone at `last_seq` when that is non-zero.
   void ForgetInstance(absl::string_view id, const Instance* instance, uint64_t last_seq);
@@ -193,7 +193,7 @@ class BudgetCore {
   // The budget of `sent`: the one the instance used last time, else found or created by name
   // (then held in `*found`). Null, with `out`'s error set, when refused.
   Tenant* BudgetOf(Instance& instance, const v1::TenantSync& sent,
-                   std::shared_ptr<Tenant>* found, GrantRecord& out)
+                   RefPtr<Tenant>* found, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
   // Deposits what a known record's report credits and adds it to the totals.
   void Credit(Tenant& tenant, const ReportEffect& effect, absl::Time now,

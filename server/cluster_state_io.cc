@@ -14,7 +14,7 @@ namespace retrybudget {
 std::vector<v1::TenantState> BudgetCore::ExportTenants(
     const std::function<bool(absl::string_view)>& pick) {
   const absl::Time now = clock_->Now();
-  std::vector<std::shared_ptr<Tenant>> tenants;
+  std::vector<RefPtr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
     for (const auto& t : tenants_) {
@@ -48,7 +48,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
 }
 
 void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::Time now) {
-  std::vector<std::shared_ptr<Tenant>> adopted;
+  std::vector<RefPtr<Tenant>> adopted;
   {
     MutexLock policy_lock(&policy_mu_);
     for (const v1::TenantState& ts : states) {
@@ -70,7 +70,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
           }
         }
       }
-      auto t = std::make_shared<Tenant>(ts.tenant(), Intern(policy), source, now);
+      auto t = MakeRef<Tenant>(ts.tenant(), Intern(policy), source, now);
       CompactMutexLock lock(&t->mu);
       // Every token up to the reserved limit may have been granted by the last owner, after
       // the level was written; refill starts now.
@@ -82,7 +82,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
       adopted.push_back(std::move(t));
     }
   }
-  std::vector<std::shared_ptr<Tenant>> replaced;
+  std::vector<RefPtr<Tenant>> replaced;
   {
     MutexLock lock(&tenants_mu_);
     for (auto& t : adopted) {
@@ -102,7 +102,7 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
 }
 
 void BudgetCore::DropTenants(const std::function<bool(absl::string_view)>& pick) {
-  std::vector<std::shared_ptr<Tenant>> dropped;
+  std::vector<RefPtr<Tenant>> dropped;
   {
     MutexLock lock(&tenants_mu_);
     for (auto it = tenants_.begin(); it != tenants_.end();) {

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "server/compact_mutex.h"
 #include "server/grant_math.h"
+#include "server/ref_ptr.h"
 #include "server/replay_cache.h"
 #include "server/tenant_state.h"
 
@@ -28,7 +29,7 @@ struct InstanceTenant {
   LedgerEntry ledger;
   // The budget this instance used for the tenant last time, so the next Sync neither looks the
   // name up nor takes the lock of the tenant map. Dropped when that budget was deleted.
-  std::shared_ptr<Tenant> tenant;
+  RefPtr<Tenant> tenant;
 };
 
 // An instance's records, one per tenant it synced, found by the tenant's name. Most instances
@@ -63,19 +64,21 @@ class InstanceTenants {
   std::unique_ptr<Map> rest_;
 };
 
-struct Instance {
+// Shared through RefPtr (MakeRef<Instance>).
+struct Instance final : RefCounted {
   Instance(std::string instance_id, uint64_t principal_hash)
       : id(std::move(instance_id)), principal(principal_hash) {}
+
+  // First, beside the 4-byte reference count: no padding.
+  CompactMutex mu;
+  // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
+  // failed first request): a request that finds it so after taking `mu` looks the id up again.
+  std::atomic<bool> forgotten{false};
 
   const std::string id;
 
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
-  CompactMutex mu;
-  // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
-  // failed first request): a request that finds it so after taking `mu` looks the id up again.
-  // Beside the 4-byte mutex: no padding.
-  std::atomic<bool> forgotten{false};
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
   // last_seq, readable without `mu` (for the tombstone of an eviction).

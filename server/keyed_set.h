@@ -1,25 +1,25 @@
 // The server's tables of shared records found by a name the record holds itself (a tenant by
-// its name, an instance by its id): a hash set of shared_ptr, looked up by string_view.
+// its name, an instance by its id): a hash set of RefPtr (ref_ptr.h), looked up by string_view.
 //
-// A map from a copy of the name to the pointer stores the name twice and takes a 48-byte slot
-// (string + shared_ptr); this takes 16, which at a million tenants is ~30 MB less for the slot
-// array alone (docs/BENCHMARKS.md section 4).
+// A map from a copy of the name to a shared_ptr stores the name twice and takes a 48-byte slot
+// (string + shared_ptr); this takes 8, which at a million tenants is ~80 MB less for the slot
+// array alone (docs/BENCHMARKS.md section 4a).
 //
 //   SharedByName<Tenant, &Tenant::name> tenants;
-//   tenants.insert(std::make_shared<Tenant>(...));
-//   auto it = tenants.find(absl::string_view("tenant-a"));  // *it is the shared_ptr
+//   tenants.insert(MakeRef<Tenant>(...));
+//   auto it = tenants.find(absl::string_view("tenant-a"));  // *it is the RefPtr
 //
 // The name must not change while the record is in the set (it is const in both records).
 #ifndef RETRYBUDGET_SERVER_KEYED_SET_H_
 #define RETRYBUDGET_SERVER_KEYED_SET_H_
 
 #include <cstddef>
-#include <memory>
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
+#include "server/ref_ptr.h"
 
 namespace retrybudget {
 
@@ -28,7 +28,7 @@ struct NameOf {
   using is_transparent = void;
 
   static absl::string_view Of(absl::string_view name) { return name; }
-  static absl::string_view Of(const std::shared_ptr<T>& record) { return (*record).*kName; }
+  static absl::string_view Of(const RefPtr<T>& record) { return (*record).*kName; }
 
   struct Hash {
     using is_transparent = void;
@@ -47,7 +47,7 @@ struct NameOf {
 };
 
 template <typename T, const std::string T::*kName>
-using SharedByName = absl::flat_hash_set<std::shared_ptr<T>, typename NameOf<T, kName>::Hash,
+using SharedByName = absl::flat_hash_set<RefPtr<T>, typename NameOf<T, kName>::Hash,
                                          typename NameOf<T, kName>::Eq>;
 
 }  // namespace retrybudget

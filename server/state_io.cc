@@ -20,7 +20,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   v1::ServerState state;
   state.set_clean(clean);
   state.set_written_at_unix_nanos(absl::ToUnixNanos(now));
-  std::vector<std::shared_ptr<Tenant>> tenants;
+  std::vector<RefPtr<Tenant>> tenants;
   {
     ReaderMutexLock lock(&tenants_mu_);
     tenants.assign(tenants_.begin(), tenants_.end());
@@ -47,7 +47,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_fallback_retries_total(t->totals.fallback_retries);
     ts->set_uncredited_total(t->totals.uncredited);
   }
-  std::vector<std::shared_ptr<Instance>> instances;
+  std::vector<RefPtr<Instance>> instances;
   {
     ReaderMutexLock lock(&instances_mu_);
     instances.assign(instances_.begin(), instances_.end());
@@ -111,7 +111,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
         policy = current_policy(ts.tenant(), &source);
       }
       const absl::Time at = absl::FromUnixNanos(ts.level_at_unix_nanos());
-      auto t = std::make_shared<Tenant>(ts.tenant(), Intern(policy), source, at);
+      auto t = MakeRef<Tenant>(ts.tenant(), Intern(policy), source, at);
       CompactMutexLock lock(&t->mu);
       uint64_t limit = std::max(ts.grant_limit(), ts.granted_total());
       if (auto it = recovered.reservations.find(ts.tenant()); it != recovered.reservations.end()) {
@@ -140,7 +140,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     if (auto s = ValidateTenantName(name, "journal tenant"); !s.ok()) return s;
     v1::PolicySource source;
     const ResolvedPolicy policy = current_policy(name, &source);
-    auto t = std::make_shared<Tenant>(name, Intern(policy), source, now);
+    auto t = MakeRef<Tenant>(name, Intern(policy), source, now);
     CompactMutexLock lock(&t->mu);
     const auto credited = recovered.credited.find(name);
     t->credited_total = credited == recovered.credited.end() ? 0 : credited->second;
@@ -154,7 +154,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
   InstanceTable instances;
   if (clean) {
     for (const v1::InstanceState& is : recovered.snapshot->instances()) {
-      auto inst = std::make_shared<Instance>(is.instance_id(), is.principal_hash());
+      auto inst = MakeRef<Instance>(is.instance_id(), is.principal_hash());
       CompactMutexLock lock(&inst->mu);
       inst->last_seq = is.last_seq();
       inst->published_seq.store(is.last_seq(), std::memory_order_relaxed);

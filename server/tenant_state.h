@@ -20,6 +20,7 @@
 #include "server/budget_totals.h"
 #include "server/compact_mutex.h"
 #include "server/policy.h"
+#include "server/ref_ptr.h"
 #include "server/token_bucket.h"
 
 namespace retrybudget::core_internal {
@@ -36,12 +37,13 @@ struct MaxCount {
 
 struct Instance;
 
-struct Tenant {
+// Shared through RefPtr (MakeRef<Tenant>).
+struct Tenant final : RefCounted {
   // `p` is shared (PolicyTable::Intern), never null.
   Tenant(std::string n, std::shared_ptr<const ResolvedPolicy> p, v1::PolicySource s,
          absl::Time now)
-      : name(std::move(n)),
-        source_(static_cast<uint8_t>(s)),
+      : source_(static_cast<uint8_t>(s)),
+        name(std::move(n)),
         policy(std::move(p)),
         bucket(policy->initial_tokens, policy->capacity, now) {}
 
@@ -57,17 +59,18 @@ struct Tenant {
     int64_t last_seen_ns = 0;
   };
 
-  const std::string name;
+  // First, beside the 4-byte reference count: no padding.
   CompactMutex mu;
   // Set (under `mu`) when DeleteBudget removed it from the map; a request holding it looks it up
-  // again. Atomic so that a cached pointer can be checked before taking `mu`. With the source
-  // below, beside the 4-byte mutex: no padding.
+  // again. Atomic so that a cached pointer can be checked before taking `mu`.
   std::atomic<bool> deleted{false};
 
  private:
   uint8_t source_ ABSL_GUARDED_BY(mu);  // a v1::PolicySource
 
  public:
+  const std::string name;
+
   v1::PolicySource source() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return static_cast<v1::PolicySource>(source_);
   }
