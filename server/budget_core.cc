@@ -357,19 +357,20 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // history.
   auto [rec_ptr, new_record] = instance.tenants.FindOrAdd(sent.tenant());
   core_internal::InstanceTenant& rec = *rec_ptr;
-  // A baseline also when the budget the record was kept for was deleted and this is a new one:
-  // the record's grants came from the old budget, and returning them must not fill the new one.
-  const bool baseline =
-      new_record || (found != nullptr && rec.tenant != nullptr && rec.tenant != found);
-  if (found != nullptr) rec.tenant = std::move(found);  // keeps `tenant` alive
-  RefPtr<Tenant> keep_alive;  // outlives `lock` when the record lets go below
+  // A baseline also when the budget the record was kept for is not this one (it was deleted, or
+  // its shard lost, and this is a new one): the record's grants came from the old budget, and
+  // returning them must not fill the new one. A record with history always names its budget
+  // (Restore links the ones it reads); one that names none is a baseline too.
+  const bool baseline = new_record || (found != nullptr && rec.tenant != found);
+  // `tenant` is kept alive by `found` (declared before `lock`, so released after it) or, when
+  // found is null, by the record, which is left alone until the entry is applied.
   Tenant& tb = *tenant;
   CompactMutexLock lock(&tb.mu);
   if (tb.deleted.load(std::memory_order_relaxed)) {
-    // Deleted between the check above and the lock: nothing applied, nothing granted, and no
-    // new record (an empty one would later pass for a known history).
+    // Deleted between the check above and the lock: nothing applied, nothing granted, no new
+    // record (an empty one would later pass for a known history), and a kept record still
+    // names the budget its history belongs to.
     out.Refuse(static_cast<int>(absl::StatusCode::kUnavailable), kDeletedMeanwhile);
-    keep_alive = std::move(rec.tenant);
     if (new_record) instance.tenants.Erase(sent.tenant());
     return;
   }
@@ -377,10 +378,11 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // above leaves no budget here to grant from.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
-    keep_alive = std::move(rec.tenant);
     if (new_record) instance.tenants.Erase(sent.tenant());
     return;
   }
+  // Applied from here on: the record's history is this budget's.
+  if (found != nullptr) rec.tenant = found;
   tb.Advance(now);  // up to now, with what the fleet held until this report
 
   // The report: a baseline records the counters and credits nothing; a known record credits

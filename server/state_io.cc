@@ -73,6 +73,10 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
     inst->tenants.ForEach([is](const std::string& tenant,
                                const core_internal::InstanceTenant& rec) {
+      // A record kept for a deleted budget is not written: its next report is a baseline
+      // (ApplyEntry), and after a restart a budget of the same name must not take it for its
+      // own history.
+      if (rec.tenant == nullptr || rec.tenant->deleted.load(std::memory_order_acquire)) return;
       v1::InstanceTenantState* r = is->add_tenants();
       r->set_tenant(tenant);
       SaveCounters(rec.ledger.applied, r);
@@ -162,7 +166,14 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       ReadResponse(is.last_response(), &inst->last_grants);
       inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
       for (const v1::InstanceTenantState& r : is.tenants()) {
+        // Each record names the restored budget its history belongs to. A record of a tenant
+        // the snapshot does not hold is not read: the tenant's next report is a baseline. (Only
+        // an older version wrote such records, for deleted budgets; one of those whose budget
+        // was created again before its snapshot cannot be told apart, and is read as its.)
+        auto budget = restored.find(absl::string_view(r.tenant()));
+        if (budget == restored.end()) continue;
         core_internal::InstanceTenant& rec = *inst->tenants.FindOrAdd(r.tenant()).first;
+        rec.tenant = *budget;
         rec.ledger = LedgerEntry{.applied = CountersOf(r),
                                  .expected_received = r.granted_total(),
                                  .outstanding = r.outstanding()};

@@ -966,7 +966,11 @@ class ServedTenants final : public TenantRouter {
   ~ServedTenants() override { WaitIdle(); }
   bool MayServe(absl::string_view tenant, absl::Time) const override {
     MutexLock lock(&mu_);
-    return served_.contains(tenant);
+    if (!served_.contains(tenant)) return false;
+    if (lost_after_ == 0) return true;
+    // The shard is lost between two questions about it.
+    if (--lost_after_ == 0) served_.erase(tenant);
+    return true;
   }
   TenantRefusal Refusal(absl::string_view, absl::Time) const override {
     return {.code = static_cast<int32_t>(absl::StatusCode::kFailedPrecondition),
@@ -995,6 +999,12 @@ class ServedTenants final : public TenantRouter {
   std::optional<v1::BudgetPolicy> AdminPolicy(absl::string_view) const override {
     return std::nullopt;
   }
+  // The next `answers` questions are answered yes, then the served tenants asked about are
+  // no longer served (as when a shard is lost while a request is applied).
+  void LoseAfter(int answers) {
+    MutexLock lock(&mu_);
+    lost_after_ = answers;
+  }
   void Serve(const std::string& tenant, bool serve) {
     MutexLock lock(&mu_);
     if (serve) {
@@ -1006,7 +1016,8 @@ class ServedTenants final : public TenantRouter {
 
  private:
   mutable Mutex mu_;
-  absl::flat_hash_set<std::string> served_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_set<std::string> served_ ABSL_GUARDED_BY(mu_);
+  mutable int lost_after_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> writes_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -1043,6 +1054,40 @@ TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGran
   router.Serve("t", true);
   const v1::TenantGrant back = SyncOne("i", 4, c);
   EXPECT_EQ(back.error().code(), 0) << back.error().message();
+}
+
+// The shard comes back as a new budget, and is lost again between the first look at an entry
+// and its apply (the second look, under the budget's lock): the entry is refused, and the
+// instance's record still belongs to the budget that granted it, so that the tokens it returns
+// once the shard is back do not fill the new budget.
+TEST_F(BudgetCoreTest, AShardLostWhileAnEntryIsAppliedLeavesTheRecordWithTheBudgetThatGrantedIt) {
+  ServedTenants router;
+  absl::Cleanup destroy_core_first = [this] { core_.reset(); };
+  router.Serve("t", true);
+  CoreOptions options;
+  options.router = &router;
+  MakeCore(100, 0, 0, -1, options);
+  Counters c{.want = 10};
+  const uint64_t granted = SyncOne("i", 1, c).granted();
+  ASSERT_EQ(granted, 10u);
+  c.want = 0;
+  c.received = granted;
+  // Lost, then adopted again at level 50 (the other owner's grants are its own).
+  core_->DropTenants([](absl::string_view name) { return name == "t"; });
+  v1::TenantState state;
+  state.set_tenant("t");
+  state.set_level(50);
+  state.set_granted_total(granted);
+  core_->AdoptTenants({state}, clock_.Now());
+  router.LoseAfter(1);
+  c.returned = granted;
+  const v1::TenantGrant refused = SyncOne("i", 2, c);
+  EXPECT_EQ(refused.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  router.Serve("t", true);
+  const v1::TenantGrant back = SyncOne("i", 3, c);
+  EXPECT_EQ(back.error().code(), 0) << back.error().message();
+  EXPECT_DOUBLE_EQ(Tokens(), 50);  // a baseline: the 10 were the dropped budget's
+  EXPECT_EQ(Status().returned_total(), 0u);
 }
 
 }  // namespace

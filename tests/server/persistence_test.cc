@@ -208,6 +208,30 @@ TEST_F(PersistenceTest, CleanRestartRestoresExactLevelsRefilledForTheDowntime) {
   EXPECT_DOUBLE_EQ(Tokens(), 100);
 }
 
+// An instance's record kept for a budget deleted before a clean restart stays the old budget's:
+// the tokens the instance returns after the restart were that budget's grants and must not
+// fill the one created again under the same name (as without a restart,
+// BudgetCoreTest.TokensOfADeletedBudgetDoNotFillItsSuccessor).
+TEST_F(PersistenceTest, CleanRestartKeepsADeletedBudgetsTokensOutOfItsSuccessor) {
+  ASSERT_TRUE(Boot().ok());
+  Prime(30);
+  EXPECT_EQ(Grant("a", 1, 30), 30u);
+  ASSERT_TRUE(core_->DeleteBudget("t").ok());
+  ASSERT_TRUE(snapshotter_->Stop().ok());
+  ASSERT_TRUE(Boot().ok());
+  // A new "t", at its initial 100, of which "b" takes its first block.
+  EXPECT_EQ(Grant("b", 1, 30), 12u);
+  EXPECT_DOUBLE_EQ(Tokens(), 88);
+  // "a" gives back the 30 the deleted budget granted it: a baseline for the new one.
+  Grant("a", 2, 0, /*received=*/30, /*returned=*/30);
+  EXPECT_DOUBLE_EQ(Tokens(), 88);
+  // From there on its history is the new budget's: what it gets now and returns is credited.
+  EXPECT_EQ(Grant("a", 3, 5, /*received=*/30, /*returned=*/30), 5u);
+  EXPECT_DOUBLE_EQ(Tokens(), 83);
+  Grant("a", 4, 0, /*received=*/35, /*returned=*/35);
+  EXPECT_DOUBLE_EQ(Tokens(), 88);
+}
+
 TEST_F(PersistenceTest, CleanRestartReplaysTheLastResponseToARetriedSync) {
   ASSERT_TRUE(Boot().ok());
   Prime(10);
