@@ -7,7 +7,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "retrybudget/mutex.h"
@@ -1021,22 +1020,29 @@ class ServedTenants final : public TenantRouter {
   std::vector<std::thread> writes_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGrantedSince) {
-  ServedTenants router;
-  // The core waits for its router when destroyed: it must go before `router` does, whichever
-  // way the test ends.
-  absl::Cleanup destroy_core_first = [this] { core_.reset(); };
-  router.Serve("t", true);
-  CoreOptions options;
-  options.router = &router;
-  MakeCore(100, 0, 0, -1, options);
+// A core of capacity 100 (full, no refill, no credit) that serves tenant "t" through `router_`.
+class ClusterCoreTest : public BudgetCoreTest {
+ protected:
+  void SetUp() override {
+    router_.Serve("t", true);
+    CoreOptions options;
+    options.router = &router_;
+    MakeCore(100, 0, 0, -1, options);
+  }
+  // The core waits for its router when destroyed: it goes first, whichever way the test ends.
+  void TearDown() override { core_.reset(); }
+
+  ServedTenants router_;
+};
+
+TEST_F(ClusterCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGrantedSince) {
   Counters c{.want = 10};
   const v1::TenantGrant first = SyncOne("i", 1, c);
   ASSERT_GT(first.granted(), 0u);
   c.received = first.granted();
   SyncOne("i", 2, c);
   // The shard moves to another server (this one drops its budgets), which grants 500 more.
-  router.Serve("t", false);
+  router_.Serve("t", false);
   core_->DropTenants([](absl::string_view name) { return name == "t"; });
   c.received += 500;
   c.spent += 400;
@@ -1051,7 +1057,7 @@ TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGran
   state.set_level(50);
   state.set_granted_total(first.granted() + 500);
   core_->AdoptTenants({state}, clock_.Now());
-  router.Serve("t", true);
+  router_.Serve("t", true);
   const v1::TenantGrant back = SyncOne("i", 4, c);
   EXPECT_EQ(back.error().code(), 0) << back.error().message();
 }
@@ -1060,13 +1066,7 @@ TEST_F(BudgetCoreTest, ARecordOfALostShardDoesNotRefuseTheTotalsAnotherOwnerGran
 // and its apply (the second look, under the budget's lock): the entry is refused, and the
 // instance's record still belongs to the budget that granted it, so that the tokens it returns
 // once the shard is back do not fill the new budget.
-TEST_F(BudgetCoreTest, AShardLostWhileAnEntryIsAppliedLeavesTheRecordWithTheBudgetThatGrantedIt) {
-  ServedTenants router;
-  absl::Cleanup destroy_core_first = [this] { core_.reset(); };
-  router.Serve("t", true);
-  CoreOptions options;
-  options.router = &router;
-  MakeCore(100, 0, 0, -1, options);
+TEST_F(ClusterCoreTest, AShardLostWhileAnEntryIsAppliedLeavesTheRecordWithTheBudgetThatGrantedIt) {
   Counters c{.want = 10};
   const uint64_t granted = SyncOne("i", 1, c).granted();
   ASSERT_EQ(granted, 10u);
@@ -1079,11 +1079,11 @@ TEST_F(BudgetCoreTest, AShardLostWhileAnEntryIsAppliedLeavesTheRecordWithTheBudg
   state.set_level(50);
   state.set_granted_total(granted);
   core_->AdoptTenants({state}, clock_.Now());
-  router.LoseAfter(1);
+  router_.LoseAfter(1);
   c.returned = granted;
   const v1::TenantGrant refused = SyncOne("i", 2, c);
   EXPECT_EQ(refused.error().code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
-  router.Serve("t", true);
+  router_.Serve("t", true);
   const v1::TenantGrant back = SyncOne("i", 3, c);
   EXPECT_EQ(back.error().code(), 0) << back.error().message();
   EXPECT_DOUBLE_EQ(Tokens(), 50);  // a baseline: the 10 were the dropped budget's
