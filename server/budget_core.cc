@@ -513,10 +513,12 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   // reservation on its way re-asks on every grant, and those few milliseconds say nothing.
   constexpr absl::Duration kMinSizingInterval = absl::Milliseconds(500);
   const bool cluster = options_.router != nullptr;
+  const int64_t now_ns = absl::ToUnixNanos(now);
   uint64_t block = ReservationBlock(t.policy->capacity);
-  if (cluster) {
-    if (t.reservation_block == 0) t.reservation_block = block;
-    block = t.reservation_block;
+  Tenant::ActiveSet* sizing = cluster ? &t.ActiveSetFrom(now_ns) : nullptr;
+  if (sizing != nullptr) {
+    if (sizing->reservation_block == 0) sizing->reservation_block = block;
+    block = sizing->reservation_block;
   }
   const uint64_t margin = cluster ? block / 4 : block / 2;
   const uint64_t durable_left =
@@ -526,20 +528,21 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   const uint64_t another =
       left_after <= 0 ? 0 : std::min(granted, static_cast<uint64_t>(std::ceil(left_after)));
   if (durable_left - allowed < another + margin) {
-    const int64_t now_ns = absl::ToUnixNanos(now);
-    if (cluster && (t.block_sized_at_ns == Tenant::kNever ||
-                    now_ns - t.block_sized_at_ns >= absl::ToInt64Nanoseconds(kMinSizingInterval))) {
-      if (t.block_sized_at_ns != Tenant::kNever) {
-        const double rate = static_cast<double>(t.totals.granted - t.granted_when_sized) /
-                            (static_cast<double>(now_ns - t.block_sized_at_ns) * 1e-9);
-        t.reservation_block =
+    if (sizing != nullptr &&
+        (sizing->block_sized_at_ns == Tenant::kNever ||
+         now_ns - sizing->block_sized_at_ns >= absl::ToInt64Nanoseconds(kMinSizingInterval))) {
+      if (sizing->block_sized_at_ns != Tenant::kNever) {
+        const double rate =
+            static_cast<double>(t.totals.granted - sizing->granted_when_sized) /
+            (static_cast<double>(now_ns - sizing->block_sized_at_ns) * 1e-9);
+        sizing->reservation_block =
             ClusterReservationBlock(t.policy->capacity, rate,
                                     t.policy->refill_per_second + t.CreditRate(),
                                     options_.cluster_reserve_ahead);
-        block = t.reservation_block;
+        block = sizing->reservation_block;
       }
-      t.block_sized_at_ns = now_ns;
-      t.granted_when_sized = t.totals.granted;
+      sizing->block_sized_at_ns = now_ns;
+      sizing->granted_when_sized = t.totals.granted;
     }
     ReserveAhead(t.name, t.totals.granted + allowed + another + block, t.credited_total);
   }

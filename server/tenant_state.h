@@ -90,10 +90,11 @@ struct Tenant final : RefCounted {
   // touching the id's characters (this map is probed on every Sync of every tenant entry). An
   // instance forgotten by eviction whose address is reused by a new one only hands its entry
   // over early; the entry would have expired within the TTL anyway.
-  // With the largest recent fleet (the SafeShare divides the budget among it) and the recent
-  // success credit rate, this is the state of a tenant in use: allocated when an instance first syncs, and let go by the sweep
-  // once no instance is active and no fleet is remembered (kFleetSizeWindowMillis), so that a
-  // million idle tenants do not each carry ~140 bytes of it. Empty is the same as absent.
+  // With the largest recent fleet (the SafeShare divides the budget among it), the recent
+  // success credit rate and, in cluster mode, the sizing of its reservations, this is the state
+  // of a tenant in use: allocated when an instance first syncs, and let go by the sweep once no
+  // instance is active and no fleet is remembered (kFleetSizeWindowMillis), so that a million
+  // idle tenants do not each carry ~190 bytes of it. Empty is the same as absent.
   struct ActiveSet {
     absl::flat_hash_map<const Instance*, Active> entries;
     absl::uint128 want_sum = 0;
@@ -105,6 +106,13 @@ struct Tenant final : RefCounted {
     int64_t window_start_ns = kNever;
     // The last sweep of `entries` (SweepActive).
     int64_t last_sweep_ns = 0;
+    // Cluster mode: the reservation block in force (0: none sized yet), and the grants total
+    // and time when the block was last sized, for the observed grant rate (ReserveDurably).
+    // Here, not in the tenant: only a tenant in use is sized, and the rate of one idle for a
+    // minute says nothing; the next block after that starts from the default again.
+    uint64_t reservation_block = 0;
+    uint64_t granted_when_sized = 0;
+    int64_t block_sized_at_ns = kNever;
   };
   std::unique_ptr<ActiveSet> active ABSL_GUARDED_BY(mu);
   BudgetTotals totals ABSL_GUARDED_BY(mu);
@@ -115,11 +123,6 @@ struct Tenant final : RefCounted {
   // cap): journaled with each reservation, so a crash loses only what came after the last one
   // (v1::TenantState.credited_total).
   double credited_total ABSL_GUARDED_BY(mu) = 0;
-  // Cluster mode: the reservation block in force (0: none sized yet), and the grants total and
-  // time when the block was last sized, for the observed grant rate.
-  uint64_t reservation_block ABSL_GUARDED_BY(mu) = 0;
-  uint64_t granted_when_sized ABSL_GUARDED_BY(mu) = 0;
-  int64_t block_sized_at_ns ABSL_GUARDED_BY(mu) = kNever;
 
   // want_sum, capped to 64 bits for the grant arithmetic.
   uint64_t WantSum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
