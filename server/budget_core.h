@@ -235,7 +235,7 @@ class BudgetCore {
   // The policies budgets hold (a leaf lock: taken under any other, never the other way).
   Mutex policy_table_mu_;
   PolicyTable policy_table_ ABSL_GUARDED_BY(policy_table_mu_);
-  std::shared_ptr<const ResolvedPolicy> Intern(const ResolvedPolicy& policy) {
+  PolicyRef Intern(const ResolvedPolicy& policy) {
     MutexLock lock(&policy_table_mu_);
     return policy_table_.Intern(policy);
   }

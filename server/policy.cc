@@ -187,18 +187,17 @@ absl::StatusOr<v1::PolicyConfig> LoadPolicyFile(const std::string& path) {
   return config;
 }
 
-std::shared_ptr<const ResolvedPolicy> PolicyTable::Intern(const ResolvedPolicy& policy) {
+PolicyRef PolicyTable::Intern(const ResolvedPolicy& policy) {
   auto [it, inserted] = by_value_.try_emplace(policy);
-  if (!inserted) {
-    if (std::shared_ptr<const ResolvedPolicy> kept = it->second.lock()) return kept;
-  }
-  auto fresh = std::make_shared<const ResolvedPolicy>(policy);
-  it->second = fresh;
+  if (inserted) it->second = MakeRef<const InternedPolicy>(policy);
+  PolicyRef interned = it->second;  // held now: not dropped below
   if (by_value_.size() >= prune_at_) {
-    absl::erase_if(by_value_, [](const auto& entry) { return entry.second.expired(); });
+    // A copy whose only reference is the table's: no budget holds it, and none can take it but
+    // through this table, under the caller's serialisation.
+    absl::erase_if(by_value_, [](const auto& entry) { return entry.second.IsOnlyReference(); });
     prune_at_ = std::max<size_t>(64, 2 * by_value_.size());
   }
-  return fresh;
+  return interned;
 }
 
 }  // namespace retrybudget

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "retrybudget/v1/budget.pb.h"
+#include "server/ref_ptr.h"
 
 namespace retrybudget {
 
@@ -35,17 +36,25 @@ struct ResolvedPolicy {
   }
 };
 
+// A policy interned by PolicyTable: immutable, shared by the budgets that hold it (RefPtr, 8
+// bytes per budget).
+struct InternedPolicy final : RefCounted, ResolvedPolicy {
+  explicit InternedPolicy(const ResolvedPolicy& p) : ResolvedPolicy(p) {}
+};
+using PolicyRef = RefPtr<const InternedPolicy>;
+
 // One shared, immutable copy of each distinct policy in use. A budget holds its policy as a
 // pointer to it: a million budgets under a few policies do not each carry a 48-byte copy.
-// Copies no budget holds any more are dropped as the table grows (amortised), so a stream of
-// distinct admin policies does not accumulate. Thread-compatible: the caller serialises calls.
+// Copies no budget holds any more (the table's own reference is the last) are dropped as the
+// table grows (amortised), so a stream of distinct admin policies does not accumulate.
+// Thread-compatible: the caller serialises calls.
 class PolicyTable {
  public:
-  std::shared_ptr<const ResolvedPolicy> Intern(const ResolvedPolicy& policy);
+  PolicyRef Intern(const ResolvedPolicy& policy);
   size_t size() const { return by_value_.size(); }
 
  private:
-  absl::flat_hash_map<ResolvedPolicy, std::weak_ptr<const ResolvedPolicy>> by_value_;
+  absl::flat_hash_map<ResolvedPolicy, PolicyRef> by_value_;
   size_t prune_at_ = 64;
 };
 

@@ -60,6 +60,11 @@ class RefPtr {
   void swap(RefPtr& other) noexcept { std::swap(p_, other.p_); }
 
   T* get() const { return p_; }
+  // True when this is the record's only reference (another thread may copy it only from a
+  // reference of its own, so the answer stays true until this one is copied).
+  bool IsOnlyReference() const {
+    return p_ != nullptr && Count(p_).load(std::memory_order_acquire) == 1;
+  }
   T& operator*() const { return *p_; }
   T* operator->() const { return p_; }
   explicit operator bool() const { return p_ != nullptr; }

@@ -40,8 +40,7 @@ struct Instance;
 // Shared through RefPtr (MakeRef<Tenant>).
 struct Tenant final : RefCounted {
   // `p` is shared (PolicyTable::Intern), never null.
-  Tenant(std::string n, std::shared_ptr<const ResolvedPolicy> p, v1::PolicySource s,
-         absl::Time now)
+  Tenant(std::string n, PolicyRef p, v1::PolicySource s, absl::Time now)
       : source_(static_cast<uint8_t>(s)),
         name(std::move(n)),
         policy(std::move(p)),
@@ -78,7 +77,7 @@ struct Tenant final : RefCounted {
     source_ = static_cast<uint8_t>(s);
   }
 
-  std::shared_ptr<const ResolvedPolicy> policy ABSL_GUARDED_BY(mu);
+  PolicyRef policy ABSL_GUARDED_BY(mu);
   // The level and last refill; its capacity and refill are the policy's (Limits).
   TokenBucket bucket ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL, with the want they last sent and the tokens

@@ -71,5 +71,20 @@ TEST(RefPtrTest, AContainerOfReferencesKeepsEachRecordOnce) {
   EXPECT_EQ(deletions, 2);
 }
 
+// PolicyTable drops an interned policy when its own reference is the only one left.
+TEST(RefPtrTest, TellsWhenItIsTheOnlyReference) {
+  int deletions = 0;
+  RefPtr<const Counted> a = MakeRef<const Counted>(&deletions);  // shared read-only
+  EXPECT_TRUE(a.IsOnlyReference());
+  RefPtr<const Counted> b = a;
+  EXPECT_FALSE(a.IsOnlyReference());
+  EXPECT_FALSE(b.IsOnlyReference());
+  b.reset();
+  EXPECT_TRUE(a.IsOnlyReference());
+  EXPECT_FALSE(b.IsOnlyReference());  // null: no record at all
+  a.reset();
+  EXPECT_EQ(deletions, 1);
+}
+
 }  // namespace
 }  // namespace retrybudget
