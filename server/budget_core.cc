@@ -402,9 +402,9 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // are stale by the time the server could count them.
   Tenant::Active* entry = nullptr;
   if (request.final()) {
-    tb.RemoveActive(&instance);
+    tb.RemoveActive(instance.serial);
   } else {
-    entry = &tb.SetActive(&instance, sent.want(), effect.spent_since < held ? held : 0, now);
+    entry = &tb.SetActive(instance.serial, sent.want(), effect.spent_since < held ? held : 0, now);
   }
   if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
   Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);

@@ -2,6 +2,11 @@
 
 namespace retrybudget::core_internal {
 
+uint64_t Instance::NextSerial() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
   if (has_first_ && first_name_ == tenant) return &first_;
   if (rest_ == nullptr) return nullptr;

@@ -67,7 +67,7 @@ class InstanceTenants {
 // Shared through RefPtr (MakeRef<Instance>).
 struct Instance final : RefCounted {
   Instance(std::string instance_id, uint64_t principal_hash)
-      : id(std::move(instance_id)), principal(principal_hash) {}
+      : id(std::move(instance_id)), principal(principal_hash), serial(NextSerial()) {}
 
   // First, beside the 4-byte reference count: no padding.
   CompactMutex mu;
@@ -79,6 +79,9 @@ struct Instance final : RefCounted {
 
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
+  // Unique in the process (a counter, never reused): what the tenants' active sets know this
+  // record by. Its address is not: a freed record's memory goes to the next one at once.
+  const uint64_t serial;
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
   // last_seq, readable without `mu` (for the tombstone of an eviction).
@@ -89,6 +92,9 @@ struct Instance final : RefCounted {
   // record is kept inline, without an allocation of its own).
   GrantRecords last_grants ABSL_GUARDED_BY(mu);
   InstanceTenants tenants ABSL_GUARDED_BY(mu);
+
+ private:
+  static uint64_t NextSerial();
 };
 
 // An instance that sent `final` or was evicted: a request with seq <= last_seq is stale, and

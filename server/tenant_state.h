@@ -35,8 +35,6 @@ struct MaxCount {
   uint64_t operator()(uint64_t a, uint64_t b) const { return std::max(a, b); }
 };
 
-struct Instance;
-
 // Shared through RefPtr (MakeRef<Tenant>).
 struct Tenant final : RefCounted {
   // `p` is shared (PolicyTable::Intern), never null.
@@ -85,17 +83,18 @@ struct Tenant final : RefCounted {
   // 64-bit entries can overflow them); stale entries are swept at most every 100 ms. An
   // instance silent for a lease TTL holds nothing any more: its client stops spending a lease
   // at send time + TTL.
-  // Keyed by the Instance's address, never dereferenced: a pointer hashes and compares without
-  // touching the id's characters (this map is probed on every Sync of every tenant entry). An
-  // instance forgotten by eviction whose address is reused by a new one only hands its entry
-  // over early; the entry would have expired within the TTL anyway.
+  // Keyed by the Instance's serial (Instance::serial), never reused in a process: an integer
+  // hashes and compares without touching the id's characters (this map is probed on every Sync
+  // of every tenant entry), and an evicted instance's entry, whose lease still runs on its
+  // client, keeps counting until its TTL even when a new instance takes its record's place in
+  // memory (keyed by address, it was handed over to that one and its holdings forgotten).
   // With the largest recent fleet (the SafeShare divides the budget among it), the recent
   // success credit rate and, in cluster mode, the sizing of its reservations, this is the state
   // of a tenant in use: allocated when an instance first syncs, and let go by the sweep once no
   // instance is active and no fleet is remembered (kFleetSizeWindowMillis), so that a million
   // idle tenants do not each carry ~190 bytes of it. Empty is the same as absent.
   struct ActiveSet {
-    absl::flat_hash_map<const Instance*, Active> entries;
+    absl::flat_hash_map<uint64_t, Active> entries;
     absl::uint128 want_sum = 0;
     absl::uint128 held_sum = 0;  // also the bucket's `leased` (Limits)
     RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size;
@@ -169,11 +168,11 @@ struct Tenant final : RefCounted {
 
   // Records an instance's report: its want and the tokens it still holds, and the size of the
   // active set it makes. Returns its entry, valid until the next sweep (Advance).
-  Active& SetActive(const Instance* instance, uint64_t want, uint64_t held, absl::Time now)
+  Active& SetActive(uint64_t instance_serial, uint64_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int64_t now_ns = absl::ToUnixNanos(now);
     ActiveSet& set = ActiveSetFrom(now_ns);
-    Active& a = set.entries[instance];
+    Active& a = set.entries[instance_serial];
     set.want_sum = set.want_sum - a.want + want;
     a.want = want;
     SetHeld(a, held);
@@ -188,9 +187,9 @@ struct Tenant final : RefCounted {
     a.held = held;
   }
 
-  void RemoveActive(const Instance* instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void RemoveActive(uint64_t instance_serial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
-    auto it = active->entries.find(instance);
+    auto it = active->entries.find(instance_serial);
     if (it == active->entries.end()) return;
     active->want_sum -= it->second.want;
     SetHeld(it->second, 0);

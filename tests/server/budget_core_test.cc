@@ -622,6 +622,32 @@ TEST_F(BudgetCoreTest, ForgottenInstancesComeBackAsABaseline) {
   EXPECT_DOUBLE_EQ(Tokens(), 0);  // the forgotten history earns nothing
 }
 
+// An evicted instance's lease still runs on its client: what it holds counts against the
+// capacity until its lease TTL is over. Also when a new instance takes its place in memory: a
+// freed record is reused at once by the allocator (glibc's per-thread cache), so the tenant's
+// active set must not know its instances by their address.
+TEST_F(BudgetCoreTest, AnEvictedInstancesHoldingsCountUntilItsLeaseEnds) {
+  CoreOptions options;
+  options.max_instances = 2;
+  MakeCore(100, 10, 0, -1, options);  // lease TTL 5 s, 10 tokens/s
+  EXPECT_EQ(SyncOne("holder", 1, {.want = 30}).granted(), 30u);
+  EXPECT_EQ(Status().leased_tokens(), 30);
+  clock_.Advance(absl::Seconds(1));
+  SyncOne("b", 1, {});
+  clock_.Advance(absl::Seconds(1));
+  SyncOne("c", 1, {});  // evicts "holder", the least recently seen
+  SyncOne("d", 1, {});  // evicts "b"; its record may be where "holder"'s was
+  SyncOne("e", 1, {});  // and again
+  EXPECT_EQ(core_->instance_count(), 2u);
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_EQ(Status().leased_tokens(), 30);
+  EXPECT_DOUBLE_EQ(Tokens(), 70);  // 3 s of refill had no room: the bucket and the lease are 100
+  // Its lease is over 5 s after its last Sync: from then on the room is the bucket's again.
+  clock_.Advance(absl::Seconds(2) + absl::Milliseconds(200));
+  EXPECT_EQ(Status().leased_tokens(), 0);
+  EXPECT_GT(Tokens(), 70);
+}
+
 struct BadRequestCase {
   const char* name;
   std::function<void(v1::SyncRequest&)> mutate;
