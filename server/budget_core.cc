@@ -355,12 +355,14 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
 
   // A record exists only for a tenant applied before, so a refused tenant never gains a
   // history.
-  auto [rec_ptr, new_record] = instance.tenants.FindOrAdd(sent.tenant());
-  core_internal::InstanceTenant& rec = *rec_ptr;
+  // With no record, BudgetOf looked the budget up: `found` is it.
+  core_internal::InstanceTenant* existing = instance.tenants.Find(sent.tenant());
+  const bool new_record = existing == nullptr;
+  core_internal::InstanceTenant& rec = new_record ? *instance.tenants.Add(found) : *existing;
   // A baseline also when the budget the record was kept for is not this one (it was deleted, or
   // its shard lost, and this is a new one): the record's grants came from the old budget, and
-  // returning them must not fill the new one. A record with history always names its budget
-  // (Restore links the ones it reads); one that names none is a baseline too.
+  // returning them must not fill the new one. A record always names its budget (Restore links
+  // the ones it reads).
   const bool baseline = new_record || (found != nullptr && rec.tenant != found);
   // `tenant` is kept alive by `found` (declared before `lock`, so released after it) or, when
   // found is null, by the record, which is left alone until the entry is applied.

@@ -8,35 +8,30 @@ uint64_t Instance::NextSerial() {
 }
 
 InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
-  if (has_first_ && first_name_ == tenant) return &first_;
+  if (first_.tenant != nullptr && first_.tenant->name == tenant) return &first_;
   if (rest_ == nullptr) return nullptr;
   auto it = rest_->find(tenant);
   return it == rest_->end() ? nullptr : &it->second;
 }
 
-std::pair<InstanceTenant*, bool> InstanceTenants::FindOrAdd(absl::string_view tenant) {
-  if (InstanceTenant* found = Find(tenant)) return {found, false};
-  if (!has_first_) {
-    has_first_ = true;
-    first_name_.assign(tenant.data(), tenant.size());
-    first_ = InstanceTenant{};
-    return {&first_, true};
+InstanceTenant* InstanceTenants::Add(RefPtr<Tenant> budget) {
+  if (first_.tenant == nullptr) {
+    first_ = InstanceTenant{.ledger = {}, .tenant = std::move(budget)};
+    return &first_;
   }
   if (rest_ == nullptr) rest_ = std::make_unique<Map>();
-  return {&rest_->try_emplace(tenant).first->second, true};
+  const std::string& name = budget->name;
+  InstanceTenant& rec = rest_->try_emplace(name).first->second;
+  rec = InstanceTenant{.ledger = {}, .tenant = std::move(budget)};
+  return &rec;
 }
 
 void InstanceTenants::Erase(absl::string_view tenant) {
-  if (has_first_ && first_name_ == tenant) {
+  if (first_.tenant != nullptr && first_.tenant->name == tenant) {
+    first_ = InstanceTenant{};
     if (rest_ != nullptr && !rest_->empty()) {
-      // One of the others takes the inline place.
-      auto node = rest_->extract(rest_->begin());
-      first_name_ = std::move(node.key());
-      first_ = std::move(node.mapped());
-    } else {
-      has_first_ = false;
-      std::string().swap(first_name_);
-      first_ = InstanceTenant{};
+      // One of the others takes the inline place (its name is its budget's).
+      first_ = std::move(rest_->extract(rest_->begin()).mapped());
     }
   } else if (rest_ != nullptr) {
     rest_->erase(tenant);

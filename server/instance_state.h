@@ -27,39 +27,42 @@ namespace retrybudget::core_internal {
 // What the server applied for one instance and tenant.
 struct InstanceTenant {
   LedgerEntry ledger;
-  // The budget this instance used for the tenant last time, so the next Sync neither looks the
-  // name up nor takes the lock of the tenant map. Dropped when that budget was deleted.
+  // The budget the ledger's history belongs to (never null in a kept record): the one whose
+  // grants it counts. Kept, deleted or not, until an entry applied to a new budget of the same
+  // name replaces it; the next Sync uses it without looking the name up or taking the lock of
+  // the tenant map, unless it was deleted.
   RefPtr<Tenant> tenant;
 };
 
-// An instance's records, one per tenant it synced, found by the tenant's name. Most instances
-// sync one tenant: the first record is kept inline (no allocation; a hash map's smallest table
-// took 160 bytes per instance), any others in a hash map made for them, so lookups stay O(1)
-// however many tenants one instance reports. Adding may move the records of the map (as a
-// flat_hash_map does): hold no record across an Add.
+// An instance's records, one per tenant it synced, found by the tenant's name. Every record
+// names its budget (InstanceTenant::tenant, never null). Most instances sync one tenant: the
+// first record is kept inline (no allocation; a hash map's smallest table took 160 bytes per
+// instance) and known by its budget's name (no copy of it), any others in a hash map made for
+// them, so lookups stay O(1) however many tenants one instance reports. Adding may move the
+// records of the map (as a flat_hash_map does): hold no record across an Add.
 class InstanceTenants {
  public:
   // Null when `tenant` has no record.
   InstanceTenant* Find(absl::string_view tenant);
-  // The record of `tenant`, made empty when it had none; `.second` says it was made now.
-  std::pair<InstanceTenant*, bool> FindOrAdd(absl::string_view tenant);
+  // A new record for `budget` (not null), whose tenant has none yet.
+  InstanceTenant* Add(RefPtr<Tenant> budget);
   // Drops the record of `tenant`, if any.
   void Erase(absl::string_view tenant);
-  size_t size() const { return (has_first_ ? 1 : 0) + (rest_ == nullptr ? 0 : rest_->size()); }
+  size_t size() const {
+    return (first_.tenant != nullptr ? 1 : 0) + (rest_ == nullptr ? 0 : rest_->size());
+  }
 
   // f(const std::string& tenant, const InstanceTenant& record), for each record.
   template <typename F>
   void ForEach(F f) const {
-    if (has_first_) f(first_name_, first_);
+    if (first_.tenant != nullptr) f(first_.tenant->name, first_);
     if (rest_ != nullptr) {
       for (const auto& [name, record] : *rest_) f(name, record);
     }
   }
 
  private:
-  bool has_first_ = false;
-  std::string first_name_;
-  InstanceTenant first_;
+  InstanceTenant first_;  // none while its tenant is null
   using Map = absl::flat_hash_map<std::string, InstanceTenant>;
   std::unique_ptr<Map> rest_;
 };

@@ -172,9 +172,9 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
         // was created again before its snapshot cannot be told apart, and is read as its.)
         auto budget = restored.find(absl::string_view(r.tenant()));
         if (budget == restored.end()) continue;
-        core_internal::InstanceTenant& rec = *inst->tenants.FindOrAdd(r.tenant()).first;
-        rec.tenant = *budget;
-        rec.ledger = LedgerEntry{.applied = CountersOf(r),
+        core_internal::InstanceTenant* rec = inst->tenants.Find(r.tenant());
+        if (rec == nullptr) rec = inst->tenants.Add(*budget);
+        rec->ledger = LedgerEntry{.applied = CountersOf(r),
                                  .expected_received = r.granted_total(),
                                  .outstanding = r.outstanding()};
       }
