@@ -159,7 +159,7 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
       return absl::OkStatus();
     }
   }
-  auto fresh = MakeRef<Instance>(std::string(id), principal);
+  auto fresh = Instance::Create(id, principal);
   // Seen now, so the eviction below takes older instances, never this one.
   fresh->last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   instances_.insert(fresh);

@@ -1,6 +1,17 @@
 #include "server/instance_state.h"
 
+#include <cstring>
+#include <new>
+
 namespace retrybudget::core_internal {
+
+RefPtr<Instance> Instance::Create(absl::string_view instance_id, uint64_t principal_hash) {
+  void* raw = ::operator new(sizeof(Instance) + instance_id.size());
+  char* chars = static_cast<char*>(raw) + sizeof(Instance);
+  if (!instance_id.empty()) std::memcpy(chars, instance_id.data(), instance_id.size());
+  return RefPtr<Instance>::AdoptNew(
+      new (raw) Instance(absl::string_view(chars, instance_id.size()), principal_hash));
+}
 
 uint64_t Instance::NextSerial() {
   static std::atomic<uint64_t> next{1};

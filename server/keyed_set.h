@@ -23,12 +23,15 @@
 
 namespace retrybudget {
 
-template <typename T, const std::string T::*kName>
+// kName: a member holding the name, a std::string or an absl::string_view.
+template <typename T, auto kName>
 struct NameOf {
   using is_transparent = void;
 
   static absl::string_view Of(absl::string_view name) { return name; }
-  static absl::string_view Of(const RefPtr<T>& record) { return (*record).*kName; }
+  static absl::string_view Of(const RefPtr<T>& record) {
+    return absl::string_view((*record).*kName);
+  }
 
   struct Hash {
     using is_transparent = void;
@@ -46,7 +49,7 @@ struct NameOf {
   };
 };
 
-template <typename T, const std::string T::*kName>
+template <typename T, auto kName>
 using SharedByName = absl::flat_hash_set<RefPtr<T>, typename NameOf<T, kName>::Hash,
                                          typename NameOf<T, kName>::Eq>;
 

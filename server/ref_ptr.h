@@ -56,6 +56,10 @@ class RefPtr {
   }
   ~RefPtr() { Unref(p_); }
 
+  // Takes the first reference of a record just made with `new` its own way (Instance::Create
+  // places its id after the record, in the same allocation); MakeRef otherwise.
+  static RefPtr AdoptNew(T* fresh) { return RefPtr(fresh); }
+
   void reset() { RefPtr().swap(*this); }
   void swap(RefPtr& other) noexcept { std::swap(p_, other.p_); }
 

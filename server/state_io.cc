@@ -65,7 +65,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   for (auto& inst : instances) {
     CompactMutexLock lock(&inst->mu);
     v1::InstanceState* is = state.add_instances();
-    is->set_instance_id(inst->id);
+    is->set_instance_id(std::string(inst->id));
     is->set_principal_hash(inst->principal);
     is->set_last_seq(inst->last_seq);
     is->set_last_fingerprint(inst->last_fingerprint);
@@ -158,7 +158,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
   InstanceTable instances;
   if (clean) {
     for (const v1::InstanceState& is : recovered.snapshot->instances()) {
-      auto inst = MakeRef<Instance>(is.instance_id(), is.principal_hash());
+      auto inst = Instance::Create(is.instance_id(), is.principal_hash());
       CompactMutexLock lock(&inst->mu);
       inst->last_seq = is.last_seq();
       inst->published_seq.store(is.last_seq(), std::memory_order_relaxed);

@@ -1,11 +1,14 @@
-// The records an instance keeps per tenant (InstanceTenants): the first inline and known by its
-// budget's name, the others in a map, against a plain std::map as the model.
+// An instance's record (Instance::Create, its id in the same allocation) and the records it
+// keeps per tenant (InstanceTenants): the first inline and known by its budget's name, the
+// others in a map, against a plain std::map as the model.
 #include "server/instance_state.h"
 
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
 
 namespace retrybudget::core_internal {
@@ -103,6 +106,27 @@ TEST_F(InstanceTenantsTest, AgreesWithAMapThroughRandomAddsAndErases) {
     ASSERT_EQ(records.size(), model.size());
   }
   EXPECT_EQ(Contents(records), model);
+}
+
+// Create copies the id into the record's own allocation (under AddressSanitizer, a byte read
+// or written past it is reported), and every record gets a serial no other record had.
+TEST(InstanceTest, CreateKeepsTheIdInTheRecordAndASerialOfItsOwn) {
+  std::vector<RefPtr<Instance>> made;
+  absl::flat_hash_set<uint64_t> serials;
+  for (size_t length : {1, 15, 16, 35, 128, 1024}) {
+    std::string id(length, 'i');
+    id.back() = 'z';
+    RefPtr<Instance> instance = Instance::Create(id, /*principal_hash=*/length);
+    id.assign(length, '-');  // the record holds a copy, not the caller's characters
+    EXPECT_EQ(instance->id.size(), length);
+    EXPECT_EQ(instance->id.back(), 'z');
+    EXPECT_EQ(instance->id.find('-'), absl::string_view::npos);
+    EXPECT_EQ(instance->principal, length);
+    EXPECT_TRUE(serials.insert(instance->serial).second);
+    made.push_back(std::move(instance));
+  }
+  made.clear();  // each freed the way it was allocated
+  EXPECT_TRUE(serials.insert(Instance::Create("again", 0)->serial).second);
 }
 
 }  // namespace
