@@ -285,9 +285,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
     const core_internal::InstanceTenant* rec = instance.tenants.Find(t.tenant());
-    if (rec == nullptr) continue;
-    const RefPtr<Tenant>& kept_for = rec->tenant;
-    if (kept_for != nullptr && kept_for->deleted.load(std::memory_order_acquire)) continue;
+    if (rec == nullptr || rec->tenant->deleted.load(std::memory_order_acquire)) continue;
     if (auto s = CheckAgainstApplied(i, t, rec->ledger); !s.ok()) {
       if (created) ForgetInstance(request.instance_id(), &instance, 0);
       return s;
@@ -312,13 +310,10 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   return absl::OkStatus();
 }
 
-BudgetCore::Tenant* BudgetCore::BudgetOf(Instance& instance, const v1::TenantSync& sent,
-                             RefPtr<Tenant>* found, GrantRecord& out) {
-  // The one this instance used last time unless it was deleted since, else found (or created)
-  // by name.
-  const core_internal::InstanceTenant* rec = instance.tenants.Find(sent.tenant());
-  if (rec != nullptr && rec->tenant != nullptr &&
-      !rec->tenant->deleted.load(std::memory_order_acquire)) {
+BudgetCore::Tenant* BudgetCore::BudgetOf(const core_internal::InstanceTenant* rec,
+                                         const v1::TenantSync& sent, RefPtr<Tenant>* found,
+                                         GrantRecord& out) {
+  if (rec != nullptr && !rec->tenant->deleted.load(std::memory_order_acquire)) {
     return rec->tenant.get();
   }
   v1::TenantError refusal;
@@ -349,14 +344,13 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     Refuse(sent.tenant(), now, out);
     return;
   }
+  core_internal::InstanceTenant* existing = instance.tenants.Find(sent.tenant());
   RefPtr<Tenant> found;
-  Tenant* tenant = BudgetOf(instance, sent, &found, out);
+  Tenant* tenant = BudgetOf(existing, sent, &found, out);
   if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
 
   // A record exists only for a tenant applied before, so a refused tenant never gains a
-  // history.
-  // With no record, BudgetOf looked the budget up: `found` is it.
-  core_internal::InstanceTenant* existing = instance.tenants.Find(sent.tenant());
+  // history. With no record, BudgetOf looked the budget up: `found` is it.
   const bool new_record = existing == nullptr;
   core_internal::InstanceTenant& rec = new_record ? *instance.tenants.Add(found) : *existing;
   // A baseline also when the budget the record was kept for is not this one (it was deleted, or

@@ -190,11 +190,11 @@ class BudgetCore {
   void ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now, Instance& instance,
                   GrantRecord& out, std::vector<std::string>* fallback_reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
-  // The budget of `sent`: the one the instance used last time, else found or created by name
-  // (then held in `*found`). Null, with `out`'s error set, when refused.
-  Tenant* BudgetOf(Instance& instance, const v1::TenantSync& sent,
-                   RefPtr<Tenant>* found, GrantRecord& out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
+  // The budget of `sent`: the one its record (`rec`, null if none) names unless deleted since,
+  // else found or created by name (then held in `*found`). Null, with `out`'s error set, when
+  // refused.
+  Tenant* BudgetOf(const core_internal::InstanceTenant* rec, const v1::TenantSync& sent,
+                   RefPtr<Tenant>* found, GrantRecord& out);
   // Deposits what a known record's report credits and adds it to the totals.
   void Credit(Tenant& tenant, const ReportEffect& effect, absl::Time now,
               absl::string_view tenant_name, absl::string_view instance_id,

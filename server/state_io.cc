@@ -76,7 +76,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
       // A record kept for a deleted budget is not written: its next report is a baseline
       // (ApplyEntry), and after a restart a budget of the same name must not take it for its
       // own history.
-      if (rec.tenant == nullptr || rec.tenant->deleted.load(std::memory_order_acquire)) return;
+      if (rec.tenant->deleted.load(std::memory_order_acquire)) return;
       v1::InstanceTenantState* r = is->add_tenants();
       r->set_tenant(tenant);
       SaveCounters(rec.ledger.applied, r);
