@@ -185,12 +185,12 @@ void BudgetCore::EvictInstancesIfFull() {
   std::nth_element(by_age.begin(), by_age.begin() + evict, by_age.end());
   const absl::Time now = clock_->Now();
   for (size_t i = 0; i < evict; ++i) {
-    auto it = instances_.find(absl::string_view(by_age[i].second->id));
+    auto it = instances_.find(absl::string_view(by_age[i].second->id()));
     Instance& inst = **it;
     inst.forgotten.store(true, std::memory_order_release);
-    const uint64_t last_seq = inst.published_seq.load(std::memory_order_acquire);
+    const uint64_t last_seq = inst.last_seq();
     if (last_seq != 0) {
-      tombstones_->Put(inst.id, {.last_seq = last_seq, .principal = inst.principal, .at = now});
+      tombstones_->Put(inst.id(), {.last_seq = last_seq, .principal = inst.principal, .at = now});
     }
     instances_.erase(it);
   }
@@ -219,7 +219,7 @@ absl::StatusOr<v1::SyncResponse> BudgetCore::Sync(const v1::SyncRequest& request
 absl::Status BudgetCore::Sync(const v1::SyncRequest& request, v1::SyncResponse* response,
                               absl::string_view principal_name) {
   const SyncLimits limits{.max_tenants_per_request = options_.max_tenants_per_request,
-                          .max_want = options_.max_want};
+                          .max_want = std::min<uint64_t>(options_.max_want, UINT32_MAX)};
   if (auto s = ValidateRequest(request, limits); !s.ok()) return s;
   const absl::Time now = clock_->Now();
   const uint64_t principal = StableHash(principal_name);
@@ -255,12 +255,12 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   // Only its owner's requests keep an instance from eviction.
   instance.last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
   const uint64_t fingerprint = Fingerprint(request);
-  if (instance.last_seq != 0) {
-    if (request.seq() < instance.last_seq) {
+  if (const uint64_t last_seq = instance.last_seq(); last_seq != 0) {
+    if (request.seq() < last_seq) {
       response->set_stale(true);
       return absl::OkStatus();
     }
-    if (request.seq() == instance.last_seq) {
+    if (request.seq() == last_seq) {
       if (fingerprint == instance.last_fingerprint) {
         WriteResponse(instance.last_grants, response);
         return absl::OkStatus();
@@ -270,10 +270,10 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
           "repeat the request unchanged and a new request must use a higher seq",
           request.seq(), QuoteForError(request.instance_id())));
     }
-    if (request.seq() - instance.last_seq > kMaxSeqJump) {
+    if (request.seq() - last_seq > kMaxSeqJump) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "seq = %d of instance %s is more than 2^32 past its last applied seq %d",
-          request.seq(), QuoteForError(request.instance_id()), instance.last_seq));
+          request.seq(), QuoteForError(request.instance_id()), last_seq));
     }
   }
 
@@ -301,8 +301,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
     ApplyEntry(request, i, now, instance, records[i], &fallback_reports);
   }
 
-  instance.last_seq = request.seq();
-  instance.published_seq.store(request.seq(), std::memory_order_release);
+  instance.set_last_seq(request.seq());
   instance.last_fingerprint = fingerprint;
   WriteResponse(records, response);
   if (request.final()) ForgetInstance(request.instance_id(), &instance, request.seq());
@@ -327,7 +326,7 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(const core_internal::InstanceTenant* re
       refusal.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
       refusal.set_message(kDeletedMeanwhile);
     }
-    out.Refuse(refusal.code(), refusal.message());
+    out.Refuse(sent.tenant(), refusal.code(), refusal.message());
     return nullptr;
   }
   return found->get();
@@ -337,8 +336,6 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
                             Instance& instance, GrantRecord& out,
                             std::vector<std::string>* fallback_reports) {
   const v1::TenantSync& sent = request.tenants(index);
-  out.tenant = sent.tenant();
-  out.error.reset();
   // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
@@ -366,7 +363,8 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     // Deleted between the check above and the lock: nothing applied, nothing granted, no new
     // record (an empty one would later pass for a known history), and a kept record still
     // names the budget its history belongs to.
-    out.Refuse(static_cast<int>(absl::StatusCode::kUnavailable), kDeletedMeanwhile);
+    out.Refuse(sent.tenant(), static_cast<int>(absl::StatusCode::kUnavailable),
+               kDeletedMeanwhile);
     if (new_record) instance.tenants.Erase(sent.tenant());
     return;
   }
@@ -379,6 +377,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   }
   // Applied from here on: the record's history is this budget's.
   if (found != nullptr) rec.tenant = found;
+  out.SetGrantedBy(rec.tenant, tb.policy);
   tb.Advance(now);  // up to now, with what the fleet held until this report
 
   // The report: a baseline records the counters and credits nothing; a known record credits
@@ -472,18 +471,12 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
   const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.ActiveSize()));
   // Fallback shares divide among the largest fleet of the last minute, not the active set of
   // this moment: every instance that may be in fallback at once gets a share of one budget.
-  const SafeShareOf share =
-      SafeShare(tb.policy->capacity, tb.policy->refill_per_second,
-                std::max<uint64_t>(active, tb.RecentFleetSize(now)));
-  out.granted = granted;
-  out.lease_ttl_ms = absl::ToInt64Milliseconds(ttl);
-  out.next_sync_ms = absl::ToInt64Milliseconds(next_sync);
-  out.safe_capacity = share.capacity;
-  out.safe_refill_per_second = share.refill_per_second;
-  // Credit is not divided: each success is seen by exactly one instance.
-  out.safe_success_credit = tb.policy->success_credit;
+  // (WriteResponse computes the share from it and the policy the record keeps.)
+  out.granted = static_cast<uint32_t>(granted);  // at most want <= max_want <= UINT32_MAX
+  out.next_sync_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(next_sync));
+  out.fleet = static_cast<uint32_t>(
+      std::min<uint64_t>(std::max<uint64_t>(active, tb.RecentFleetSize(now)), UINT32_MAX));
   out.bucket_tokens = tb.bucket.tokens();
-  out.capacity = tb.policy->capacity;
   out.active_instances = active;
 }
 
@@ -573,7 +566,7 @@ void BudgetCore::ReserveAhead(const std::string& tenant, uint64_t limit, double 
 
 void BudgetCore::Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out) {
   TenantRefusal refusal = options_.router->Refusal(tenant, now);
-  out.Refuse(refusal.code, std::move(refusal.message), std::move(refusal.owner));
+  out.Refuse(tenant, refusal.code, std::move(refusal.message), std::move(refusal.owner));
 }
 
 size_t BudgetCore::tenant_count() {

@@ -58,9 +58,10 @@ struct CoreOptions {
   absl::Duration tombstone_ttl = absl::Minutes(10);
   // Most tenant entries in one SyncRequest.
   size_t max_tenants_per_request = 256;
-  // Largest `want` of one tenant entry.
+  // Largest `want` of one tenant entry; at most UINT32_MAX (a grant, never above the want, is
+  // kept in 32 bits: GrantRecord), larger values are taken as UINT32_MAX.
   uint64_t max_want = 1'000'000;
-  // Bounds of the next_sync_ms hint.
+  // Bounds of the next_sync_ms hint (the lease TTL's half bounds it too: at most 300 s).
   absl::Duration min_next_sync = absl::Milliseconds(10);
   absl::Duration max_next_sync = absl::Seconds(1);
   // Time source; Clock::Real() if null. Not owned.

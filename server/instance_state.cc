@@ -9,8 +9,7 @@ RefPtr<Instance> Instance::Create(absl::string_view instance_id, uint64_t princi
   void* raw = ::operator new(sizeof(Instance) + instance_id.size());
   char* chars = static_cast<char*>(raw) + sizeof(Instance);
   if (!instance_id.empty()) std::memcpy(chars, instance_id.data(), instance_id.size());
-  return RefPtr<Instance>::AdoptNew(
-      new (raw) Instance(absl::string_view(chars, instance_id.size()), principal_hash));
+  return RefPtr<Instance>::AdoptNew(new (raw) Instance(instance_id.size(), principal_hash));
 }
 
 uint64_t Instance::NextSerial() {

@@ -71,7 +71,8 @@ class InstanceTenants {
 struct Instance final : RefCounted {
   // A new record, its id copied into the same allocation, after the record (a std::string took
   // 32 bytes here and, for ids longer than 15 characters such as the clients' 35, a heap block
-  // of 48 more).
+  // of 48 more; a string_view to the copy 16, where its length takes 4 beside `forgotten`). The
+  // id is at most 4 GiB (ids are at most kMaxInstanceIdLength, names.h).
   static RefPtr<Instance> Create(absl::string_view instance_id, uint64_t principal_hash);
   // Frees what Create allocated (RefPtr deletes the last reference's record with `delete`).
   static void operator delete(void* p) { ::operator delete(p); }
@@ -82,8 +83,14 @@ struct Instance final : RefCounted {
   // failed first request): a request that finds it so after taking `mu` looks the id up again.
   std::atomic<bool> forgotten{false};
 
-  // The id, in the bytes after this record.
-  const absl::string_view id;
+ private:
+  const uint32_t id_size_;  // the id's length; its characters follow this record
+
+ public:
+  // The id, kept in the bytes after this record.
+  absl::string_view id() const {
+    return absl::string_view(reinterpret_cast<const char*>(this + 1), id_size_);
+  }
 
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
@@ -92,9 +99,13 @@ struct Instance final : RefCounted {
   const uint64_t serial;
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
-  // last_seq, readable without `mu` (for the tombstone of an eviction).
-  std::atomic<uint64_t> published_seq{0};
-  uint64_t last_seq ABSL_GUARDED_BY(mu) = 0;
+
+  // The seq of the last request applied (0: none yet). Written under `mu`; readable without it
+  // (the tombstone of an eviction, which holds the core's instances lock, taken after `mu`).
+  uint64_t last_seq() const { return last_seq_.load(std::memory_order_acquire); }
+  void set_last_seq(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    last_seq_.store(seq, std::memory_order_release);
+  }
   uint64_t last_fingerprint ABSL_GUARDED_BY(mu) = 0;
   // The response to last_seq, one record per tenant entry (most instances sync one tenant: its
   // record is kept inline, without an allocation of its own).
@@ -102,8 +113,9 @@ struct Instance final : RefCounted {
   InstanceTenants tenants ABSL_GUARDED_BY(mu);
 
  private:
-  Instance(absl::string_view stored_id, uint64_t principal_hash)
-      : id(stored_id), principal(principal_hash), serial(NextSerial()) {}
+  Instance(size_t id_size, uint64_t principal_hash)
+      : id_size_(static_cast<uint32_t>(id_size)), principal(principal_hash), serial(NextSerial()) {}
+  std::atomic<uint64_t> last_seq_{0};
   static uint64_t NextSerial();
 };
 

@@ -14,6 +14,7 @@
 #define RETRYBUDGET_SERVER_KEYED_SET_H_
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_set.h"
@@ -23,14 +24,15 @@
 
 namespace retrybudget {
 
-// kName: a member holding the name, a std::string or an absl::string_view.
+// kName: a member holding the name (a std::string or an absl::string_view), or a const member
+// function returning it.
 template <typename T, auto kName>
 struct NameOf {
   using is_transparent = void;
 
   static absl::string_view Of(absl::string_view name) { return name; }
   static absl::string_view Of(const RefPtr<T>& record) {
-    return absl::string_view((*record).*kName);
+    return absl::string_view(std::invoke(kName, *record));
   }
 
   struct Hash {

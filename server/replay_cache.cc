@@ -1,6 +1,8 @@
 #include "server/replay_cache.h"
 
+#include "absl/status/status.h"
 #include "server/cumulative_counters.h"
+#include "server/grant_math.h"
 
 namespace retrybudget {
 
@@ -49,26 +51,117 @@ uint64_t Fingerprint(const v1::SyncRequest& r) {
   return h.Finish();
 }
 
+// An instance keeps one per tenant entry it synced: its memory (docs/BENCHMARKS.md 4a) counts on
+// this size.
+static_assert(sizeof(GrantRecord) <= 40);
+
+GrantRecord::GrantRecord(GrantRecord&& other) noexcept
+    : bucket_tokens(other.bucket_tokens),
+      granted(other.granted),
+      next_sync_ms(other.next_sync_ms),
+      fleet(other.fleet),
+      active_instances(other.active_instances),
+      budget_(std::move(other.budget_)) {
+  // `other` is left a cold record (its budget moved out), holding nothing.
+  if (budget_ != nullptr) {
+    new (&policy_) PolicyRef(std::move(other.policy_));
+    other.policy_.~PolicyRef();
+    new (&other.cold_) std::unique_ptr<Cold>();
+  } else {
+    new (&cold_) std::unique_ptr<Cold>(std::move(other.cold_));
+  }
+}
+
+GrantRecord& GrantRecord::operator=(GrantRecord&& other) noexcept {
+  if (this != &other) {
+    this->~GrantRecord();
+    new (this) GrantRecord(std::move(other));
+  }
+  return *this;
+}
+
+void GrantRecord::DestroyRest() {
+  if (budget_ != nullptr) {
+    policy_.~PolicyRef();
+  } else {
+    cold_.~unique_ptr<Cold>();
+  }
+}
+
+absl::string_view GrantRecord::tenant() const {
+  if (budget_ != nullptr) return budget_->name;
+  return cold_ != nullptr ? absl::string_view(cold_->tenant) : absl::string_view();
+}
+
+void GrantRecord::SetGrantedBy(const RefPtr<core_internal::Tenant>& by, const PolicyRef& under) {
+  if (budget_ == nullptr) {
+    cold_.~unique_ptr<Cold>();
+    new (&policy_) PolicyRef(under);
+    budget_ = by;
+    return;
+  }
+  if (budget_ != by) budget_ = by;
+  if (policy_ != under) policy_ = under;
+}
+
+void GrantRecord::SetCold(std::unique_ptr<Cold> cold) {
+  DestroyRest();
+  budget_.reset();
+  new (&cold_) std::unique_ptr<Cold>(std::move(cold));
+}
+
+void GrantRecord::Refuse(absl::string_view tenant, int32_t code, std::string message,
+                         std::string owner) {
+  auto cold = std::make_unique<Cold>();
+  cold->tenant = std::string(tenant);
+  cold->code = code;
+  cold->message = std::move(message);
+  cold->owner = std::move(owner);
+  SetCold(std::move(cold));
+}
+
 void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* response) {
   response->mutable_tenants()->Reserve(static_cast<int>(records.size()));
   for (const GrantRecord& r : records) {
     v1::TenantGrant* out = response->add_tenants();
-    out->set_tenant(r.tenant);
-    if (r.error != nullptr) {
-      out->mutable_error()->set_code(r.error->code);
-      out->mutable_error()->set_message(r.error->message);
-      if (!r.error->owner.empty()) out->mutable_error()->set_owner(r.error->owner);
+    const absl::string_view tenant = r.tenant();
+    out->set_tenant(tenant.data(), tenant.size());
+    const GrantRecord::Cold* cold = r.cold();
+    if (cold != nullptr && cold->code != 0) {
+      out->mutable_error()->set_code(cold->code);
+      out->mutable_error()->set_message(cold->message);
+      if (!cold->owner.empty()) out->mutable_error()->set_owner(cold->owner);
       continue;
     }
-    out->set_granted(r.granted);
-    out->set_lease_ttl_ms(r.lease_ttl_ms);
-    out->set_next_sync_ms(r.next_sync_ms);
-    out->mutable_safe_share()->set_capacity(r.safe_capacity);
-    out->mutable_safe_share()->set_refill_per_second(r.safe_refill_per_second);
-    out->mutable_safe_share()->set_success_credit(r.safe_success_credit);
     out->set_bucket_tokens(r.bucket_tokens);
-    out->set_capacity(r.capacity);
     out->set_active_instances(r.active_instances);
+    v1::SafeShare* safe = out->mutable_safe_share();
+    if (cold != nullptr) {  // read back from a snapshot: as it was sent
+      out->set_granted(cold->granted);
+      out->set_lease_ttl_ms(cold->lease_ttl_ms);
+      out->set_next_sync_ms(cold->next_sync_ms);
+      safe->set_capacity(cold->safe_capacity);
+      safe->set_refill_per_second(cold->safe_refill_per_second);
+      safe->set_success_credit(cold->safe_success_credit);
+      out->set_capacity(cold->capacity);
+      continue;
+    }
+    if (r.policy() == nullptr) {  // never set: not a response any request was sent
+      out->mutable_error()->set_code(static_cast<int32_t>(absl::StatusCode::kInternal));
+      out->mutable_error()->set_message("no outcome was recorded for this entry");
+      continue;
+    }
+    // The values the grant sent, computed again from what it was computed from.
+    out->set_granted(r.granted);
+    const InternedPolicy& p = *r.policy();
+    const SafeShareOf share = SafeShare(p.capacity, p.refill_per_second, r.fleet);
+    out->set_lease_ttl_ms(absl::ToInt64Milliseconds(p.lease_ttl));
+    out->set_next_sync_ms(r.next_sync_ms);
+    safe->set_capacity(share.capacity);
+    safe->set_refill_per_second(share.refill_per_second);
+    // Credit is not divided: each success is seen by exactly one instance.
+    safe->set_success_credit(p.success_credit);
+    out->set_capacity(p.capacity);
   }
 }
 
@@ -76,17 +169,22 @@ void ReadResponse(const v1::SyncResponse& response, GrantRecords* records) {
   records->clear();
   for (const v1::TenantGrant& g : response.tenants()) {
     GrantRecord& r = records->emplace_back();
-    r.tenant = g.tenant();
-    r.granted = g.granted();
-    r.lease_ttl_ms = g.lease_ttl_ms();
-    r.next_sync_ms = g.next_sync_ms();
-    r.safe_capacity = g.safe_share().capacity();
-    r.safe_refill_per_second = g.safe_share().refill_per_second();
-    r.safe_success_credit = g.safe_share().success_credit();
+    if (g.error().code() != 0) {
+      r.Refuse(g.tenant(), g.error().code(), g.error().message(), g.error().owner());
+      continue;
+    }
     r.bucket_tokens = g.bucket_tokens();
-    r.capacity = g.capacity();
     r.active_instances = g.active_instances();
-    if (g.error().code() != 0) r.Refuse(g.error().code(), g.error().message(), g.error().owner());
+    auto cold = std::make_unique<GrantRecord::Cold>();
+    cold->tenant = g.tenant();
+    cold->granted = g.granted();
+    cold->lease_ttl_ms = g.lease_ttl_ms();
+    cold->next_sync_ms = g.next_sync_ms();
+    cold->safe_capacity = g.safe_share().capacity();
+    cold->safe_refill_per_second = g.safe_share().refill_per_second();
+    cold->safe_success_credit = g.safe_share().success_credit();
+    cold->capacity = g.capacity();
+    r.SetCold(std::move(cold));
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "retrybudget/v1/budget.pb.h"
+#include "server/policy.h"
+#include "server/ref_ptr.h"
+#include "server/tenant_state.h"
 
 namespace retrybudget {
 
@@ -41,32 +45,75 @@ uint64_t StableHash(absl::string_view s);
 // kCumulativeCounters).
 uint64_t Fingerprint(const v1::SyncRequest& request);
 
-// One entry of the response last sent to an instance. Plain fields rather than a copy of the
-// proto: the records of a steady instance are overwritten in place, so keeping them allocates
-// nothing.
-struct GrantRecord {
-  std::string tenant;
-  uint64_t granted = 0;
-  int64_t lease_ttl_ms = 0;
-  int64_t next_sync_ms = 0;
-  double safe_capacity = 0;
-  double safe_refill_per_second = 0;
-  double safe_success_credit = 0;
-  double bucket_tokens = 0;
-  double capacity = 0;
-  uint32_t active_instances = 0;
-  // Set when the entry was refused on its own. Behind a pointer: refusals are rare, and every
-  // instance keeps a record per tenant it syncs (their strings were a third of the record).
-  struct Refusal {
-    int32_t code = 0;  // google.rpc.Code, never 0
+// One entry of the response last sent to an instance, kept so that an exact retry gets the very
+// same answer. Plain fields rather than a copy of the proto: the records of a steady instance are
+// overwritten in place, so keeping them allocates nothing. Every instance keeps one per tenant it
+// syncs, so what the response derives from the budget's policy (the lease TTL, the capacity, the
+// safe share) is not stored: the record keeps the interned, immutable policy it was granted under
+// and the fleet size the safe share divided among, and WriteResponse computes them again with the
+// same function, to the same bits. The rare entries, a refusal or a record read back from a
+// snapshot, are kept whole behind a pointer in the policy's place (112 bytes a record with the
+// values and the tenant's name as a string; 40 now).
+class GrantRecord {
+ public:
+  // A refusal, or a record read back from a snapshot (an older binary may have computed its
+  // values otherwise: they are kept as they were sent).
+  struct Cold {
+    std::string tenant;
+    int32_t code = 0;  // google.rpc.Code of a refusal; 0 for a restored grant
     std::string message;
     std::string owner;  // TenantError.owner
+    // A restored grant's values.
+    uint64_t granted = 0;
+    int64_t lease_ttl_ms = 0;
+    int64_t next_sync_ms = 0;
+    double safe_capacity = 0;
+    double safe_refill_per_second = 0;
+    double safe_success_credit = 0;
+    double capacity = 0;
   };
-  std::unique_ptr<Refusal> error;
 
-  void Refuse(int32_t code, std::string message, std::string owner = "") {
-    error = std::make_unique<Refusal>(Refusal{code, std::move(message), std::move(owner)});
-  }
+  // A grant's values (a restored one keeps its others in Cold; a refusal sends none).
+  double bucket_tokens = 0;
+  // At most the entry's want, which is at most CoreOptions::max_want <= UINT32_MAX.
+  uint32_t granted = 0;
+  uint32_t next_sync_ms = 0;
+  // The fleet the safe share was divided among (SafeShare), at least 1.
+  uint32_t fleet = 1;
+  uint32_t active_instances = 0;
+
+  GrantRecord() { new (&cold_) std::unique_ptr<Cold>(); }
+  GrantRecord(GrantRecord&& other) noexcept;
+  GrantRecord& operator=(GrantRecord&& other) noexcept;
+  ~GrantRecord() { DestroyRest(); }
+
+  // The budget that granted the entry (its name is the entry's tenant) and the policy in force
+  // then; null for a cold record.
+  const core_internal::Tenant* budget() const { return budget_.get(); }
+  const InternedPolicy* policy() const { return budget_ != nullptr ? policy_.get() : nullptr; }
+  // The refusal or restored record; null for a grant.
+  const Cold* cold() const { return budget_ == nullptr ? cold_.get() : nullptr; }
+  // The entry's tenant ("" for a record never set).
+  absl::string_view tenant() const;
+
+  // Records a grant of `by` (not null) under `under` (not null; the caller holds the budget's
+  // lock, which guards its policy). References change only when the budget or its policy did:
+  // a steady instance's record takes no atomic operation.
+  void SetGrantedBy(const RefPtr<core_internal::Tenant>& by, const PolicyRef& under);
+  // Records a refusal of `tenant`'s entry (the values of a grant are then not sent).
+  void Refuse(absl::string_view tenant, int32_t code, std::string message, std::string owner = "");
+  // Keeps `cold`, a record read back from a snapshot.
+  void SetCold(std::unique_ptr<Cold> cold);
+
+ private:
+  void DestroyRest();  // ends the union's member in use
+
+  // Null for a cold record, which is what tells the union's members apart.
+  RefPtr<core_internal::Tenant> budget_;
+  union {
+    PolicyRef policy_;             // with a budget
+    std::unique_ptr<Cold> cold_;   // without one (null for a record never set)
+  };
 };
 
 // The response `records` describe (a fresh one, a replay, or a snapshot's copy), and back.

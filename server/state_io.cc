@@ -65,9 +65,9 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   for (auto& inst : instances) {
     CompactMutexLock lock(&inst->mu);
     v1::InstanceState* is = state.add_instances();
-    is->set_instance_id(std::string(inst->id));
+    is->set_instance_id(std::string(inst->id()));
     is->set_principal_hash(inst->principal);
-    is->set_last_seq(inst->last_seq);
+    is->set_last_seq(inst->last_seq());
     is->set_last_fingerprint(inst->last_fingerprint);
     WriteResponse(inst->last_grants, is->mutable_last_response());
     is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
@@ -160,8 +160,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
     for (const v1::InstanceState& is : recovered.snapshot->instances()) {
       auto inst = Instance::Create(is.instance_id(), is.principal_hash());
       CompactMutexLock lock(&inst->mu);
-      inst->last_seq = is.last_seq();
-      inst->published_seq.store(is.last_seq(), std::memory_order_relaxed);
+      inst->set_last_seq(is.last_seq());
       inst->last_fingerprint = is.last_fingerprint();
       ReadResponse(is.last_response(), &inst->last_grants);
       inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);

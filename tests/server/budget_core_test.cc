@@ -825,6 +825,64 @@ TEST_F(BudgetCoreTest, ARetriedRequestGetsItsRefusedEntriesBackToo) {
   EXPECT_EQ(resp->tenants(0).granted(), 4u);
 }
 
+// A kept response holds the policy it was granted under and the fleet it divided the safe share
+// among, and computes the rest again when replayed: a retry after the policy changed, the fleet
+// grew, an entry went from refused to granted and back, still gets the very same bytes.
+TEST_F(BudgetCoreTest, ARetryGetsTheAnswerOfThePolicyAndFleetItWasGrantedUnder) {
+  MakeStrictCoreListingKnown();
+  v1::SyncRequest r1 = Request("a", 1, "known", {.want = 2});
+  *r1.add_tenants() = Entry("other", {.want = 1});
+  auto first = core_->Sync(r1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->tenants(0).granted(), 2u);
+  ASSERT_EQ(first->tenants(0).safe_share().capacity(), 10);  // a fleet of one
+  ASSERT_EQ(first->tenants(1).error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+
+  // Another instance joins, the policy changes, the refused tenant gets a budget.
+  ASSERT_EQ(SyncOne("b", 1, {.want = 1}, "known").safe_share().capacity(), 5);
+  v1::BudgetPolicy p;
+  p.set_capacity(40);
+  p.set_refill_per_second(8);
+  p.set_success_credit(0.5);
+  p.set_lease_ttl_ms(7000);
+  ASSERT_TRUE(core_->PutPolicy("known", p).ok());
+  ASSERT_TRUE(core_->PutPolicy("other", p).ok());
+  auto again = core_->Sync(r1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+
+  // The next request is answered under the new policy and fleet, its refused entry granted.
+  v1::SyncRequest r2 = Request("a", 2, "known", {.received = 2, .want = 2});
+  *r2.add_tenants() = Entry("other", {.want = 1});
+  auto second = core_->Sync(r2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const v1::TenantGrant& known = second->tenants(0);
+  EXPECT_EQ(known.tenant(), "known");
+  EXPECT_EQ(known.capacity(), 40);
+  EXPECT_EQ(known.lease_ttl_ms(), 7000);
+  EXPECT_EQ(known.safe_share().capacity(), 20);
+  EXPECT_EQ(known.safe_share().refill_per_second(), 4);
+  EXPECT_EQ(known.safe_share().success_credit(), 0.5);
+  EXPECT_EQ(known.active_instances(), 2u);
+  EXPECT_EQ(second->tenants(1).tenant(), "other");
+  EXPECT_FALSE(second->tenants(1).has_error());
+  EXPECT_EQ(second->tenants(1).granted(), 1u);
+
+  // Granted, then refused (its budget deleted) and the retry of that gets the refusal back.
+  ASSERT_TRUE(core_->DeleteBudget("other").ok());
+  v1::SyncRequest r3 = Request("a", 3, "known", {.received = 4, .want = 2});
+  *r3.add_tenants() = Entry("other", {.received = 1, .want = 1});
+  auto third = core_->Sync(r3);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->tenants(1).tenant(), "other");
+  EXPECT_EQ(third->tenants(1).error().code(), static_cast<int>(absl::StatusCode::kNotFound));
+  ASSERT_TRUE(core_->PutPolicy("known", {}).ok());
+  auto third_again = core_->Sync(r3);
+  ASSERT_TRUE(third_again.ok()) << third_again.status();
+  EXPECT_EQ(third_again->SerializeAsString(), third->SerializeAsString());
+  EXPECT_EQ(Status("known").granted_total(), 7u);  // 2 + 1 + 2 + 2: no retry granted again
+}
+
 TEST_F(BudgetCoreTest, FillingACallersResponseGivesTheSameAnswerAsReturningOne) {
   MakeCore(100, 0, 0.1);
   v1::SyncResponse filled;

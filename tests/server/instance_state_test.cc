@@ -118,9 +118,9 @@ TEST(InstanceTest, CreateKeepsTheIdInTheRecordAndASerialOfItsOwn) {
     id.back() = 'z';
     RefPtr<Instance> instance = Instance::Create(id, /*principal_hash=*/length);
     id.assign(length, '-');  // the record holds a copy, not the caller's characters
-    EXPECT_EQ(instance->id.size(), length);
-    EXPECT_EQ(instance->id.back(), 'z');
-    EXPECT_EQ(instance->id.find('-'), absl::string_view::npos);
+    EXPECT_EQ(instance->id().size(), length);
+    EXPECT_EQ(instance->id().back(), 'z');
+    EXPECT_EQ(instance->id().find('-'), absl::string_view::npos);
     EXPECT_EQ(instance->principal, length);
     EXPECT_TRUE(serials.insert(instance->serial).second);
     made.push_back(std::move(instance));
