@@ -133,6 +133,7 @@ absl::Status BudgetCore::FindOrCreateInstance(absl::string_view id, uint64_t seq
     ReaderMutexLock lock(&instances_mu_);
     auto it = instances_.find(id);
     if (it != instances_.end()) {
+      (*it)->Prefetch();  // before the reference count's atomic, which waits for its line
       *instance = *it;
       return absl::OkStatus();
     }
@@ -359,6 +360,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // found is null, by the record, which is left alone until the entry is applied.
   Tenant& tb = *tenant;
   CompactMutexLock lock(&tb.mu);
+  tb.PrefetchActive(instance.serial);  // probed below, after the report's arithmetic
   if (tb.deleted.load(std::memory_order_relaxed)) {
     // Deleted between the check above and the lock: nothing applied, nothing granted, no new
     // record (an empty one would later pass for a known history), and a kept record still

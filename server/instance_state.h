@@ -92,6 +92,13 @@ struct Instance final : RefCounted {
     return absl::string_view(reinterpret_cast<const char*>(this + 1), id_size_);
   }
 
+  // Starts loading the whole record (a Sync reads all of it; with 100k instances it is not in
+  // the cache), so that its lines arrive together rather than one after another. Reads nothing.
+  void Prefetch() const {
+    const char* p = reinterpret_cast<const char*>(this);
+    for (size_t at = 0; at < sizeof(Instance) + id_size_; at += 64) __builtin_prefetch(p + at);
+  }
+
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
   // Unique in the process (a counter, never reused): what the tenants' active sets know this
