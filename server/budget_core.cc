@@ -262,7 +262,8 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
       return absl::OkStatus();
     }
     if (request.seq() == last_seq) {
-      if (fingerprint == instance.last_fingerprint) {
+      const uint64_t same = instance.fingerprint_v1 ? FingerprintV1(request) : fingerprint;
+      if (same == instance.last_fingerprint) {
         WriteResponse(instance.last_grants, response);
         return absl::OkStatus();
       }
@@ -304,6 +305,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
 
   instance.set_last_seq(request.seq());
   instance.last_fingerprint = fingerprint;
+  instance.fingerprint_v1 = false;
   WriteResponse(records, response);
   if (request.final()) ForgetInstance(request.instance_id(), &instance, request.seq());
   for (const std::string& line : fallback_reports) options_.log(line);

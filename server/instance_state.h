@@ -82,6 +82,9 @@ struct Instance final : RefCounted {
   // Set (under the core's instances_mu_) when the instance left the map (final, eviction, a
   // failed first request): a request that finds it so after taking `mu` looks the id up again.
   std::atomic<bool> forgotten{false};
+  // last_fingerprint is of version 1 (FingerprintV1): read from a snapshot written before
+  // version 2, until the next request is applied. In the padding beside `forgotten`.
+  bool fingerprint_v1 ABSL_GUARDED_BY(mu) = false;
 
  private:
   const uint32_t id_size_;  // the id's length; its characters follow this record

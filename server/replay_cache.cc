@@ -1,5 +1,8 @@
 #include "server/replay_cache.h"
 
+#include <bit>
+#include <cstring>
+
 #include "absl/status/status.h"
 #include "server/cumulative_counters.h"
 #include "server/grant_math.h"
@@ -20,13 +23,14 @@ void StableHasher::Add(absl::string_view s) {
   for (char c : s) Byte(static_cast<uint8_t>(c));
 }
 
-uint64_t StableHasher::Finish() const {
+uint64_t StableHasher::Mix(uint64_t z) {
   // The splitmix64 finaliser: spreads FNV's weak high bits.
-  uint64_t z = h_;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
+
+uint64_t StableHasher::Finish() const { return Mix(h_); }
 
 uint64_t StableHash(absl::string_view s) {
   StableHasher h;
@@ -34,8 +38,32 @@ uint64_t StableHash(absl::string_view s) {
   return h.Finish();
 }
 
-uint64_t Fingerprint(const v1::SyncRequest& r) {
-  StableHasher h;
+void WordHasher::Add(absl::string_view s) {
+  Add(static_cast<uint64_t>(s.size()));
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if constexpr (std::endian::native == std::endian::big) w = __builtin_bswap64(w);
+    Add(w);
+  }
+  if (i < s.size()) {
+    uint64_t w = 0;
+    for (size_t k = 0; i + k < s.size(); ++k) {
+      w |= static_cast<uint64_t>(static_cast<uint8_t>(s[i + k])) << (8 * k);
+    }
+    Add(w);
+  }
+}
+
+uint64_t WordHasher::Finish() const { return StableHasher::Mix(h_); }
+
+namespace {
+
+// The canonical walk of a request, the same for every version: only the hasher differs.
+template <typename Hasher>
+uint64_t Walk(const v1::SyncRequest& r) {
+  Hasher h;
   h.Add(r.instance_id());
   h.Add(r.seq());
   h.Add(r.final() ? 1 : 0);
@@ -50,6 +78,12 @@ uint64_t Fingerprint(const v1::SyncRequest& r) {
   }
   return h.Finish();
 }
+
+}  // namespace
+
+uint64_t Fingerprint(const v1::SyncRequest& r) { return Walk<WordHasher>(r); }
+
+uint64_t FingerprintV1(const v1::SyncRequest& r) { return Walk<StableHasher>(r); }
 
 // An instance keeps one per tenant entry it synced: its memory (docs/BENCHMARKS.md 4a) counts on
 // this size.

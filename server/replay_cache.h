@@ -1,8 +1,9 @@
 // What makes a retried Sync get the very same answer: the response last sent to an instance,
 // kept as plain records, and a fingerprint of the request it answered. The fingerprint is a
-// fixed 64-bit hash (FNV-1a with a final mix) over a canonical walk of the request, the same in
-// every process and build, so a snapshot's fingerprint still matches an exact replay after a
-// clean restart.
+// fixed 64-bit hash over a canonical walk of the request, the same in every process and build,
+// so a snapshot's fingerprint still matches an exact replay after a clean restart; a change of
+// the function is a new kFingerprintVersion, and the previous one is kept for the snapshots
+// written with it.
 #ifndef RETRYBUDGET_SERVER_REPLAY_CACHE_H_
 #define RETRYBUDGET_SERVER_REPLAY_CACHE_H_
 
@@ -31,6 +32,8 @@ class StableHasher {
   // Length first, so ("ab","c") and ("a","bc") differ.
   void Add(absl::string_view s);
   uint64_t Finish() const;
+  // The final mix (splitmix64's finaliser), a bijection; WordHasher ends with it too.
+  static uint64_t Mix(uint64_t z);
 
  private:
   void Byte(uint8_t b);
@@ -40,10 +43,36 @@ class StableHasher {
 // StableHasher over `s` alone (principals).
 uint64_t StableHash(absl::string_view s);
 
+// The same kind of hash, a 64-bit word at a time (strings: their length, then their bytes as
+// little-endian words, the last one zero-filled): ~6 cycles a word where FNV-1a takes ~4 a
+// byte. Each step is a bijection of the state for a given word, so two inputs that differ in
+// one word never collide.
+class WordHasher {
+ public:
+  void Add(uint64_t v) {
+    uint64_t x = (h_ ^ v) * 0x9e3779b97f4a7c15ULL;  // odd: a bijection
+    h_ = x ^ (x >> 32);
+  }
+  void Add(absl::string_view s);
+  uint64_t Finish() const;
+
+ private:
+  uint64_t h_ = 0x243f6a8885a308d3ULL;
+};
+
+// The fingerprint of the current version, kept by a snapshot with the version's number
+// (v1::InstanceState.fingerprint_version).
+inline constexpr uint32_t kFingerprintVersion = 2;
+
 // Identifies a request's content, to tell a retry (same seq, same content) from a client bug
 // (same seq, different content). Walks every field of the request (the counters through
-// kCumulativeCounters).
+// kCumulativeCounters), a word at a time (WordHasher).
 uint64_t Fingerprint(const v1::SyncRequest& request);
+
+// Version 1, the same walk a byte at a time (StableHasher): what snapshots written before
+// version 2 hold (fingerprint_version 0). A Sync (~20 words for one tenant entry) spent ~20% of
+// its time in it.
+uint64_t FingerprintV1(const v1::SyncRequest& request);
 
 // One entry of the response last sent to an instance, kept so that an exact retry gets the very
 // same answer. Plain fields rather than a copy of the proto: the records of a steady instance are

@@ -69,6 +69,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     is->set_principal_hash(inst->principal);
     is->set_last_seq(inst->last_seq());
     is->set_last_fingerprint(inst->last_fingerprint);
+    is->set_fingerprint_version(inst->fingerprint_v1 ? 1 : kFingerprintVersion);
     WriteResponse(inst->last_grants, is->mutable_last_response());
     is->set_last_seen_unix_nanos(inst->last_seen_ns.load(std::memory_order_relaxed));
     inst->tenants.ForEach([is](const std::string& tenant,
@@ -162,6 +163,10 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       CompactMutexLock lock(&inst->mu);
       inst->set_last_seq(is.last_seq());
       inst->last_fingerprint = is.last_fingerprint();
+      // Version 0 (absent) or 1: written before version 2. A version this build does not know
+      // (a newer build's) cannot be recomputed: read as the current one, an exact retry of the
+      // last request across the restart then gets the same-seq error, nothing is applied.
+      inst->fingerprint_v1 = is.fingerprint_version() < 2;
       ReadResponse(is.last_response(), &inst->last_grants);
       inst->last_seen_ns.store(is.last_seen_unix_nanos(), std::memory_order_relaxed);
       for (const v1::InstanceTenantState& r : is.tenants()) {

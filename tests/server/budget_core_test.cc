@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "gmock/gmock.h"
 #include "retrybudget/mutex.h"
+#include "server/replay_cache.h"
 #include "server/tenant_router.h"
 #include "gtest/gtest.h"
 
@@ -881,6 +882,48 @@ TEST_F(BudgetCoreTest, ARetryGetsTheAnswerOfThePolicyAndFleetItWasGrantedUnder) 
   ASSERT_TRUE(third_again.ok()) << third_again.status();
   EXPECT_EQ(third_again->SerializeAsString(), third->SerializeAsString());
   EXPECT_EQ(Status("known").granted_total(), 7u);  // 2 + 1 + 2 + 2: no retry granted again
+}
+
+// A snapshot keeps the fingerprint of each instance's last request; one written before version
+// 2 holds a version-1 fingerprint (and no version). After a clean restart from it, an exact
+// retry still gets the kept response (nothing applied again), a changed request with the same
+// seq is still refused, and the next request goes on under version 2.
+TEST_F(BudgetCoreTest, ASnapshotsVersion1FingerprintStillRecognisesAnExactRetry) {
+  MakeCore(100, 0, 0.1);
+  const v1::SyncRequest last = Request("a", 1, "t", {.successes = 3, .want = 10});
+  auto first = core_->Sync(last);
+  ASSERT_TRUE(first.ok()) << first.status();
+  v1::ServerState state = core_->ExportState(/*clean=*/true);
+  ASSERT_EQ(state.instances_size(), 1);
+  EXPECT_EQ(state.instances(0).fingerprint_version(), kFingerprintVersion);
+  EXPECT_EQ(state.instances(0).last_fingerprint(), Fingerprint(last));
+  // As the version before wrote it.
+  state.mutable_instances(0)->clear_fingerprint_version();
+  state.mutable_instances(0)->set_last_fingerprint(FingerprintV1(last));
+
+  MakeCore(100, 0, 0.1);
+  ASSERT_TRUE(core_->Restore(RecoveredState{.snapshot = state}).ok());
+  ASSERT_DOUBLE_EQ(Tokens(), 90);
+  auto retry = core_->Sync(last);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->SerializeAsString(), first->SerializeAsString());
+  EXPECT_DOUBLE_EQ(Tokens(), 90);
+  // Written back as it was read, until a new request replaces it.
+  EXPECT_EQ(core_->ExportState(true).instances(0).fingerprint_version(), 1u);
+  auto changed = core_->Sync(Request("a", 1, "t", {.successes = 4, .want = 10}));
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kInvalidArgument);
+
+  const v1::SyncRequest next = Request("a", 2, "t", {.successes = 3, .received = 10, .want = 5});
+  auto second = core_->Sync(next);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->tenants(0).granted(), 5u);
+  auto second_again = core_->Sync(next);
+  ASSERT_TRUE(second_again.ok()) << second_again.status();
+  EXPECT_EQ(second_again->SerializeAsString(), second->SerializeAsString());
+  EXPECT_DOUBLE_EQ(Tokens(), 85);
+  const v1::ServerState after = core_->ExportState(true);
+  EXPECT_EQ(after.instances(0).fingerprint_version(), kFingerprintVersion);
+  EXPECT_EQ(after.instances(0).last_fingerprint(), Fingerprint(next));
 }
 
 TEST_F(BudgetCoreTest, FillingACallersResponseGivesTheSameAnswerAsReturningOne) {

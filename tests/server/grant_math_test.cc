@@ -3,6 +3,7 @@
 #include "server/grant_math.h"
 
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -221,7 +222,33 @@ TEST(FingerprintTest, KnownValue) {
   r.set_seq(1);
   r.add_tenants()->set_tenant("t");
   EXPECT_EQ(StableHash("pinned"), 18315277304480523026u) << std::hex << StableHash("pinned");
-  EXPECT_EQ(Fingerprint(r), 4777980825347592404u) << std::hex << Fingerprint(r);
+  EXPECT_EQ(Fingerprint(r), 17687164385488340745u) << std::hex << Fingerprint(r);
+  // Version 1 stays as it was: snapshots written before version 2 hold it.
+  EXPECT_EQ(FingerprintV1(r), 4777980825347592404u) << std::hex << FingerprintV1(r);
+}
+
+TEST(FingerprintTest, StringsOfEveryLengthAndOneChangedByteGiveDifferentValues) {
+  // The word hasher reads strings 8 bytes at a time and the last word zero-filled: lengths
+  // around a word's edge, and a change of any byte, must all differ.
+  std::set<uint64_t> seen;
+  std::string id;
+  for (int length = 1; length <= 40; ++length) {
+    id.push_back(static_cast<char>('a' + length % 26));
+    v1::SyncRequest r;
+    r.set_instance_id(id);
+    r.set_seq(1);
+    EXPECT_TRUE(seen.insert(Fingerprint(r)).second) << "length " << length;
+    for (int at = 0; at < length; ++at) {
+      v1::SyncRequest changed = r;
+      (*changed.mutable_instance_id())[at] ^= 1;
+      EXPECT_NE(Fingerprint(changed), Fingerprint(r)) << "length " << length << " byte " << at;
+    }
+  }
+  // A trailing zero byte is not the zero fill.
+  v1::SyncRequest a, b;
+  a.set_instance_id(std::string("abc", 3));
+  b.set_instance_id(std::string("abc\0", 4));
+  EXPECT_NE(Fingerprint(a), Fingerprint(b));
 }
 
 }  // namespace
