@@ -902,7 +902,9 @@ TEST_F(BudgetCoreTest, ASnapshotsVersion1FingerprintStillRecognisesAnExactRetry)
   state.mutable_instances(0)->set_last_fingerprint(FingerprintV1(last));
 
   MakeCore(100, 0, 0.1);
-  ASSERT_TRUE(core_->Restore(RecoveredState{.snapshot = state}).ok());
+  RecoveredState recovered;
+  recovered.snapshot = state;
+  ASSERT_TRUE(core_->Restore(recovered).ok());
   ASSERT_DOUBLE_EQ(Tokens(), 90);
   auto retry = core_->Sync(last);
   ASSERT_TRUE(retry.ok()) << retry.status();
