@@ -17,25 +17,40 @@
 // each step. Ratios compare each step with the first step of its series, measured in the same
 // run.
 //
+// Baseline of the instance series, timed at each step in the same run ("bare_ns"): the memory
+// a Sync of a random instance must touch, without the budget. As many records as instances,
+// each the size of an instance's (its record and id), found by the id it holds through a hash
+// set of pointers (as the server's table), every line of it written, and a 24-byte entry per
+// instance updated in a second table keyed by an integer (as a tenant's active set), with the
+// same id formatting and seq bookkeeping as the timed Syncs. What this costs more at 100k than
+// at 1 is the machine's (cache and TLB misses of a random walk over ~30 MB), which any server
+// that finds an instance's state by its id pays; what a Sync costs beyond that is the server's.
+//
 // Output: one JSON line per step ({"bench":"scaling_step",...}), then {"bench":"scaling",...}.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
 #include "retrybudget/clock.h"
 #include "server/budget_core.h"
+#include "server/instance_state.h"
 
 ABSL_FLAG(int64_t, max_tenants, 1'000'000, "largest tenant step (1, 100, 10k, 100k, 1M)");
 ABSL_FLAG(int64_t, max_instances, 100'000, "largest instance step (1, 100, 1k, 10k, 100k)");
@@ -46,12 +61,16 @@ ABSL_FLAG(absl::Duration, step_budget, absl::Seconds(60),
 namespace retrybudget::bench {
 namespace {
 
+// Where the baseline's results go, so that the compiler keeps the work that made them.
+std::atomic<uint64_t> benchmark_sink{0};
+
 struct Step {
   std::string series;
   int64_t count = 0;          // tenants or instances after the step
   double bytes_per_item = 0;  // malloc bytes added / items added in this step
   double rss_mb = 0;
   double sync_ns = 0;
+  double bare_ns = 0;  // the instance series' baseline (BareLookups); 0 in the tenant series
   double build_seconds = 0;
 };
 
@@ -99,11 +118,79 @@ class Series {
   v1::SyncResponse response_;
 };
 
+// The instance series' baseline (see the top of this file): `count` records of an instance's
+// size found by the id each holds, and an integer-keyed table of 24-byte entries.
+class BareLookups {
+ public:
+  explicit BareLookups(int64_t count) : seq_(count, 0) {
+    records_.reserve(count);
+    for (int64_t i = 0; i < count; ++i) {
+      const std::string id = InstanceId(i);
+      // The record's bytes, then its id, in one allocation (as Instance::Create makes them).
+      auto block = std::make_unique<char[]>(kRecordSize + sizeof(uint32_t) + id.size());
+      const auto size = static_cast<uint32_t>(id.size());
+      std::memcpy(block.get() + kRecordSize, &size, sizeof(size));
+      std::memcpy(block.get() + kRecordSize + sizeof(size), id.data(), id.size());
+      by_id_.insert(block.get());
+      records_.push_back(std::move(block));
+      entries_[static_cast<uint64_t>(i)] = {};
+    }
+  }
+
+  // What a Sync of instance `i` touches, without the budget. Returns a value that depends on
+  // every byte written, so that nothing is optimised away.
+  uint64_t Touch(int64_t i) {
+    const std::string id = InstanceId(i);
+    ++seq_[i];
+    auto it = by_id_.find(absl::string_view(id));
+    char* record = *it;
+    uint64_t sum = 0;
+    for (size_t at = 0; at < kRecordSize; at += 64) sum += static_cast<uint8_t>(++record[at]);
+    Entry& e = entries_[static_cast<uint64_t>(i)];
+    e.want = 5;
+    e.held += 1;
+    e.last_seen += seq_[i];
+    return sum + e.held;
+  }
+
+ private:
+  static constexpr size_t kRecordSize = sizeof(core_internal::Instance);
+  static absl::string_view IdOf(const char* record) {
+    uint32_t size;
+    std::memcpy(&size, record + kRecordSize, sizeof(size));
+    return absl::string_view(record + kRecordSize + sizeof(size), size);
+  }
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(absl::string_view id) const { return absl::Hash<absl::string_view>{}(id); }
+    size_t operator()(const char* record) const { return (*this)(IdOf(record)); }
+  };
+  struct Eq {
+    using is_transparent = void;
+    static absl::string_view Of(absl::string_view id) { return id; }
+    static absl::string_view Of(const char* record) { return IdOf(record); }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Of(a) == Of(b);
+    }
+  };
+  struct Entry {
+    uint64_t want = 0;
+    uint64_t held = 0;
+    uint64_t last_seen = 0;
+  };
+
+  std::vector<uint64_t> seq_;
+  std::vector<std::unique_ptr<char[]>> records_;
+  absl::flat_hash_set<char*, Hash, Eq> by_id_;
+  absl::flat_hash_map<uint64_t, Entry> entries_;
+};
+
 std::string StepJson(const Step& s) {
   return absl::StrFormat(
       "{\"bench\":\"scaling_step\",\"series\":\"%s\",\"count\":%d,\"bytes_per_item\":%.0f,"
-      "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"build_seconds\":%.2f}",
-      s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.build_seconds);
+      "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"bare_ns\":%.0f,\"build_seconds\":%.2f}",
+      s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.bare_ns, s.build_seconds);
 }
 
 // Times `n` Syncs, instance and tenant chosen by `pick`; mean ns per Sync.
@@ -123,6 +210,22 @@ double TimeSyncs(Series& series, int n, Pick pick) {
   }
   const double ns = absl::ToDoubleNanoseconds(absl::Now() - start) / n;
   if (errors > 0) std::fprintf(stderr, "%d timed Syncs failed\n", errors);
+  return ns;
+}
+
+// Times `n` BareLookups::Touch of random records among `count`; mean ns per Touch.
+double TimeBare(int64_t count, int n, std::mt19937_64& rng) {
+  BareLookups bare(count);
+  uint64_t sink = 0;
+  for (int k = 0; k < std::min(n, 1000); ++k) {
+    sink += bare.Touch(static_cast<int64_t>(rng() % static_cast<uint64_t>(count)));
+  }
+  const absl::Time start = absl::Now();
+  for (int k = 0; k < n; ++k) {
+    sink += bare.Touch(static_cast<int64_t>(rng() % static_cast<uint64_t>(count)));
+  }
+  const double ns = absl::ToDoubleNanoseconds(absl::Now() - start) / n;
+  benchmark_sink.fetch_add(sink, std::memory_order_relaxed);
   return ns;
 }
 
@@ -202,6 +305,7 @@ std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared)
       const int64_t i = static_cast<int64_t>(rng() % target);
       return std::pair<int64_t, const std::string&>(i, tenant_of(i));
     });
+    s.bare_ns = TimeBare(target, absl::GetFlag(FLAGS_timed_syncs), rng);
     s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
     std::printf("%s\n", StepJson(s).c_str());
     std::fflush(stdout);
@@ -223,11 +327,19 @@ std::string SeriesSummary(const std::vector<Step>& steps) {
   if (steps.empty()) return "null";
   const Step& first = steps.front();
   const Step& last = steps.back();
+  std::string bare;
+  if (first.bare_ns > 0) {
+    // The Sync's growth beside the bare lookups': what the machine's misses explain.
+    bare = absl::StrFormat(
+        ",\"bare_ns_first\":%.0f,\"bare_ns_last\":%.0f,\"sync_added_ns\":%.0f,"
+        "\"bare_added_ns\":%.0f",
+        first.bare_ns, last.bare_ns, last.sync_ns - first.sync_ns, last.bare_ns - first.bare_ns);
+  }
   return absl::StrFormat(
       "{\"from\":%d,\"to\":%d,\"sync_ns_first\":%.0f,\"sync_ns_last\":%.0f,"
-      "\"sync_cost_ratio_last_vs_first\":%.2f,\"bytes_per_item_last_step\":%.0f}",
+      "\"sync_cost_ratio_last_vs_first\":%.2f,\"bytes_per_item_last_step\":%.0f%s}",
       first.count, last.count, first.sync_ns, last.sync_ns,
-      first.sync_ns > 0 ? last.sync_ns / first.sync_ns : -1, last.bytes_per_item);
+      first.sync_ns > 0 ? last.sync_ns / first.sync_ns : -1, last.bytes_per_item, bare);
 }
 
 int Main() {
