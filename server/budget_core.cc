@@ -362,7 +362,6 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // found is null, by the record, which is left alone until the entry is applied.
   Tenant& tb = *tenant;
   CompactMutexLock lock(&tb.mu);
-  tb.PrefetchActive(instance.serial);  // probed below, after the report's arithmetic
   if (tb.deleted.load(std::memory_order_relaxed)) {
     // Deleted between the check above and the lock: nothing applied, nothing granted, no new
     // record (an empty one would later pass for a known history), and a kept record still
@@ -399,11 +398,15 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // An instance that spent at least what it holds since its previous report (0 for a
   // baseline) passes its tokens through rather than keeping them, and its reported holdings
   // are stale by the time the server could count them.
-  Tenant::Active* entry = nullptr;
+  // The record's entry counts for this budget (a baseline of a new budget of the same name
+  // finds its old slice in no set here, and starts it again).
+  core_internal::ActiveEntry* entry = nullptr;
   if (request.final()) {
-    tb.RemoveActive(instance.serial);
+    tb.RemoveActive(rec.active);
   } else {
-    entry = &tb.SetActive(instance.serial, sent.want(), effect.spent_since < held ? held : 0, now);
+    tb.SetActive(rec.active, static_cast<uint32_t>(sent.want()),
+                 effect.spent_since < held ? held : 0, now);
+    entry = &rec.active;
   }
   if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
   Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
@@ -435,8 +438,9 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
   }
 }
 
-void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
-                       uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out) {
+void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntry& ledger,
+                       uint64_t want, uint64_t held, uint64_t spent_since, absl::Time now,
+                       GrantRecord& out) {
   uint64_t granted = 0;
   const absl::Duration ttl = tb.policy->lease_ttl;
   absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
@@ -470,8 +474,7 @@ void BudgetCore::Grant(Tenant& tb, Tenant::Active* entry, LedgerEntry& ledger, u
                                     tb.WantSum(), next_sync, options_.min_next_sync);
     }
   }
-  // The swept set, not an exact scan: entries older than the TTL linger at most 100 ms (the
-  // sweep period), and a scan per entry of every Sync would cost O(instances of the tenant).
+  // The swept set: entries older than the TTL linger at most a slice's span (SliceSpan).
   const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.ActiveSize()));
   // Fallback shares divide among the largest fleet of the last minute, not the active set of
   // this moment: every instance that may be in fallback at once gets a share of one budget.
@@ -508,7 +511,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   const bool cluster = options_.router != nullptr;
   const int64_t now_ns = absl::ToUnixNanos(now);
   uint64_t block = ReservationBlock(t.policy->capacity);
-  Tenant::ActiveSet* sizing = cluster ? &t.ActiveSetFrom(now_ns) : nullptr;
+  Tenant::ActiveSet* sizing = cluster ? &t.ActiveSetFrom() : nullptr;
   if (sizing != nullptr) {
     if (sizing->reservation_block == 0) sizing->reservation_block = block;
     block = sizing->reservation_block;

@@ -202,7 +202,7 @@ class BudgetCore {
               std::vector<std::string>* fallback_reports) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // Sizes and takes the grant of an entry (none when `entry` is null: a final request), and
   // fills the rest of `out`.
-  void Grant(Tenant& tenant, Tenant::Active* entry, LedgerEntry& ledger, uint64_t want,
+  void Grant(Tenant& tenant, core_internal::ActiveEntry* entry, LedgerEntry& ledger, uint64_t want,
              uint64_t held, uint64_t spent_since, absl::Time now, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);

@@ -12,11 +12,6 @@ RefPtr<Instance> Instance::Create(absl::string_view instance_id, uint64_t princi
   return RefPtr<Instance>::AdoptNew(new (raw) Instance(instance_id.size(), principal_hash));
 }
 
-uint64_t Instance::NextSerial() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
-
 InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
   if (first_.tenant != nullptr && first_.tenant->name == tenant) return &first_;
   if (rest_ == nullptr) return nullptr;
@@ -26,13 +21,13 @@ InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
 
 InstanceTenant* InstanceTenants::Add(RefPtr<Tenant> budget) {
   if (first_.tenant == nullptr) {
-    first_ = InstanceTenant{.ledger = {}, .tenant = std::move(budget)};
+    first_ = InstanceTenant{.ledger = {}, .tenant = std::move(budget), .active = {}};
     return &first_;
   }
   if (rest_ == nullptr) rest_ = std::make_unique<Map>();
   const std::string& name = budget->name;
   InstanceTenant& rec = rest_->try_emplace(name).first->second;
-  rec = InstanceTenant{.ledger = {}, .tenant = std::move(budget)};
+  rec = InstanceTenant{.ledger = {}, .tenant = std::move(budget), .active = {}};
   return &rec;
 }
 

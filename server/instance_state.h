@@ -32,6 +32,8 @@ struct InstanceTenant {
   // name replaces it; the next Sync uses it without looking the name up or taking the lock of
   // the tenant map, unless it was deleted.
   RefPtr<Tenant> tenant;
+  // The instance's entry in that budget's active set (changed under the budget's lock).
+  ActiveEntry active;
 };
 
 // An instance's records, one per tenant it synced, found by the tenant's name. Every record
@@ -104,9 +106,6 @@ struct Instance final : RefCounted {
 
   // StableHash of the credential that first used the id; fixed for the object's life.
   const uint64_t principal;
-  // Unique in the process (a counter, never reused): what the tenants' active sets know this
-  // record by. Its address is not: a freed record's memory goes to the next one at once.
-  const uint64_t serial;
   // Last time a request of this instance arrived, for eviction (read without `mu`).
   std::atomic<int64_t> last_seen_ns{0};
 
@@ -124,9 +123,8 @@ struct Instance final : RefCounted {
 
  private:
   Instance(size_t id_size, uint64_t principal_hash)
-      : id_size_(static_cast<uint32_t>(id_size)), principal(principal_hash), serial(NextSerial()) {}
+      : id_size_(static_cast<uint32_t>(id_size)), principal(principal_hash) {}
   std::atomic<uint64_t> last_seq_{0};
-  static uint64_t NextSerial();
 };
 
 // An instance that sent `final` or was evicted: a request with seq <= last_seq is stale, and

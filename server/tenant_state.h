@@ -5,14 +5,15 @@
 #define RETRYBUDGET_SERVER_TENANT_STATE_H_
 
 #include <algorithm>
+#include <cstddef>
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/numeric/int128.h"
 #include "absl/time/time.h"
 #include "retrybudget/recent_extreme.h"
@@ -35,6 +36,20 @@ struct MaxCount {
   uint64_t operator()(uint64_t a, uint64_t b) const { return std::max(a, b); }
 };
 
+// An instance's entry in one tenant's active set: the want it last sent, the tokens it holds,
+// and the slice of the set (Tenant::ActiveSet::Slice) it was last seen in. Kept in the
+// instance's own record for the tenant (InstanceTenant), not in the tenant: the tenant keeps
+// only sums per slice, so a Sync finds its entry in the record it has already loaded (no probe
+// of a table of every instance) and no walk over the entries ever forgets the silent ones.
+// An entry whose slice is not in the tenant's set now (expired, of a set let go since, of
+// another budget of the same name) is not in the set; slice ids are never reused in a process.
+// Changed only under the tenant's lock (and its instance's).
+struct ActiveEntry {
+  uint64_t slice = 0;  // 0: none
+  uint64_t held = 0;
+  uint32_t want = 0;  // at most max_want <= UINT32_MAX (SyncLimits)
+};
+
 // Shared through RefPtr (MakeRef<Tenant>).
 struct Tenant final : RefCounted {
   // `p` is shared (PolicyTable::Intern), never null.
@@ -47,14 +62,6 @@ struct Tenant final : RefCounted {
   // Times kept per tenant and per active instance are Unix nanoseconds (8 bytes, where an
   // absl::Time takes 16); kNever is "not yet".
   static constexpr int64_t kNever = INT64_MIN;
-
-  struct Active {
-    uint64_t want = 0;
-    // Tokens the instance may still spend from this server's grants, as far as the server
-    // knows (its counted holdings, grant_math.h), plus what was granted at its last report.
-    uint64_t held = 0;
-    int64_t last_seen_ns = 0;
-  };
 
   // First, beside the 4-byte reference count: no padding.
   CompactMutex mu;
@@ -78,23 +85,31 @@ struct Tenant final : RefCounted {
   PolicyRef policy ABSL_GUARDED_BY(mu);
   // The level and last refill; its capacity and refill are the policy's (Limits).
   TokenBucket bucket ABSL_GUARDED_BY(mu);
-  // Instances that synced within the last lease TTL, with the want they last sent and the tokens
-  // they hold. `want_sum` and `held_sum` are the sums, kept incrementally in 128 bits (no sum of
-  // 64-bit entries can overflow them); stale entries are swept at most every 100 ms. An
-  // instance silent for a lease TTL holds nothing any more: its client stops spending a lease
-  // at send time + TTL.
-  // Keyed by the Instance's serial (Instance::serial), never reused in a process: an integer
-  // hashes and compares without touching the id's characters (this map is probed on every Sync
-  // of every tenant entry), and an evicted instance's entry, whose lease still runs on its
-  // client, keeps counting until its TTL even when a new instance takes its record's place in
-  // memory (keyed by address, it was handed over to that one and its holdings forgotten).
+  // Instances that synced within the last lease TTL (ActiveEntry), counted by when they were
+  // last seen: each slice sums the entries last seen within its span (SliceSpan after its
+  // start), oldest first, and `count`, `want_sum` and `held_sum` are the sums of all (kept in
+  // 128 bits: no sum of 64-bit entries can overflow them). A slice expires whole once the
+  // latest of its entries is older than the lease TTL: an instance silent for a TTL holds
+  // nothing any more (its client stops spending a lease at send time + TTL), and is forgotten
+  // at most one span late (its holdings count that much longer: the safe direction). An
+  // evicted instance's record is freed, but what it held stays in its slice until then: its
+  // lease still runs on its client.
   // With the largest recent fleet (the SafeShare divides the budget among it), the recent
   // success credit rate and, in cluster mode, the sizing of its reservations, this is the state
   // of a tenant in use: allocated when an instance first syncs, and let go by the sweep once no
   // instance is active and no fleet is remembered (kFleetSizeWindowMillis), so that a million
-  // idle tenants do not each carry ~190 bytes of it. Empty is the same as absent.
+  // idle tenants do not each carry it. Empty is the same as absent.
   struct ActiveSet {
-    absl::flat_hash_map<uint64_t, Active> entries;
+    struct Slice {
+      uint64_t id = 0;  // NextSliceId: unique in the process
+      int64_t start_ns = 0;
+      int64_t last_ns = 0;  // the latest of its entries' last reports
+      uint64_t count = 0;
+      absl::uint128 want_sum = 0;
+      absl::uint128 held_sum = 0;
+    };
+    std::vector<Slice> slices;  // by start and by id, oldest first
+    uint64_t count = 0;
     absl::uint128 want_sum = 0;
     absl::uint128 held_sum = 0;  // also the bucket's `leased` (Limits)
     RecentExtreme<uint64_t, MaxCount, kFleetSizeWindowMillis> fleet_size;
@@ -102,8 +117,6 @@ struct Tenant final : RefCounted {
     double credit_rate = 0;
     double window_credit = 0;
     int64_t window_start_ns = kNever;
-    // The last sweep of `entries` (SweepActive).
-    int64_t last_sweep_ns = 0;
     // Cluster mode: the reservation block in force (0: none sized yet), and the grants total
     // and time when the block was last sized, for the observed grant rate (ReserveDurably).
     // Here, not in the tenant: only a tenant in use is sized, and the rate of one idle for a
@@ -134,9 +147,10 @@ struct Tenant final : RefCounted {
     return active == nullptr ? 0 : active->held_sum;
   }
 
-  // Instances in the swept set (entries older than the TTL linger at most 100 ms).
+  // Instances in the set as last swept (Advance): those silent for a lease TTL linger at most
+  // one slice's span.
   size_t ActiveSize() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return active == nullptr ? 0 : active->entries.size();
+    return active == nullptr ? 0 : active->count;
   }
 
   // The largest active set noted within the last kFleetSizeWindowMillis, or 0.
@@ -157,73 +171,93 @@ struct Tenant final : RefCounted {
     bucket.Deposit(Limits(), tokens);
   }
 
-  // The active set, made on first use; a new one sweeps no sooner than 100 ms after `now_ns`.
-  ActiveSet& ActiveSetFrom(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (active == nullptr) {
-      active = std::make_unique<ActiveSet>();
-      active->last_sweep_ns = now_ns;
-    }
+  // The active set, made on first use.
+  ActiveSet& ActiveSetFrom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (active == nullptr) active = std::make_unique<ActiveSet>();
     return *active;
   }
 
-  // Starts loading the memory SetActive or RemoveActive of `instance_serial` will touch (the
-  // probe of a set of 100k instances is a cache miss), so that it overlaps other work.
-  void PrefetchActive(uint64_t instance_serial) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (active != nullptr) active->entries.prefetch(instance_serial);
+  // How long a slice takes in new entries: 100 ms, or a 128th of the lease TTL when that is
+  // longer (at most ~130 slices per tenant however long the TTL: 600 s gives 4.7 s).
+  absl::Duration SliceSpan() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return absl::Nanoseconds(SliceSpanNanos());
+  }
+  // In integer nanoseconds (an absl::Duration's division takes 128-bit arithmetic, on every
+  // Sync).
+  int64_t SliceSpanNanos() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return std::max<int64_t>(100'000'000, absl::ToInt64Nanoseconds(policy->lease_ttl) / 128);
   }
 
-  // Records an instance's report: its want and the tokens it still holds, and the size of the
-  // active set it makes. Returns its entry, valid until the next sweep (Advance).
-  Active& SetActive(uint64_t instance_serial, uint64_t want, uint64_t held, absl::Time now)
+  // Records an instance's report in its entry `e`: its want and the tokens it still holds, and
+  // the size of the active set it makes. Whatever `e` counted before is taken out first.
+  void SetActive(ActiveEntry& e, uint32_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    RemoveActive(e);
     const int64_t now_ns = absl::ToUnixNanos(now);
-    ActiveSet& set = ActiveSetFrom(now_ns);
-    Active& a = set.entries[instance_serial];
-    set.want_sum = set.want_sum - a.want + want;
-    a.want = want;
-    SetHeld(a, held);
-    a.last_seen_ns = now_ns;
-    set.fleet_size.Note(set.entries.size(), now);
-    return a;
+    ActiveSet& set = ActiveSetFrom();
+    // The newest slice takes entries until its span is over (and any from a clock that went
+    // back: slices stay in order of their start).
+    if (set.slices.empty() ||
+        now_ns - set.slices.back().start_ns >= SliceSpanNanos()) {
+      set.slices.push_back(ActiveSet::Slice{.id = NextSliceId(), .start_ns = now_ns,
+                                            .last_ns = now_ns, .count = 0, .want_sum = 0,
+                                            .held_sum = 0});
+    }
+    ActiveSet::Slice& slice = set.slices.back();
+    slice.last_ns = std::max(slice.last_ns, now_ns);
+    slice.count += 1;
+    slice.want_sum += want;
+    slice.held_sum += held;
+    set.count += 1;
+    set.want_sum += want;
+    set.held_sum += held;
+    e = ActiveEntry{.slice = slice.id, .held = held, .want = want};
+    set.fleet_size.Note(set.count, now);
   }
 
-  // `a` must be an entry of the active set.
-  void SetHeld(Active& a, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    active->held_sum = active->held_sum - a.held + held;
-    a.held = held;
+  // `e` must be in the set (SetActive just put it there).
+  void SetHeld(ActiveEntry& e, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    ActiveSet::Slice* slice = SliceOf(e);
+    if (slice == nullptr) return;
+    slice->held_sum = slice->held_sum - e.held + held;
+    active->held_sum = active->held_sum - e.held + held;
+    e.held = held;
   }
 
-  void RemoveActive(uint64_t instance_serial) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (active == nullptr) return;
-    auto it = active->entries.find(instance_serial);
-    if (it == active->entries.end()) return;
-    active->want_sum -= it->second.want;
-    SetHeld(it->second, 0);
-    active->entries.erase(it);
+  // Takes `e` out of the set, if it is in it, and clears it.
+  void RemoveActive(ActiveEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (ActiveSet::Slice* slice = SliceOf(e); slice != nullptr) {
+      slice->count -= 1;
+      slice->want_sum -= e.want;
+      slice->held_sum -= e.held;
+      active->count -= 1;
+      active->want_sum -= e.want;
+      active->held_sum -= e.held;
+    }
+    e = ActiveEntry{};
   }
 
+  // Forgets the slices whose entries were all last seen more than a lease TTL ago, oldest first
+  // (a few comparisons: nothing walks the entries).
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
-    const int64_t now_ns = absl::ToUnixNanos(now);
-    if (now_ns - active->last_sweep_ns < 100'000'000) return;
-    active->last_sweep_ns = now_ns;
     const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
-    auto& entries = active->entries;
-    for (auto it = entries.begin(); it != entries.end();) {
-      if (it->second.last_seen_ns < cutoff) {
-        active->want_sum -= it->second.want;
-        SetHeld(it->second, 0);
-        entries.erase(it++);
-      } else {
-        ++it;
-      }
+    auto& slices = active->slices;
+    if (!slices.empty() && slices.front().last_ns >= cutoff) return;  // the usual case
+    size_t expired = 0;
+    for (; expired < slices.size() && slices[expired].last_ns < cutoff; ++expired) {
+      const ActiveSet::Slice& slice = slices[expired];
+      active->count -= slice.count;
+      active->want_sum -= slice.want_sum;
+      active->held_sum -= slice.held_sum;
     }
+    slices.erase(slices.begin(), slices.begin() + static_cast<std::ptrdiff_t>(expired));
     // Nothing active and no fleet remembered: the same as no set at all.
-    if (entries.empty() && !active->fleet_size.Get(now).has_value()) active.reset();
+    if (active->count == 0 && !active->fleet_size.Get(now).has_value()) active.reset();
   }
 
-  // Brings the bucket up to `now`: forgets the leases that expired (at most 100 ms late), then
-  // refills. Every read or change of the level starts here.
+  // Brings the bucket up to `now`: forgets the leases that expired (at most one slice's span
+  // late), then refills. Every read or change of the level starts here.
   void Advance(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     SweepActive(now);
     bucket.Refill(Limits(), now);
@@ -233,7 +267,7 @@ struct Tenant final : RefCounted {
   // active set was let go (a minute or more with no instance active).
   void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int64_t now_ns = absl::ToUnixNanos(now);
-    ActiveSet& a = ActiveSetFrom(now_ns);  // made here for a final request's credit
+    ActiveSet& a = ActiveSetFrom();  // made here for a final request's credit
     if (a.window_start_ns == kNever) a.window_start_ns = now_ns;
     a.window_credit += credit;
     const int64_t window_ns = now_ns - a.window_start_ns;
@@ -249,12 +283,36 @@ struct Tenant final : RefCounted {
     return active == nullptr ? 0 : active->credit_rate;
   }
 
+  // Instances seen within the lease TTL, to a slice's span: the entries of the slices with one
+  // seen since (ActiveSize without the sweep's lag).
   uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return 0;
     const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
-    uint32_t n = 0;
-    for (const auto& [id, a] : active->entries) n += a.last_seen_ns >= cutoff ? 1 : 0;
-    return n;
+    uint64_t n = 0;
+    for (const ActiveSet::Slice& slice : active->slices) {
+      if (slice.last_ns >= cutoff) n += slice.count;
+    }
+    return static_cast<uint32_t>(std::min<uint64_t>(n, UINT32_MAX));
+  }
+
+ private:
+  // The slice `e` was counted in, or null when that is not in this set (any more).
+  ActiveSet::Slice* SliceOf(const ActiveEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (active == nullptr || e.slice == 0) return nullptr;
+    auto& slices = active->slices;
+    // Most often the newest: an instance that syncs more often than a span, or just reported.
+    if (!slices.empty() && slices.back().id == e.slice) return &slices.back();
+    auto it = std::lower_bound(
+        slices.begin(), slices.end(), e.slice,
+        [](const ActiveSet::Slice& slice, uint64_t id) { return slice.id < id; });
+    return it != slices.end() && it->id == e.slice ? &*it : nullptr;
+  }
+
+  // Slice ids: from one counter for every tenant, so that an entry never matches a slice of
+  // another set than the one it was counted in.
+  static uint64_t NextSliceId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
   }
 };
 

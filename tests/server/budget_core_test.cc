@@ -649,6 +649,32 @@ TEST_F(BudgetCoreTest, AnEvictedInstancesHoldingsCountUntilItsLeaseEnds) {
   EXPECT_GT(Tokens(), 70);
 }
 
+// With the longest lease TTL a policy allows (600 s) the active set's slices span a 128th of it
+// (4.6875 s): a holding counts for the whole TTL after its last report, however many reports of
+// others came between, and for at most a slice's span more.
+TEST_F(BudgetCoreTest, ALongLeasesHoldingsCountForItsWholeTtlAndAtMostASliceMore) {
+  MakeCore(100, 10, 0);
+  v1::BudgetPolicy policy;
+  policy.set_capacity(100);
+  policy.set_refill_per_second(10);
+  policy.set_lease_ttl_ms(600'000);
+  ASSERT_TRUE(core_->PutPolicy("t", policy).ok());
+  EXPECT_EQ(SyncOne("holder", 1, {.want = 30}).granted(), 30u);
+  uint64_t seq = 0;
+  for (int second = 1; second < 600; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    if (second % 7 == 0) SyncOne("other", ++seq, {});
+  }
+  clock_.Advance(absl::Milliseconds(990));  // 599.99 s after the holder's report
+  EXPECT_EQ(Status().leased_tokens(), 30);
+  EXPECT_DOUBLE_EQ(Tokens(), 70);  // ten minutes of refill had no room
+  EXPECT_EQ(Status().active_instances(), 2u);
+  clock_.Advance(absl::Milliseconds(10) + absl::Microseconds(4'687'500) + absl::Milliseconds(1));
+  EXPECT_EQ(Status().leased_tokens(), 0);
+  EXPECT_GT(Tokens(), 70);
+  EXPECT_EQ(Status().active_instances(), 1u);
+}
+
 struct BadRequestCase {
   const char* name;
   std::function<void(v1::SyncRequest&)> mutate;
