@@ -45,9 +45,12 @@ struct MaxCount {
 // another budget of the same name) is not in the set; slice ids are never reused in a process.
 // Changed only under the tenant's lock (and its instance's).
 struct ActiveEntry {
-  uint64_t slice = 0;  // 0: none
+  uint64_t slice = 0;  // the slice's id (0: none)
   uint64_t held = 0;
   uint32_t want = 0;  // at most max_want <= UINT32_MAX (SyncLimits)
+  // Where the slice is in its set: its position counted from the set's first slice ever, modulo
+  // 2^32 (ActiveSet::dropped), so that it is found without a search (in the padding).
+  uint32_t position = 0;
 };
 
 // Shared through RefPtr (MakeRef<Tenant>).
@@ -109,6 +112,7 @@ struct Tenant final : RefCounted {
       absl::uint128 held_sum = 0;
     };
     std::vector<Slice> slices;  // by start and by id, oldest first
+    uint64_t dropped = 0;  // slices dropped from the front since the set was made
     uint64_t count = 0;
     absl::uint128 want_sum = 0;
     absl::uint128 held_sum = 0;  // also the bucket's `leased` (Limits)
@@ -192,7 +196,6 @@ struct Tenant final : RefCounted {
   // the size of the active set it makes. Whatever `e` counted before is taken out first.
   void SetActive(ActiveEntry& e, uint32_t want, uint64_t held, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    RemoveActive(e);
     const int64_t now_ns = absl::ToUnixNanos(now);
     ActiveSet& set = ActiveSetFrom();
     // The newest slice takes entries until its span is over (and any from a clock that went
@@ -203,15 +206,36 @@ struct Tenant final : RefCounted {
                                             .last_ns = now_ns, .count = 0, .want_sum = 0,
                                             .held_sum = 0});
     }
-    ActiveSet::Slice& slice = set.slices.back();
-    slice.last_ns = std::max(slice.last_ns, now_ns);
-    slice.count += 1;
-    slice.want_sum += want;
-    slice.held_sum += held;
-    set.count += 1;
-    set.want_sum += want;
-    set.held_sum += held;
-    e = ActiveEntry{.slice = slice.id, .held = held, .want = want};
+    ActiveSet::Slice& to = set.slices.back();
+    to.last_ns = std::max(to.last_ns, now_ns);
+    // Moved from the slice it was counted in (none: it joins the set) to the newest; the set's
+    // sums change by the differences alone.
+    ActiveSet::Slice* from = SliceOf(e);  // after the push, which may have moved the slices
+    if (from != &to) {
+      if (from != nullptr) {
+        from->count -= 1;
+        from->want_sum -= e.want;
+        from->held_sum -= e.held;
+      }
+      to.count += 1;
+      to.want_sum += want;
+      to.held_sum += held;
+    } else {
+      to.want_sum = to.want_sum - e.want + want;
+      to.held_sum = to.held_sum - e.held + held;
+    }
+    if (from != nullptr) {
+      set.want_sum = set.want_sum - e.want + want;
+      set.held_sum = set.held_sum - e.held + held;
+    } else {
+      set.count += 1;
+      set.want_sum += want;
+      set.held_sum += held;
+    }
+    e = ActiveEntry{.slice = to.id,
+                    .held = held,
+                    .want = want,
+                    .position = static_cast<uint32_t>(set.dropped + set.slices.size() - 1)};
     set.fleet_size.Note(set.count, now);
   }
 
@@ -241,7 +265,8 @@ struct Tenant final : RefCounted {
   // (a few comparisons: nothing walks the entries).
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
-    const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
+    const int64_t cutoff =
+        absl::ToUnixNanos(now) - absl::ToInt64Nanoseconds(policy->lease_ttl);
     auto& slices = active->slices;
     if (!slices.empty() && slices.front().last_ns >= cutoff) return;  // the usual case
     size_t expired = 0;
@@ -252,6 +277,7 @@ struct Tenant final : RefCounted {
       active->held_sum -= slice.held_sum;
     }
     slices.erase(slices.begin(), slices.begin() + static_cast<std::ptrdiff_t>(expired));
+    active->dropped += expired;
     // Nothing active and no fleet remembered: the same as no set at all.
     if (active->count == 0 && !active->fleet_size.Get(now).has_value()) active.reset();
   }
@@ -299,13 +325,11 @@ struct Tenant final : RefCounted {
   // The slice `e` was counted in, or null when that is not in this set (any more).
   ActiveSet::Slice* SliceOf(const ActiveEntry& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr || e.slice == 0) return nullptr;
+    // Its index if it is in this set (one read: with a tenant's slices not in the cache, a
+    // search took a miss per step); the id says whether it is.
+    const uint32_t index = e.position - static_cast<uint32_t>(active->dropped);
     auto& slices = active->slices;
-    // Most often the newest: an instance that syncs more often than a span, or just reported.
-    if (!slices.empty() && slices.back().id == e.slice) return &slices.back();
-    auto it = std::lower_bound(
-        slices.begin(), slices.end(), e.slice,
-        [](const ActiveSet::Slice& slice, uint64_t id) { return slice.id < id; });
-    return it != slices.end() && it->id == e.slice ? &*it : nullptr;
+    return index < slices.size() && slices[index].id == e.slice ? &slices[index] : nullptr;
   }
 
   // Slice ids: from one counter for every tenant, so that an entry never matches a slice of

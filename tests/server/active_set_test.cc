@@ -192,6 +192,18 @@ TEST(ActiveSetEntryTest, AnEntryMovingAcrossSlicesCountsOnce) {
   EXPECT_EQ(other->HeldSum(), 2);
   EXPECT_EQ(tenant->ActiveSize(), 2u);
   EXPECT_EQ(tenant->HeldSum(), 41);
+  // Where the other set has a slice at the same position: the id tells them apart.
+  ActiveEntry there;
+  other->SetActive(there, 3, 4, now);  // the same slice, at position 0
+  auto third = MakeRef<Tenant>("t", policies.Intern(ResolvedPolicy{}), v1::POLICY_SOURCE_DEFAULT,
+                               now);
+  CompactMutexLock third_lock(&third->mu);
+  ActiveEntry first_there;
+  third->SetActive(first_there, 1, 1, now);
+  ASSERT_EQ(first_there.position, there.position);
+  other->RemoveActive(first_there);
+  EXPECT_EQ(other->ActiveSize(), 2u);
+  EXPECT_EQ(other->HeldSum(), 6);
 }
 
 }  // namespace
