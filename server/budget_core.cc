@@ -474,7 +474,7 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
                                     tb.WantSum(), next_sync, options_.min_next_sync);
     }
   }
-  // The swept set: entries older than the TTL linger at most a slice's span (SliceSpan).
+  // The swept set: entries older than the TTL linger at most a slice's span (SliceSpanNanos).
   const uint32_t active = std::max<uint32_t>(1, static_cast<uint32_t>(tb.ActiveSize()));
   // Fallback shares divide among the largest fleet of the last minute, not the active set of
   // this moment: every instance that may be in fallback at once gets a share of one budget.

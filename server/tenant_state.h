@@ -5,8 +5,8 @@
 #define RETRYBUDGET_SERVER_TENANT_STATE_H_
 
 #include <algorithm>
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -89,7 +89,7 @@ struct Tenant final : RefCounted {
   // The level and last refill; its capacity and refill are the policy's (Limits).
   TokenBucket bucket ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL (ActiveEntry), counted by when they were
-  // last seen: each slice sums the entries last seen within its span (SliceSpan after its
+  // last seen: each slice sums the entries last seen within its span (SliceSpanNanos after its
   // start), oldest first, and `count`, `want_sum` and `held_sum` are the sums of all (kept in
   // 128 bits: no sum of 64-bit entries can overflow them). A slice expires whole once the
   // latest of its entries is older than the lease TTL: an instance silent for a TTL holds
@@ -182,14 +182,15 @@ struct Tenant final : RefCounted {
   }
 
   // How long a slice takes in new entries: 100 ms, or a 128th of the lease TTL when that is
-  // longer (at most ~130 slices per tenant however long the TTL: 600 s gives 4.7 s).
-  absl::Duration SliceSpan() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return absl::Nanoseconds(SliceSpanNanos());
-  }
-  // In integer nanoseconds (an absl::Duration's division takes 128-bit arithmetic, on every
-  // Sync).
+  // longer (at most ~130 slices per tenant however long the TTL: 600 s gives 4.7 s). In integer
+  // nanoseconds: an absl::Duration's division takes 128-bit arithmetic, on every Sync.
   int64_t SliceSpanNanos() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return std::max<int64_t>(100'000'000, absl::ToInt64Nanoseconds(policy->lease_ttl) / 128);
+  }
+
+  // The oldest last report still within the lease TTL at `now` (Unix nanoseconds).
+  int64_t LeaseCutoffNanos(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return absl::ToUnixNanos(now) - absl::ToInt64Nanoseconds(policy->lease_ttl);
   }
 
   // Records an instance's report in its entry `e`: its want and the tokens it still holds, and
@@ -265,8 +266,7 @@ struct Tenant final : RefCounted {
   // (a few comparisons: nothing walks the entries).
   void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
-    const int64_t cutoff =
-        absl::ToUnixNanos(now) - absl::ToInt64Nanoseconds(policy->lease_ttl);
+    const int64_t cutoff = LeaseCutoffNanos(now);
     auto& slices = active->slices;
     if (!slices.empty() && slices.front().last_ns >= cutoff) return;  // the usual case
     size_t expired = 0;
@@ -313,7 +313,7 @@ struct Tenant final : RefCounted {
   // seen since (ActiveSize without the sweep's lag).
   uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return 0;
-    const int64_t cutoff = absl::ToUnixNanos(now - policy->lease_ttl);
+    const int64_t cutoff = LeaseCutoffNanos(now);
     uint64_t n = 0;
     for (const ActiveSet::Slice& slice : active->slices) {
       if (slice.last_ns >= cutoff) n += slice.count;

@@ -60,7 +60,7 @@ class ActiveSetTest : public ::testing::TestWithParam<absl::Duration> {
     tenant_->Advance(now_);
     const absl::Duration ttl = tenant_->policy->lease_ttl;
     const Sums must = SeenSince(now_ - ttl);
-    const Sums may = SeenSince(now_ - ttl - tenant_->SliceSpan());
+    const Sums may = SeenSince(now_ - ttl - absl::Nanoseconds(tenant_->SliceSpanNanos()));
     const uint64_t count = tenant_->ActiveSize();
     const absl::uint128 held = tenant_->HeldSum();
     const uint64_t want = tenant_->WantSum();
@@ -88,7 +88,7 @@ TEST_P(ActiveSetTest, CountsWhatWasSeenWithinTheTtlToASlicesSpan) {
   CompactMutexLock lock(&tenant_->mu);
   std::mt19937_64 rng(GetParam() / absl::Milliseconds(1));
   const absl::Duration ttl = GetParam();
-  const absl::Duration span = tenant_->SliceSpan();
+  const absl::Duration span = absl::Nanoseconds(tenant_->SliceSpanNanos());
   // The lateness DESIGN.md promises: 100 ms, or a 128th of a longer TTL.
   ASSERT_EQ(span, std::max(absl::Milliseconds(100), ttl / 128));
   constexpr int kRecords = 40;
