@@ -169,11 +169,20 @@ TEST(BudgetCoreConcurrentTest, DeletingABudgetUnderLoadNeverGrantsMoreThanItsInc
   constexpr int kRounds = 300;
   std::atomic<uint64_t> doomed_granted{0}, kept_granted{0}, refused{0};
   std::atomic<bool> syncing{true};
+  std::atomic<uint64_t> deletions{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       uint64_t received[2] = {0, 0};
       for (int seq = 1; seq <= kRounds; ++seq) {
+        // Halfway, until the budget was deleted at least once (10 s at most): on a loaded
+        // machine the Syncs could otherwise all finish before the admin thread first runs.
+        if (seq == kRounds / 2) {
+          const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+          while (deletions.load() == 0 && std::chrono::steady_clock::now() < give_up) {
+            std::this_thread::yield();
+          }
+        }
         v1::SyncRequest r;
         r.set_instance_id("instance-" + std::to_string(t));
         r.set_seq(seq);
@@ -201,7 +210,6 @@ TEST(BudgetCoreConcurrentTest, DeletingABudgetUnderLoadNeverGrantsMoreThanItsInc
       }
     });
   }
-  uint64_t deletions = 0;
   std::thread admin([&] {
     while (syncing.load()) {
       if ((*core)->DeleteBudget("doomed").ok()) ++deletions;
@@ -211,9 +219,9 @@ TEST(BudgetCoreConcurrentTest, DeletingABudgetUnderLoadNeverGrantsMoreThanItsInc
   for (auto& t : threads) t.join();
   syncing = false;
   admin.join();
-  EXPECT_GT(deletions, 0u);
+  EXPECT_GT(deletions.load(), 0u);
   EXPECT_EQ(kept_granted.load(), 500u);
-  EXPECT_LE(doomed_granted.load(), 500u * (deletions + 1));
+  EXPECT_LE(doomed_granted.load(), 500u * (deletions.load() + 1));
   auto kept = (*core)->GetBudget("kept");
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->granted_total(), 500u);
