@@ -68,7 +68,7 @@ TEST(HostileAccountingTest, ClaimedReceiptsAndReturnsOfABaselineCreditNothing) {
   ASSERT_TRUE(c.Sync(SyncOf("i", 5, "t", 0, 50), &r).ok());
   ASSERT_TRUE(c.Sync(SyncOf("i", 6, "t", 0, 50, 50), &r).ok());
   v1::BudgetStatus b = Budget(c, "t");
-  EXPECT_EQ(b.tokens(), 0);
+  EXPECT_EQ(b.tokens(), 0) << b.ShortDebugString();
   EXPECT_EQ(b.granted_total(), 0u);
   EXPECT_EQ(b.uncredited_total(), 50u);
   // Another instance finds nothing to lease.
@@ -172,6 +172,37 @@ TEST(HostileAccountingTest, RequestsOfAnEvictedInstanceAreStale) {
   const v1::BudgetStatus after = Budget(c, "t");
   EXPECT_EQ(after.tokens(), before.tokens());
   EXPECT_EQ(after.successes_total(), before.successes_total());
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// Eviction forgets an instance's history, not what it holds: its lease runs on at its client
+// until the TTL, so its tokens keep counting against the capacity, and the refill stops short
+// of them (the bucket and the holdings together never exceed the capacity).
+TEST(HostileAccountingTest, AnEvictedInstancesHoldingsStillCountAgainstTheCapacity) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(),
+      {"--policy=" + PolicyFile(dir.path(), "t",
+                                "capacity: 100 refill_per_second: 1000 success_credit: 0 "
+                                "initial_tokens: 100 lease_ttl_ms: 600000"),
+       "--max_instances=2"});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  const v1::SyncRequest first = SyncOf("holder", 1, "t", 30);
+  ASSERT_TRUE(c.Sync(first, &r).ok());
+  ASSERT_EQ(r.tenants(0).granted(), 30u);
+  for (int i = 0; i < 3; ++i) {  // evict "holder", the least recently seen
+    ASSERT_TRUE(c.Sync(SyncOf(absl::StrCat("crowd-", i), 1, "t", 0), &r).ok());
+  }
+  ASSERT_TRUE(c.Sync(first, &r).ok());  // its resend is stale: it was evicted
+  EXPECT_TRUE(r.stale());
+  absl::SleepFor(absl::Milliseconds(300));  // the refill (1,000/s) has had time to fill all
+  const v1::BudgetStatus b = Budget(c, "t");
+  EXPECT_EQ(b.leased_tokens(), 30) << b.ShortDebugString();
+  EXPECT_EQ(b.tokens(), 70) << b.ShortDebugString();
+  EXPECT_EQ(b.active_instances(), 4u) << b.ShortDebugString();
+  EXPECT_EQ(b.granted_total(), 30u);
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
