@@ -1,5 +1,6 @@
 #include "retrybudget/names.h"
 
+#include <array>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -8,10 +9,17 @@
 namespace retrybudget {
 namespace {
 
-bool IsTenantChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == ':' || c == '/' || c == '-';
-}
+// [A-Za-z0-9._:/-], as a table: one load per character (a Sync checks every entry's name).
+constexpr std::array<bool, 256> kTenantChars = [] {
+  std::array<bool, 256> table{};
+  for (int c = 0; c < 256; ++c) {
+    table[c] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
+  }
+  return table;
+}();
+
+bool IsTenantChar(char c) { return kTenantChars[static_cast<unsigned char>(c)]; }
 
 }  // namespace
 
