@@ -12,8 +12,8 @@
 #include "grpcpp/alarm.h"
 #include "retrybudget/names.h"
 #include "retrybudget/owner_redirect.h"
-#include "server/arena_messages.h"
 #include "server/request_parsing.h"
+#include "server/reused_messages.h"
 
 namespace retrybudget {
 namespace {
@@ -199,8 +199,9 @@ grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request_bytes,
                                                        grpc::ByteBuffer* response_bytes) {
   Call call(options_, context, Rpc::kSync);
-  // Parsed and answered on an arena that lives until the response is serialised below.
-  ArenaMessages<v1::SyncRequest, v1::SyncResponse> messages;
+  // Parsed into and answered from this thread's messages of the last Sync (reused_messages.h):
+  // no allocation per string or entry once the thread has seen a request of this shape.
+  ReusedMessages<v1::SyncRequest, v1::SyncResponse> messages(request_bytes->Length());
   v1::SyncRequest* request = messages.request();
   if (absl::Status s = ParseRequest(*request_bytes, request); !s.ok()) return call.Finish(s);
   absl::InlinedVector<absl::string_view, 16> tenants;
