@@ -60,6 +60,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -89,6 +90,14 @@ ABSL_FLAG(std::vector<std::string>, tenants_per_request, std::vector<std::string
           "tenants named per request, one pass of the rounds each (1..64, at most --tenant_pool)");
 ABSL_FLAG(int, cq_threads, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
           "completion-queue threads of the *_cq servers");
+ABSL_FLAG(std::string, server_prefix, "",
+          "words run before each server's command line, to run it under a profiler (e.g. "
+          "\"valgrind --tool=callgrind\"; bench/callgrind_server.sh); it must exec the server in "
+          "the same process");
+ABSL_FLAG(std::string, at_measure_start, "",
+          "shell command run when the measured part of each run starts ({pid}: the server's pid)");
+ABSL_FLAG(std::string, at_measure_end, "",
+          "shell command run when the measured part of each run ends ({pid}: the server's pid)");
 
 namespace retrybudget::bench {
 namespace {
@@ -327,6 +336,33 @@ struct ServerInRun {
   pid_t pid = 0;
 };
 
+// Runs --at_measure_start or --at_measure_end (`command`) for the server `pid`, if set.
+void RunHook(const std::string& command, pid_t pid) {
+  if (command.empty()) return;
+  const std::string line = absl::StrReplaceAll(command, {{"{pid}", absl::StrCat(pid)}});
+  if (const int rc = std::system(line.c_str()); rc != 0) {
+    std::fprintf(stderr, "warning: \"%s\" exited with %d\n", line.c_str(), rc);
+  }
+}
+
+// The words of --server_prefix.
+// The words of --server_prefix, the first one found on $PATH when it is not a path.
+std::vector<std::string> ServerPrefix() {
+  std::vector<std::string> words =
+      absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty());
+  const char* path = std::getenv("PATH");
+  if (!words.empty() && !absl::StrContains(words[0], '/') && path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      const std::string candidate = absl::StrCat(dir, "/", words[0]);
+      if (access(candidate.c_str(), X_OK) == 0) {
+        words[0] = candidate;
+        break;
+      }
+    }
+  }
+  return words;
+}
+
 RunResult RunLoad(const ServerInRun& server, int tenants_per_request, int round,
                   const std::vector<std::string>& names) {
   const Target target = server.target;
@@ -370,6 +406,7 @@ RunResult RunLoad(const ServerInRun& server, int tenants_per_request, int round,
   std::thread cpu_sampler([&] {
     absl::SleepFor(measure_from - absl::Now());
     cpu_start = ProcessCpuSeconds(server_pid);
+    RunHook(absl::GetFlag(FLAGS_at_measure_start), server_pid);
   });
   std::vector<std::thread> running;
   for (auto& l : loaders) running.emplace_back([&l, measure_from, stop_at] {
@@ -378,6 +415,7 @@ RunResult RunLoad(const ServerInRun& server, int tenants_per_request, int round,
   cpu_sampler.join();
   absl::SleepFor(stop_at - absl::Now());
   const double cpu_end = ProcessCpuSeconds(server_pid);
+  RunHook(absl::GetFlag(FLAGS_at_measure_end), server_pid);
   for (auto& th : running) th.join();
 
   RunResult r;
@@ -433,7 +471,17 @@ absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(bool d
                                 "success_credit: 0.1 lease_ttl_ms: 5000 }\n",
                                 absl::GetFlag(FLAGS_durable_capacity))
               : std::string(kUnlimitedPolicy);
-  return StartBudgetServer(absl::GetFlag(FLAGS_server_bin), dir, policy, extra);
+  std::string binary = absl::GetFlag(FLAGS_server_bin);
+  if (const std::vector<std::string> prefix = ServerPrefix(); !prefix.empty()) {
+    // The launcher runs a binary: a script that execs the prefix and the server, so the pid
+    // it reports is the server's.
+    const std::string script = dir + "/prefixed-server.sh";
+    std::ofstream(script) << "#!/bin/sh\nexec " << absl::StrJoin(prefix, " ") << " '" << binary
+                          << "' \"$@\"\n";
+    chmod(script.c_str(), 0755);
+    binary = script;
+  }
+  return StartBudgetServer(binary, dir, policy, extra);
 }
 
 // The median of `values` (-1 if empty).
@@ -449,11 +497,15 @@ double Ratio(double a, double b) { return b > 0 && a >= 0 ? a / b : -1; }
 
 // Starts one of this binary's own servers (load_servers.h) and reads its port.
 absl::StatusOr<Child> StartOwnServer(const std::string& kind, std::string* address) {
-  absl::StatusOr<Child> child = Child::Spawn(
-      {SelfExe(), absl::StrCat("--serve=", kind),
-       absl::StrCat("--cq_threads=", absl::GetFlag(FLAGS_cq_threads))});
+  std::vector<std::string> argv = ServerPrefix();
+  const bool prefixed = !argv.empty();
+  argv.insert(argv.end(), {SelfExe(), absl::StrCat("--serve=", kind),
+                           absl::StrCat("--cq_threads=", absl::GetFlag(FLAGS_cq_threads))});
+  absl::StatusOr<Child> child = Child::Spawn(argv);
   if (!child.ok()) return child.status();
-  absl::StatusOr<std::string> port = child->ReadLine(absl::Seconds(10));
+  // A server under a profiler (valgrind) starts many times slower.
+  absl::StatusOr<std::string> port =
+      child->ReadLine(prefixed ? absl::Seconds(120) : absl::Seconds(10));
   if (!port.ok()) {
     return absl::UnavailableError(
         absl::StrCat("--serve=", kind, " did not print its port: ", port.status().message()));
