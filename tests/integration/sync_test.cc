@@ -162,6 +162,63 @@ TEST(SyncTest, TenantsInOneRequestAreAccountedIndependently) {
   EXPECT_DOUBLE_EQ(Tokens(*s, "new"), 99);
 }
 
+// The server parses into and answers from messages it keeps per thread and clears between
+// Syncs (server/reused_messages.h): whatever a Sync before it held (more entries, long names,
+// an entry refused), a response holds its own request's entries and nothing else.
+TEST(SyncTest, EachResponseHoldsItsOwnEntriesWhateverTheSyncBeforeItHeld) {
+  std::string config = "strict: true\n";
+  std::vector<std::string> long_names;
+  for (int i = 0; i < 8; ++i) {
+    long_names.push_back(absl::StrCat("a-tenant-name-longer-than-any-inline-string-", i));
+  }
+  for (const std::string& name : long_names) {
+    absl::StrAppend(&config, "tenants { tenant: \"", name, "\" policy { capacity: 1e6 } }\n");
+  }
+  absl::StrAppend(&config, "tenants { tenant: \"p\" policy { capacity: 1e6 } }\n");
+  auto s = TestServer::Start({.policy = Parse<v1::PolicyConfig>(config)});
+  ASSERT_NE(s, nullptr);
+  for (int round = 0; round < 30; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
+    std::vector<v1::TenantSync> eight;
+    for (const std::string& name : long_names) eight.push_back(Entry(name, 1));
+    v1::SyncResponse big;
+    ASSERT_TRUE(s->Sync(Request(absl::StrCat("big-", round), 1, eight), &big).ok());
+    ASSERT_EQ(big.tenants_size(), 8);
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(big.tenants(i).tenant(), long_names[i]);
+      EXPECT_FALSE(big.tenants(i).has_error());
+      EXPECT_TRUE(big.tenants(i).has_safe_share());
+      EXPECT_EQ(big.tenants(i).granted(), 1u);
+    }
+
+    v1::SyncResponse refused;  // strict: a tenant without a budget is refused, entry by entry
+    ASSERT_TRUE(s->Sync(Request(absl::StrCat("refused-", round), 1, {Entry("unlisted", 1)}),
+                        &refused)
+                    .ok());
+    ASSERT_EQ(refused.tenants_size(), 1);
+    EXPECT_EQ(refused.tenants(0).tenant(), "unlisted");
+    EXPECT_EQ(refused.tenants(0).error().code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+    EXPECT_FALSE(refused.tenants(0).has_safe_share());
+    EXPECT_EQ(refused.tenants(0).granted(), 0u);
+    EXPECT_EQ(refused.tenants(0).capacity(), 0);
+
+    v1::SyncResponse bad;  // refused whole: the messages are cleared after a failed parse too
+    EXPECT_EQ(s->Sync(Request(absl::StrCat("bad-", round), 1, {Entry("p q", 1)}), &bad)
+                  .error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+
+    v1::SyncResponse small;
+    ASSERT_TRUE(s->Sync(Request(absl::StrCat("small-", round), 1, {Entry("p", 1)}), &small).ok());
+    ASSERT_EQ(small.tenants_size(), 1) << small.ShortDebugString();
+    EXPECT_EQ(small.tenants(0).tenant(), "p");
+    EXPECT_FALSE(small.tenants(0).has_error()) << small.ShortDebugString();
+    EXPECT_TRUE(small.tenants(0).has_safe_share());
+    EXPECT_EQ(small.tenants(0).granted(), 1u);
+    EXPECT_EQ(small.tenants(0).capacity(), 1e6);
+    EXPECT_FALSE(small.stale());
+  }
+}
+
 // Drains `tenant` from `threads` concurrent instances, each syncing with increasing seq and
 // honest counters until the bucket is dry. Returns the sum of all grants.
 uint64_t DrainConcurrently(TestServer& s, const std::vector<std::string>& tenants, int threads,
