@@ -442,8 +442,8 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
                        uint64_t want, uint64_t held, uint64_t spent_since, absl::Time now,
                        GrantRecord& out) {
   uint64_t granted = 0;
-  const absl::Duration ttl = tb.policy->lease_ttl;
-  absl::Duration next_sync = std::min(options_.max_next_sync, ttl / 2);
+  absl::Duration next_sync =
+      std::min(options_.max_next_sync, absl::Nanoseconds(tb.policy->lease_ttl_ns / 2));
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
     granted = options_.store != nullptr || options_.router != nullptr

@@ -3,6 +3,7 @@
 #ifndef RETRYBUDGET_SERVER_POLICY_H_
 #define RETRYBUDGET_SERVER_POLICY_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -39,7 +40,13 @@ struct ResolvedPolicy {
 // A policy interned by PolicyTable: immutable, shared by the budgets that hold it (RefPtr, 8
 // bytes per budget).
 struct InternedPolicy final : RefCounted, ResolvedPolicy {
-  explicit InternedPolicy(const ResolvedPolicy& p) : ResolvedPolicy(p) {}
+  explicit InternedPolicy(const ResolvedPolicy& p)
+      : ResolvedPolicy(p), lease_ttl_ns(absl::ToInt64Nanoseconds(p.lease_ttl)) {}
+
+  // lease_ttl in nanoseconds (a whole number of milliseconds: ResolvePolicy checks it), for the
+  // arithmetic of every Sync entry: absl's conversions and divisions of a Duration are calls
+  // into the library, with 128-bit arithmetic.
+  const int64_t lease_ttl_ns;
 };
 using PolicyRef = RefPtr<const InternedPolicy>;
 

@@ -189,7 +189,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     out->set_granted(r.granted);
     const InternedPolicy& p = *r.policy();
     const SafeShareOf share = SafeShare(p.capacity, p.refill_per_second, r.fleet);
-    out->set_lease_ttl_ms(absl::ToInt64Milliseconds(p.lease_ttl));
+    out->set_lease_ttl_ms(p.lease_ttl_ns / 1'000'000);
     out->set_next_sync_ms(r.next_sync_ms);
     safe->set_capacity(share.capacity);
     safe->set_refill_per_second(share.refill_per_second);

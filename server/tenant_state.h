@@ -185,12 +185,12 @@ struct Tenant final : RefCounted {
   // longer (at most ~130 slices per tenant however long the TTL: 600 s gives 4.7 s). In integer
   // nanoseconds: an absl::Duration's division takes 128-bit arithmetic, on every Sync.
   int64_t SliceSpanNanos() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return std::max<int64_t>(100'000'000, absl::ToInt64Nanoseconds(policy->lease_ttl) / 128);
+    return std::max<int64_t>(100'000'000, policy->lease_ttl_ns / 128);
   }
 
   // The oldest last report still within the lease TTL at `now` (Unix nanoseconds).
   int64_t LeaseCutoffNanos(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return absl::ToUnixNanos(now) - absl::ToInt64Nanoseconds(policy->lease_ttl);
+    return absl::ToUnixNanos(now) - policy->lease_ttl_ns;
   }
 
   // Records an instance's report in its entry `e`: its want and the tokens it still holds, and
