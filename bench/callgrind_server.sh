@@ -17,7 +17,9 @@
 # Writes OUT_DIR/<server>_<tenants>t.annotate (callgrind_annotate: inclusive costs; its list of
 # self costs is of no use on a dump taken mid-run, where it puts all under the threads' entry)
 # and prints one JSON line per run. SERVER_BIN (default BUILD_DIR/server/retry-budget-server)
-# lets two builds of the server be compared under the same load generator. Needs valgrind
+# lets two builds of the server be compared under the same load generator. KEEP_DUMPS=1 keeps
+# the callgrind files (<name>.cg.<pid>.1 is the measured part), e.g. for `callgrind_annotate
+# --tree=caller` or kcachegrind. Needs valgrind
 # (Debian's package of that name) and a BUILD_DIR with debug info (RelWithDebInfo, `make build`).
 set -euo pipefail
 [ $# -ge 2 ] && [ $# -le 3 ] || { echo "usage: $0 BUILD_DIR OUT_DIR [SERVER_BIN]" >&2; exit 2; }
@@ -86,6 +88,6 @@ print(json.dumps({"callgrind": name, "calls": calls,
                   "inclusive_per_call": {k: round(v / max(1, calls)) for k, v in
                                          sorted(inclusive.items(), key=lambda kv: -kv[1])}}))
 EOF
-    rm -f "$out/$name".cg.*
+    [ -n "${KEEP_DUMPS:-}" ] || rm -f "$out/$name".cg.*
   done
 done

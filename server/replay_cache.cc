@@ -159,7 +159,9 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
   for (const GrantRecord& r : records) {
     v1::TenantGrant* out = response->add_tenants();
     const absl::string_view tenant = r.tenant();
-    out->set_tenant(tenant.data(), tenant.size());
+    // Assigned in place: set_tenant(data, size) would build a new std::string and move it in,
+    // dropping the capacity a reused response (reused_messages.h) keeps for the name.
+    out->mutable_tenant()->assign(tenant.data(), tenant.size());
     const GrantRecord::Cold* cold = r.cold();
     if (cold != nullptr && cold->code != 0) {
       out->mutable_error()->set_code(cold->code);
