@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -257,7 +258,14 @@ std::vector<std::string> ChaosRun(double duration) {
           "--seed=11"};
 }
 
-void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r) {
+// Whether a worker's final Sync (at shutdown) must have succeeded. Where the fault proxy drops
+// responses on purpose, all kFinalSyncAttempts (3) attempts of one can lose theirs: at 30%, 0.3^3
+// per worker, about one run in ten of 4 workers (seen in CI). The library then reports it and
+// forfeits the unspent tokens (the safe direction); any other error still fails the test.
+enum class FinalSync { kMustSucceed, kMayLoseItsResponses };
+
+void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r,
+                                       FinalSync final_sync = FinalSync::kMustSucceed) {
   ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_TRUE(r.Bool("within_budget")) << r.line;
@@ -265,7 +273,12 @@ void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r) {
   EXPECT_LE(r.Num("retries_allowed"), r.Num("bound"));
   EXPECT_EQ(r.Sub("library", "retries_allowed"), r.Num("retries_allowed")) << r.line;
   EXPECT_LT(r.Num("max_try_acquire_ms"), kMaxTryAcquireMs) << r.line;
-  EXPECT_EQ(r.SubString("library", "shutdown_status"), "OK") << r.line;
+  const std::string shutdown = r.SubString("library", "shutdown_status");
+  if (final_sync == FinalSync::kMayLoseItsResponses && shutdown != "OK") {
+    EXPECT_TRUE(absl::StrContains(shutdown, "fault injected: response dropped")) << r.line;
+  } else {
+    EXPECT_EQ(shutdown, "OK") << r.line;
+  }
 }
 
 // The local buckets spent something and never more than the allowance they were given; the
@@ -346,8 +359,9 @@ std::vector<std::string> CreditFundedRun(const std::string& tenant, double durat
   return args;
 }
 
-void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal) {
-  ExpectWithinBudgetAndNeverBlocked(r);
+void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal,
+                                 FinalSync final_sync = FinalSync::kMustSucceed) {
+  ExpectWithinBudgetAndNeverBlocked(r, final_sync);
   EXPECT_LE(r.Num("retries_allowed") - r.Sub("fallback", "library_fallback_allowed"),
             r.Num("lease_bound"))
       << r.line;
@@ -404,7 +418,7 @@ TEST(FleetFaultUtilisationTest, LostDuplicatedAndReplayedSyncsWasteLittle) {
   FleetResult r = RunFleetTool(CreditFundedRun(
       "lossy", 8,
       {"--fault-drop-response=0.3", "--fault-duplicate-request=0.1", "--fault-replay-old=0.1"}));
-  ExpectWithinTheBoundAndUsed(r, 0.7);
+  ExpectWithinTheBoundAndUsed(r, 0.7, FinalSync::kMayLoseItsResponses);
   ASSERT_TRUE(r.Has("faults")) << r.line;
   EXPECT_GT(r.Sub("faults", "dropped_responses"), 0) << r.line;
   EXPECT_EQ(r.Sub("faults", "replay_granted_tokens"), 0) << r.line;
