@@ -284,9 +284,11 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   // record was kept for a budget deleted since (a deleted budget, or a shard this server lost in
   // cluster mode, whose next owner granted more than this record knows): the entry is refused
   // or applied as a baseline below, never checked against that stale history.
+  // The records found here serve phase 2 too, until it adds one (a map's rehash moves them).
+  absl::InlinedVector<core_internal::InstanceTenant*, 16> known(request.tenants_size());
   for (int i = 0; i < request.tenants_size(); ++i) {
     const v1::TenantSync& t = request.tenants(i);
-    const core_internal::InstanceTenant* rec = instance.tenants.Find(t.tenant());
+    const core_internal::InstanceTenant* rec = known[i] = instance.tenants.Find(t.tenant());
     if (rec == nullptr || rec->tenant->deleted.load(std::memory_order_acquire)) continue;
     if (auto s = CheckAgainstApplied(i, t, rec->ledger); !s.ok()) {
       if (created) ForgetInstance(request.instance_id(), &instance, 0);
@@ -299,8 +301,12 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   GrantRecords& records = instance.last_grants;
   records.resize(request.tenants_size());
   std::vector<std::string> fallback_reports;  // logged once no tenant lock is held
+  bool records_moved = false;
   for (int i = 0; i < request.tenants_size(); ++i) {
-    ApplyEntry(request, i, now, instance, records[i], &fallback_reports);
+    core_internal::InstanceTenant* existing =
+        records_moved ? instance.tenants.Find(request.tenants(i).tenant()) : known[i];
+    records_moved |=
+        ApplyEntry(request, i, now, instance, existing, records[i], &fallback_reports);
   }
 
   instance.set_last_seq(request.seq());
@@ -335,19 +341,18 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(const core_internal::InstanceTenant* re
   return found->get();
 }
 
-void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now,
-                            Instance& instance, GrantRecord& out,
-                            std::vector<std::string>* fallback_reports) {
+bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now,
+                            Instance& instance, core_internal::InstanceTenant* existing,
+                            GrantRecord& out, std::vector<std::string>* fallback_reports) {
   const v1::TenantSync& sent = request.tenants(index);
   // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
-    return;
+    return false;
   }
-  core_internal::InstanceTenant* existing = instance.tenants.Find(sent.tenant());
   RefPtr<Tenant> found;
   Tenant* tenant = BudgetOf(existing, sent, &found, out);
-  if (tenant == nullptr) return;  // refused: `out` says why, and no record is made
+  if (tenant == nullptr) return false;  // refused: `out` says why, and no record is made
 
   // A record exists only for a tenant applied before, so a refused tenant never gains a
   // history. With no record, BudgetOf looked the budget up: `found` is it.
@@ -369,14 +374,14 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     out.Refuse(sent.tenant(), static_cast<int>(absl::StatusCode::kUnavailable),
                kDeletedMeanwhile);
     if (new_record) instance.tenants.Erase(sent.tenant());
-    return;
+    return new_record;
   }
   // Again under the lock: a shard lost (its budgets dropped) or not loaded yet since the check
   // above leaves no budget here to grant from.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
     if (new_record) instance.tenants.Erase(sent.tenant());
-    return;
+    return new_record;
   }
   // Applied from here on: the record's history is this budget's.
   if (found != nullptr) rec.tenant = found;
@@ -410,6 +415,7 @@ void BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   }
   if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
   Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
+  return new_record;
 }
 
 void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,

@@ -188,8 +188,12 @@ class BudgetCore {
                           Instance& instance, bool created, v1::SyncResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
   // Applies entry `index` of `request` to its budget and grants, writing the outcome to `out`.
-  void ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now, Instance& instance,
-                  GrantRecord& out, std::vector<std::string>* fallback_reports)
+  // `existing`: the instance's record of the entry's tenant (instance.tenants.Find), or null.
+  // True when it added a record (and maybe erased it again): records found before may have
+  // moved.
+  bool ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now, Instance& instance,
+                  core_internal::InstanceTenant* existing, GrantRecord& out,
+                  std::vector<std::string>* fallback_reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
   // The budget of `sent`: the one its record (`rec`, null if none) names unless deleted since,
   // else found or created by name (then held in `*found`). Null, with `out`'s error set, when
