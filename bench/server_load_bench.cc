@@ -346,21 +346,8 @@ void RunHook(const std::string& command, pid_t pid) {
 }
 
 // The words of --server_prefix.
-// The words of --server_prefix, the first one found on $PATH when it is not a path.
 std::vector<std::string> ServerPrefix() {
-  std::vector<std::string> words =
-      absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty());
-  const char* path = std::getenv("PATH");
-  if (!words.empty() && !absl::StrContains(words[0], '/') && path != nullptr) {
-    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-      const std::string candidate = absl::StrCat(dir, "/", words[0]);
-      if (access(candidate.c_str(), X_OK) == 0) {
-        words[0] = candidate;
-        break;
-      }
-    }
-  }
-  return words;
+  return absl::StrSplit(absl::GetFlag(FLAGS_server_prefix), ' ', absl::SkipEmpty());
 }
 
 RunResult RunLoad(const ServerInRun& server, int tenants_per_request, int round,
@@ -497,8 +484,10 @@ double Ratio(double a, double b) { return b > 0 && a >= 0 ? a / b : -1; }
 
 // Starts one of this binary's own servers (load_servers.h) and reads its port.
 absl::StatusOr<Child> StartOwnServer(const std::string& kind, std::string* address) {
+  // Child::Spawn takes a path: env finds the prefix's command on $PATH and execs it in place.
   std::vector<std::string> argv = ServerPrefix();
   const bool prefixed = !argv.empty();
+  if (prefixed) argv.insert(argv.begin(), "/usr/bin/env");
   argv.insert(argv.end(), {SelfExe(), absl::StrCat("--serve=", kind),
                            absl::StrCat("--cq_threads=", absl::GetFlag(FLAGS_cq_threads))});
   absl::StatusOr<Child> child = Child::Spawn(argv);
