@@ -9,11 +9,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/arena_messages.h"
 #include "bench/bench_util.h"
 #include "bench/echo.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "server/arena_messages.h"
 #include "server/budget_core.h"
 #include "server/policy.h"
 #include "server/service.h"

@@ -135,8 +135,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // Thread-safe (all state is in the BudgetCore). Sync is registered as a raw method: the service
 // parses the request bytes itself (request_parsing.h), so bytes that are not a valid SyncRequest
 // (invalid UTF-8 in a string field, a broken encoding) get INVALID_ARGUMENT naming what is wrong,
-// not gRPC's bare UNIMPLEMENTED. The request and response live on an arena of their own
-// (arena_messages.h).
+// not gRPC's bare UNIMPLEMENTED. The request and response are the serving thread's, reused from
+// its previous Sync (reused_messages.h).
 class RetryBudgetServiceImpl final
     : public v1::RetryBudgetService::WithRawCallbackMethod_Sync<v1::RetryBudgetService::Service> {
  public:

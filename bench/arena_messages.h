@@ -1,9 +1,10 @@
 // A unary RPC's request and response on one protobuf arena whose first block comes with the
 // object: parsing the request, building the response and freeing both are a few bump
-// allocations instead of a malloc per string and submessage. Used by the server's Sync
-// MessageAllocator (service.cc) and by the bench's completion-queue servers.
-#ifndef RETRYBUDGET_SERVER_ARENA_MESSAGES_H_
-#define RETRYBUDGET_SERVER_ARENA_MESSAGES_H_
+// allocations instead of a malloc per submessage (a string longer than std::string's inline 15
+// characters still takes one). Used by the bench's completion-queue servers (load_servers.cc);
+// the real server reuses each thread's messages instead (server/reused_messages.h).
+#ifndef RETRYBUDGET_BENCH_ARENA_MESSAGES_H_
+#define RETRYBUDGET_BENCH_ARENA_MESSAGES_H_
 
 #include <cstddef>
 
@@ -43,4 +44,4 @@ class ArenaMessages {
 
 }  // namespace retrybudget
 
-#endif  // RETRYBUDGET_SERVER_ARENA_MESSAGES_H_
+#endif  // RETRYBUDGET_BENCH_ARENA_MESSAGES_H_
