@@ -71,8 +71,9 @@ uint64_t Walk(const v1::SyncRequest& r) {
   for (const v1::TenantSync& t : r.tenants()) {
     h.Add(t.tenant());
     h.Add(t.want());
+    const CumulativeCounters counters = CountersOf(t);
     for (const CounterField& f : kCumulativeCounters) {
-      const uint64_t v = (t.*f.sent)();
+      const uint64_t v = counters.*f.value;
       if (v != 0 || !f.fingerprint_only_when_set) h.Add(v);
     }
   }

@@ -58,33 +58,34 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
           "tenants[%d].want = %d for tenant %s is over the limit of %d tokens", i, t.want(),
           QuoteForError(t.tenant()), limits.max_want));
     }
+    const CumulativeCounters sent = CountersOf(t);
     for (const CounterField& f : kCumulativeCounters) {
-      const uint64_t v = (t.*f.sent)();
+      const uint64_t v = sent.*f.value;
       if (v > kMaxCounter) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "tenants[%d].%s = %d for tenant %s is over the limit of 2^53 = %d", i, f.name, v,
             QuoteForError(t.tenant()), kMaxCounter));
       }
     }
-    if (t.fallback_spent() > t.retries_spent()) {
+    if (sent.fallback_spent > sent.retries_spent) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tenants[%d].fallback_spent = %d exceeds retries_spent = %d for tenant %s", i,
-          t.fallback_spent(), t.retries_spent(), QuoteForError(t.tenant())));
+          sent.fallback_spent, sent.retries_spent, QuoteForError(t.tenant())));
     }
-    if (t.successes_credited_locally() > t.successes()) {
+    if (sent.successes_credited_locally > sent.successes) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tenants[%d].successes_credited_locally = %d exceeds successes = %d for tenant %s", i,
-          t.successes_credited_locally(), t.successes(), QuoteForError(t.tenant())));
+          sent.successes_credited_locally, sent.successes, QuoteForError(t.tenant())));
     }
     // Tokens spent from leases plus tokens given back can never exceed tokens received: a
     // client returning what it never had would create tokens. (Each is at most 2^53: the sum
     // cannot overflow.)
-    const uint64_t lease_spent = t.retries_spent() - t.fallback_spent();
-    if (lease_spent + t.tokens_returned() > t.tokens_received()) {
+    const uint64_t lease_spent = sent.retries_spent - sent.fallback_spent;
+    if (lease_spent + sent.tokens_returned > sent.tokens_received) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tenants[%d] for tenant %s: retries spent from leases (%d) + tokens_returned (%d) "
           "exceed tokens_received (%d)",
-          i, QuoteForError(t.tenant()), lease_spent, t.tokens_returned(), t.tokens_received()));
+          i, QuoteForError(t.tenant()), lease_spent, sent.tokens_returned, sent.tokens_received));
     }
   }
   if (const int i = FirstRepeatedTenant(request.tenants()); i >= 0) {
@@ -97,8 +98,9 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
 
 absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
                                  const LedgerEntry& applied) {
+  const CumulativeCounters counters = CountersOf(sent);
   for (const CounterField& f : kCumulativeCounters) {
-    const uint64_t now = (sent.*f.sent)();
+    const uint64_t now = counters.*f.value;
     const uint64_t was = applied.applied.*f.value;
     if (now < was) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -107,11 +109,11 @@ absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
           index, f.name, now, QuoteForError(sent.tenant()), was));
     }
   }
-  if (sent.tokens_received() > applied.expected_received) {
+  if (counters.tokens_received > applied.expected_received) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tenants[%d].tokens_received = %d for tenant %s exceeds the %d tokens this instance "
         "had received when first seen plus those granted since",
-        index, sent.tokens_received(), QuoteForError(sent.tenant()), applied.expected_received));
+        index, counters.tokens_received, QuoteForError(sent.tenant()), applied.expected_received));
   }
   return absl::OkStatus();
 }
