@@ -19,6 +19,9 @@
 # and prints one JSON line per run. SERVER_BIN (default BUILD_DIR/server/retry-budget-server)
 # lets two builds of the server be compared under the same load generator.
 #   IN_FLIGHT="1 32"  adds runs at 32 calls in flight (2 channels x 16; names end _32inflight)
+#   TENANTS="8"       only these tenants per request (default "1 8")
+#   SERVERS=retry-budget-server  only this server (default "echo_callback retry-budget-server"):
+#                     the echo server's count does not move with the budget server's code
 #   KEEP_DUMPS=1      keeps the callgrind files (<name>.cg.<pid>.1 is the measured part), e.g.
 #                     for `callgrind_annotate --tree=caller` or kcachegrind
 # Needs valgrind (Debian's package of that name) and a BUILD_DIR with debug info
@@ -37,8 +40,10 @@ out=$(cd "$out" && pwd)
 runs=()
 for in_flight in ${IN_FLIGHT:-1}; do
   case $in_flight in 1 | 32) ;; *) echo "$0: IN_FLIGHT takes 1 and 32" >&2; exit 2 ;; esac
-  for tenants in 1 8; do
-    for server in echo_callback retry-budget-server; do runs+=("$in_flight $tenants $server"); done
+  for tenants in ${TENANTS:-1 8}; do
+    for server in ${SERVERS:-echo_callback retry-budget-server}; do
+      runs+=("$in_flight $tenants $server")
+    done
   done
 done
 
