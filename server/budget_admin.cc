@@ -43,7 +43,7 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
     if (tenant->source() == v1::POLICY_SOURCE_ADMIN) continue;
     auto it = listed.find(tenant->name);
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
-    tenant->Advance(now);
+    tenant->Advance(absl::ToUnixNanos(now));
     tenant->bucket.CapAt(p.capacity);
     tenant->policy = Intern(p);
     tenant->set_source(it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT);
@@ -53,13 +53,13 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   CompactMutexLock lock(&tenant.mu);
-  tenant.Advance(now);
+  tenant.Advance(absl::ToUnixNanos(now));
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
   *s.mutable_policy() = tenant.policy->ToProto();
   s.set_tokens(tenant.bucket.tokens());
   s.set_leased_tokens(static_cast<double>(tenant.HeldSum()));
-  s.set_active_instances(tenant.ActiveCount(now));
+  s.set_active_instances(tenant.ActiveCount(absl::ToUnixNanos(now)));
   s.set_granted_total(tenant.totals.granted);
   s.set_successes_total(tenant.totals.successes);
   s.set_retries_total(tenant.totals.retries);
@@ -158,7 +158,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
   }
   {
     CompactMutexLock lock(&t->mu);
-    t->Advance(now);  // time so far counts at the old rate
+    t->Advance(absl::ToUnixNanos(now));  // time so far counts at the old rate
     t->bucket.CapAt(resolved->capacity);
     t->policy = Intern(*resolved);
     t->set_source(v1::POLICY_SOURCE_ADMIN);

@@ -254,7 +254,8 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
                      " belongs to another credential; nothing in the request was applied"));
   }
   // Only its owner's requests keep an instance from eviction.
-  instance.last_seen_ns.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+  const int64_t now_ns = absl::ToUnixNanos(now);
+  instance.last_seen_ns.store(now_ns, std::memory_order_relaxed);
   const uint64_t fingerprint = Fingerprint(request);
   if (const uint64_t last_seq = instance.last_seq(); last_seq != 0) {
     if (request.seq() < last_seq) {
@@ -306,7 +307,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
     core_internal::InstanceTenant* existing =
         records_moved ? instance.tenants.Find(request.tenants(i).tenant()) : known[i];
     records_moved |=
-        ApplyEntry(request, i, now, instance, existing, records[i], &fallback_reports);
+        ApplyEntry(request, i, now_ns, instance, existing, records[i], &fallback_reports);
   }
 
   instance.set_last_seq(request.seq());
@@ -341,10 +342,11 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(const core_internal::InstanceTenant* re
   return found->get();
 }
 
-bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Time now,
+bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, int64_t now_ns,
                             Instance& instance, core_internal::InstanceTenant* existing,
                             GrantRecord& out, std::vector<std::string>* fallback_reports) {
   const v1::TenantSync& sent = request.tenants(index);
+  const absl::Time now = absl::FromUnixNanos(now_ns);  // inline: for the cluster's calls
   // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
   if (options_.router != nullptr && !options_.router->MayServe(sent.tenant(), now)) {
     Refuse(sent.tenant(), now, out);
@@ -386,7 +388,7 @@ bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
   // Applied from here on: the record's history is this budget's.
   if (found != nullptr) rec.tenant = found;
   out.SetGrantedBy(rec.tenant, tb.policy);
-  tb.Advance(now);  // up to now, with what the fleet held until this report
+  tb.Advance(now_ns);  // up to now, with what the fleet held until this report
 
   // The report: a baseline records the counters and credits nothing; a known record credits
   // its differences, capped by what this server granted and has not had back (grant_math.h).
@@ -410,22 +412,24 @@ bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, absl::Tim
     tb.RemoveActive(rec.active);
   } else {
     tb.SetActive(rec.active, static_cast<uint32_t>(sent.want()),
-                 effect.spent_since < held ? held : 0, now);
+                 effect.spent_since < held ? held : 0, now_ns);
     entry = &rec.active;
   }
-  if (!baseline) Credit(tb, effect, now, sent.tenant(), request.instance_id(), fallback_reports);
-  Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now, out);
+  if (!baseline) {
+    Credit(tb, effect, now_ns, sent.tenant(), request.instance_id(), fallback_reports);
+  }
+  Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now_ns, out);
   return new_record;
 }
 
-void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
+void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, int64_t now_ns,
                         absl::string_view tenant, absl::string_view instance_id,
                         std::vector<std::string>* fallback_reports) {
   const double credit =
       tb.policy->success_credit * static_cast<double>(effect.d_credited_successes);
   tb.Deposit(credit + static_cast<double>(effect.credited_back));
   tb.credited_total += credit + static_cast<double>(effect.credited_back);
-  tb.NoteCredit(credit, now);
+  tb.NoteCredit(credit, now_ns);
   BudgetTotals& totals = tb.totals;
   totals.successes = SaturatingAdd(totals.successes, effect.d_successes);
   totals.retries = SaturatingAdd(totals.retries, effect.d_retries);
@@ -445,7 +449,7 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, absl::Time now,
 }
 
 void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntry& ledger,
-                       uint64_t want, uint64_t held, uint64_t spent_since, absl::Time now,
+                       uint64_t want, uint64_t held, uint64_t spent_since, int64_t now_ns,
                        GrantRecord& out) {
   uint64_t granted = 0;
   absl::Duration next_sync =
@@ -453,7 +457,7 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   if (entry != nullptr) {  // null for a final request: nothing is granted
     const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
     granted = options_.store != nullptr || options_.router != nullptr
-                  ? ReserveDurably(tb, sized, now)
+                  ? ReserveDurably(tb, sized, absl::FromUnixNanos(now_ns))
                   : sized;
     // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
     // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
@@ -488,7 +492,7 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   out.granted = static_cast<uint32_t>(granted);  // at most want <= max_want <= UINT32_MAX
   out.next_sync_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(next_sync));
   out.fleet = static_cast<uint32_t>(
-      std::min<uint64_t>(std::max<uint64_t>(active, tb.RecentFleetSize(now)), UINT32_MAX));
+      std::min<uint64_t>(std::max<uint64_t>(active, tb.RecentFleetSize(now_ns)), UINT32_MAX));
   out.bucket_tokens = tb.bucket.tokens();
   out.active_instances = active;
 }

@@ -26,7 +26,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
   for (auto& t : tenants) {
     CompactMutexLock lock(&t->mu);
     if (t->deleted.load(std::memory_order_relaxed)) continue;
-    t->Advance(now);
+    t->Advance(absl::ToUnixNanos(now));
     v1::TenantState& ts = out.emplace_back();
     ts.set_tenant(t->name);
     *ts.mutable_policy() = t->policy->ToProto();

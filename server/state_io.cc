@@ -27,7 +27,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
   }
   for (auto& t : tenants) {
     CompactMutexLock lock(&t->mu);
-    t->Advance(now);
+    t->Advance(absl::ToUnixNanos(now));
     if (clean) t->grant_limit = std::min(t->grant_limit, t->totals.granted);
     v1::TenantState* ts = state.add_tenants();
     ts->set_tenant(t->name);

@@ -158,8 +158,8 @@ struct Tenant final : RefCounted {
   }
 
   // The largest active set noted within the last kFleetSizeWindowMillis, or 0.
-  uint64_t RecentFleetSize(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return active == nullptr ? 0 : active->fleet_size.Get(now).value_or(0);
+  uint64_t RecentFleetSize(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return active == nullptr ? 0 : active->fleet_size.Get(now_ns).value_or(0);
   }
 
   // What bounds the bucket now: the policy's capacity and refill, and the tokens the active
@@ -188,16 +188,15 @@ struct Tenant final : RefCounted {
     return std::max<int64_t>(100'000'000, policy->lease_ttl_ns / 128);
   }
 
-  // The oldest last report still within the lease TTL at `now` (Unix nanoseconds).
-  int64_t LeaseCutoffNanos(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return absl::ToUnixNanos(now) - policy->lease_ttl_ns;
+  // The oldest last report still within the lease TTL at `now_ns`.
+  int64_t LeaseCutoffNanos(int64_t now_ns) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return now_ns - policy->lease_ttl_ns;
   }
 
   // Records an instance's report in its entry `e`: its want and the tokens it still holds, and
   // the size of the active set it makes. Whatever `e` counted before is taken out first.
-  void SetActive(ActiveEntry& e, uint32_t want, uint64_t held, absl::Time now)
+  void SetActive(ActiveEntry& e, uint32_t want, uint64_t held, int64_t now_ns)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const int64_t now_ns = absl::ToUnixNanos(now);
     ActiveSet& set = ActiveSetFrom();
     // The newest slice takes entries until its span is over (and any from a clock that went
     // back: slices stay in order of their start).
@@ -237,7 +236,7 @@ struct Tenant final : RefCounted {
                     .held = held,
                     .want = want,
                     .position = static_cast<uint32_t>(set.dropped + set.slices.size() - 1)};
-    set.fleet_size.Note(set.count, now);
+    set.fleet_size.Note(set.count, now_ns);
   }
 
   // `e` must be in the set (SetActive just put it there).
@@ -264,9 +263,9 @@ struct Tenant final : RefCounted {
 
   // Forgets the slices whose entries were all last seen more than a lease TTL ago, oldest first
   // (a few comparisons: nothing walks the entries).
-  void SweepActive(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void SweepActive(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return;
-    const int64_t cutoff = LeaseCutoffNanos(now);
+    const int64_t cutoff = LeaseCutoffNanos(now_ns);
     auto& slices = active->slices;
     if (!slices.empty() && slices.front().last_ns >= cutoff) return;  // the usual case
     size_t expired = 0;
@@ -279,20 +278,19 @@ struct Tenant final : RefCounted {
     slices.erase(slices.begin(), slices.begin() + static_cast<std::ptrdiff_t>(expired));
     active->dropped += expired;
     // Nothing active and no fleet remembered: the same as no set at all.
-    if (active->count == 0 && !active->fleet_size.Get(now).has_value()) active.reset();
+    if (active->count == 0 && !active->fleet_size.Get(now_ns).has_value()) active.reset();
   }
 
-  // Brings the bucket up to `now`: forgets the leases that expired (at most one slice's span
+  // Brings the bucket up to `now_ns`: forgets the leases that expired (at most one slice's span
   // late), then refills. Every read or change of the level starts here.
-  void Advance(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    SweepActive(now);
-    bucket.Refill(Limits(), now);
+  void Advance(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    SweepActive(now_ns);
+    bucket.Refill(Limits(), now_ns);
   }
 
   // Success credit per second, smoothed over windows of about a second; 0 once the tenant's
   // active set was let go (a minute or more with no instance active).
-  void NoteCredit(double credit, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const int64_t now_ns = absl::ToUnixNanos(now);
+  void NoteCredit(double credit, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     ActiveSet& a = ActiveSetFrom();  // made here for a final request's credit
     if (a.window_start_ns == kNever) a.window_start_ns = now_ns;
     a.window_credit += credit;
@@ -311,9 +309,9 @@ struct Tenant final : RefCounted {
 
   // Instances seen within the lease TTL, to a slice's span: the entries of the slices with one
   // seen since (ActiveSize without the sweep's lag).
-  uint32_t ActiveCount(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  uint32_t ActiveCount(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (active == nullptr) return 0;
-    const int64_t cutoff = LeaseCutoffNanos(now);
+    const int64_t cutoff = LeaseCutoffNanos(now_ns);
     uint64_t n = 0;
     for (const ActiveSet::Slice& slice : active->slices) {
       if (slice.last_ns >= cutoff) n += slice.count;

@@ -12,8 +12,7 @@ double TokenBucket::Grown(const BucketLimits& limits, double added) const {
   return std::max(tokens_, std::min(limits.capacity - limits.leased, tokens_ + added));
 }
 
-void TokenBucket::Refill(const BucketLimits& limits, absl::Time now) {
-  const int64_t now_ns = absl::ToUnixNanos(now);
+void TokenBucket::Refill(const BucketLimits& limits, int64_t now_ns) {
   if (now_ns <= last_ns_) return;
   const double dt = static_cast<double>(now_ns - last_ns_) * 1e-9;
   tokens_ = Grown(limits, limits.refill_per_second * dt);

@@ -29,7 +29,11 @@ class TokenBucket {
 
   // tokens = min(capacity - leased, tokens + refill_per_second * (now - last)), never lowering
   // the level. Time going backwards adds nothing (and does not move `last` back).
-  void Refill(const BucketLimits& limits, absl::Time now);
+  void Refill(const BucketLimits& limits, absl::Time now) {
+    Refill(limits, absl::ToUnixNanos(now));
+  }
+  // The same with `now` in Unix nanoseconds.
+  void Refill(const BucketLimits& limits, int64_t now_ns);
 
   // Adds `tokens` (success credit, returned or reclaimed tokens), capped the same way.
   void Deposit(const BucketLimits& limits, double tokens);

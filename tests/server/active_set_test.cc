@@ -57,7 +57,7 @@ class ActiveSetTest : public ::testing::TestWithParam<absl::Duration> {
 
   // After a sweep at now_: everything seen within the TTL counts, nothing older than TTL + span.
   void CheckBounds(const std::string& step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant_->mu) {
-    tenant_->Advance(now_);
+    tenant_->Advance(absl::ToUnixNanos(now_));
     const absl::Duration ttl = tenant_->policy->lease_ttl;
     const Sums must = SeenSince(now_ - ttl);
     const Sums may = SeenSince(now_ - ttl - absl::Nanoseconds(tenant_->SliceSpanNanos()));
@@ -71,7 +71,7 @@ class ActiveSetTest : public ::testing::TestWithParam<absl::Duration> {
     ASSERT_GE(absl::uint128(want), must.want) << step;
     ASSERT_LE(absl::uint128(want), may.want) << step;
     // The admin's count: the slices seen within the TTL, so between the same bounds.
-    const uint32_t seen = tenant_->ActiveCount(now_);
+    const uint32_t seen = tenant_->ActiveCount(absl::ToUnixNanos(now_));
     ASSERT_GE(seen, must.count) << step;
     ASSERT_LE(seen, may.count) << step;
   }
@@ -119,7 +119,7 @@ TEST_P(ActiveSetTest, CountsWhatWasSeenWithinTheTtlToASlicesSpan) {
       default: {  // a report, and (as Grant does) the holdings once the grant is known
         const auto want = static_cast<uint32_t>(rng() % 100);
         const uint64_t held = rng() % 1000;
-        tenant_->SetActive(entries[i], want, held, now_);
+        tenant_->SetActive(entries[i], want, held, absl::ToUnixNanos(now_));
         model_[key[i]] = Reported{absl::ToUnixNanos(now_), want, held};
         if (rng() % 2 == 0) {
           const uint64_t after_grant = held + rng() % 50;
@@ -145,7 +145,7 @@ TEST_P(ActiveSetTest, CountsWhatWasSeenWithinTheTtlToASlicesSpan) {
   EXPECT_EQ(tenant_->ActiveSize(), 0u);
   EXPECT_EQ(tenant_->HeldSum(), 0);
   now_ += 2 * absl::Milliseconds(kFleetSizeWindowMillis);
-  tenant_->Advance(now_);
+  tenant_->Advance(absl::ToUnixNanos(now_));
   EXPECT_EQ(tenant_->active, nullptr);
 }
 
@@ -168,15 +168,15 @@ TEST(ActiveSetEntryTest, AnEntryMovingAcrossSlicesCountsOnce) {
   CompactMutexLock lock(&tenant->mu);
   ActiveEntry a, b;
   for (int k = 0; k < 1000; ++k) {
-    tenant->SetActive(a, 7, 30, now);
-    tenant->SetActive(b, 5, 0, now);
+    tenant->SetActive(a, 7, 30, absl::ToUnixNanos(now));
+    tenant->SetActive(b, 5, 0, absl::ToUnixNanos(now));
     tenant->SetHeld(b, 11);
     now += absl::Milliseconds(30);
-    tenant->Advance(now);
+    tenant->Advance(absl::ToUnixNanos(now));
     ASSERT_EQ(tenant->ActiveSize(), 2u) << k;
     ASSERT_EQ(tenant->HeldSum(), 41) << k;
     ASSERT_EQ(tenant->WantSum(), 12u) << k;
-    ASSERT_EQ(tenant->RecentFleetSize(now), 2u) << k;
+    ASSERT_EQ(tenant->RecentFleetSize(absl::ToUnixNanos(now)), 2u) << k;
   }
   // An entry of another set (another budget of the same name, or this one's set let go and
   // made again) changes nothing here when it is reported or taken out: its slice is not here.
@@ -187,19 +187,19 @@ TEST(ActiveSetEntryTest, AnEntryMovingAcrossSlicesCountsOnce) {
   other->RemoveActive(elsewhere);
   EXPECT_EQ(elsewhere.slice, 0u);
   elsewhere = b;
-  other->SetActive(elsewhere, 1, 2, now);
+  other->SetActive(elsewhere, 1, 2, absl::ToUnixNanos(now));
   EXPECT_EQ(other->ActiveSize(), 1u);
   EXPECT_EQ(other->HeldSum(), 2);
   EXPECT_EQ(tenant->ActiveSize(), 2u);
   EXPECT_EQ(tenant->HeldSum(), 41);
   // Where the other set has a slice at the same position: the id tells them apart.
   ActiveEntry there;
-  other->SetActive(there, 3, 4, now);  // the same slice, at position 0
+  other->SetActive(there, 3, 4, absl::ToUnixNanos(now));  // the same slice, at position 0
   auto third = MakeRef<Tenant>("t", policies.Intern(ResolvedPolicy{}), v1::POLICY_SOURCE_DEFAULT,
                                now);
   CompactMutexLock third_lock(&third->mu);
   ActiveEntry first_there;
-  third->SetActive(first_there, 1, 1, now);
+  third->SetActive(first_there, 1, 1, absl::ToUnixNanos(now));
   ASSERT_EQ(first_there.position, there.position);
   other->RemoveActive(first_there);
   EXPECT_EQ(other->ActiveSize(), 2u);

@@ -26,14 +26,17 @@ class RecentExtreme {
  public:
   static constexpr absl::Duration kWindow = absl::Milliseconds(kWindowMillis);
 
-  void Note(const T& value, absl::Time now) {
-    Roll(now);
+  void Note(const T& value, absl::Time now) { Note(value, absl::ToUnixNanos(now)); }
+  // The same with `now` in Unix nanoseconds (a caller that has them saves the conversion).
+  void Note(const T& value, int64_t now_ns) {
+    Roll(now_ns);
     current_ = current_.has_value() ? merge_(*current_, value) : value;
   }
 
   // The merge of the recent values; nullopt when none was noted within the last window.
-  std::optional<T> Get(absl::Time now) {
-    Roll(now);
+  std::optional<T> Get(absl::Time now) { return Get(absl::ToUnixNanos(now)); }
+  std::optional<T> Get(int64_t now_ns) {
+    Roll(now_ns);
     if (!previous_.has_value()) return current_;
     if (!current_.has_value()) return previous_;
     return merge_(*current_, *previous_);
@@ -43,8 +46,7 @@ class RecentExtreme {
   // Windows are aligned: a roll moves `start_` by exactly one window, so `previous_` holds
   // [start_ - window, start_) and `current_` holds [start_, now] with now < start_ + window.
   // After an idle gap of two windows or more both are empty and the next window starts at `now`.
-  void Roll(absl::Time now) {
-    const int64_t now_ns = absl::ToUnixNanos(now);
+  void Roll(int64_t now_ns) {
     const bool started = start_ns_ != kNotStarted;
     if (started && now_ns - start_ns_ < kWindowNanos) return;
     if (started && now_ns - start_ns_ < 2 * kWindowNanos) {
