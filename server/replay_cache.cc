@@ -2,6 +2,8 @@
 
 #include <bit>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "server/cumulative_counters.h"
@@ -85,6 +87,38 @@ uint64_t Walk(const v1::SyncRequest& r) {
 uint64_t Fingerprint(const v1::SyncRequest& r) { return Walk<WordHasher>(r); }
 
 uint64_t FingerprintV1(const v1::SyncRequest& r) { return Walk<StableHasher>(r); }
+
+namespace {
+
+std::vector<std::unique_ptr<v1::SafeShare>>& KeptSafeShares() {
+  static thread_local std::vector<std::unique_ptr<v1::SafeShare>> kept;
+  return kept;
+}
+
+// A cleared SafeShare for `out`'s safe_share: one this thread kept, else a new one.
+v1::SafeShare* SafeShareFor(v1::TenantGrant* out) {
+  auto& kept = KeptSafeShares();
+  if (kept.empty() || out->GetArena() != nullptr) return out->mutable_safe_share();
+  out->set_allocated_safe_share(kept.back().release());
+  kept.pop_back();
+  return out->mutable_safe_share();
+}
+
+}  // namespace
+
+void ClearForReuse(v1::SyncResponse* response) {
+  auto& kept = KeptSafeShares();
+  if (response->GetArena() == nullptr) {
+    for (v1::TenantGrant& g : *response->mutable_tenants()) {
+      if (kept.size() >= kKeptSafeShares) break;
+      if (!g.has_safe_share()) continue;
+      kept.emplace_back(g.release_safe_share())->Clear();
+    }
+  }
+  response->Clear();
+}
+
+size_t KeptSafeSharesOnThisThread() { return KeptSafeShares().size(); }
 
 // An instance keeps one per tenant entry it synced: its memory (docs/BENCHMARKS.md 4a) counts on
 // this size.
@@ -172,7 +206,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     }
     out->set_bucket_tokens(r.bucket_tokens);
     out->set_active_instances(r.active_instances);
-    v1::SafeShare* safe = out->mutable_safe_share();
+    v1::SafeShare* safe = SafeShareFor(out);
     if (cold != nullptr) {  // read back from a snapshot: as it was sent
       out->set_granted(cold->granted);
       out->set_lease_ttl_ms(cold->lease_ttl_ms);

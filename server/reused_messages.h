@@ -18,8 +18,16 @@
 
 namespace retrybudget {
 
+template <typename Message>
+void ClearMessage(Message* message) {
+  message->Clear();
+}
+
 // Not copyable or movable. Thread-compatible: a lease is used by the thread that made it.
-template <typename Request, typename Response>
+// `kClearResponse` empties the kept response for the next lease: Clear(), or a function that
+// also keeps what Clear() would free (ClearForReuse in replay_cache.h, for a SyncResponse).
+template <typename Request, typename Response,
+          void (*kClearResponse)(Response*) = &ClearMessage<Response>>
 class ReusedMessages {
  public:
   // Requests up to this size leave their messages to the thread's next lease. An ordinary Sync
@@ -34,7 +42,7 @@ class ReusedMessages {
     if (slot != nullptr && !slot->in_use) {
       pair_ = slot.get();
       pair_->request.Clear();
-      pair_->response.Clear();
+      kClearResponse(&pair_->response);
     } else if (slot == nullptr && keep_) {
       slot = std::make_unique<Pair>();
       pair_ = slot.get();

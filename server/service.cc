@@ -12,6 +12,7 @@
 #include "grpcpp/alarm.h"
 #include "retrybudget/names.h"
 #include "retrybudget/owner_redirect.h"
+#include "server/replay_cache.h"
 #include "server/request_parsing.h"
 #include "server/reused_messages.h"
 
@@ -199,9 +200,11 @@ grpc::ServerUnaryReactor* RetryBudgetServiceImpl::Sync(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* request_bytes,
                                                        grpc::ByteBuffer* response_bytes) {
   Call call(options_, context, Rpc::kSync);
-  // Parsed into and answered from this thread's messages of the last Sync (reused_messages.h):
-  // no allocation per string or entry once the thread has seen a request of this shape.
-  ReusedMessages<v1::SyncRequest, v1::SyncResponse> messages(request_bytes->Length());
+  // Parsed into and answered from this thread's messages of the last Sync (reused_messages.h),
+  // with the response's safe_share submessages kept (ClearForReuse): no allocation per string
+  // or entry once the thread has seen a request of this shape.
+  ReusedMessages<v1::SyncRequest, v1::SyncResponse, &ClearForReuse> messages(
+      request_bytes->Length());
   v1::SyncRequest* request = messages.request();
   if (absl::Status s = ParseRequest(*request_bytes, request); !s.ok()) return call.Finish(s);
   absl::InlinedVector<absl::string_view, 16> tenants;

@@ -5,7 +5,9 @@
 #include "server/replay_cache.h"
 
 #include <random>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -136,6 +138,68 @@ TEST_F(GrantRecordTest, WritesWhatEachKindRecordedThroughChangesOfKindAndMoves) 
           << "step " << step << " record " << i << " kind " << model[i].first;
     }
   }
+}
+
+// A response cleared by ClearForReuse and written again (as each Sync on a thread does) holds
+// exactly what a fresh response would: the safe_share submessages it keeps for the next one
+// carry nothing over, and an entry without a grant (a refusal) gets none of them.
+TEST_F(GrantRecordTest, AReusedResponseWritesTheSameBytesAsAFreshOne) {
+  std::mt19937 rng(21);
+  GrantRecords records;
+  v1::SyncResponse reused;
+  for (int step = 0; step < 3000; ++step) {
+    const size_t size = std::uniform_int_distribution<size_t>(0, 10)(rng);
+    records.resize(size);
+    for (size_t i = 0; i < size; ++i) {
+      Set(records[i], static_cast<int>(rng() % 3), static_cast<int>(rng() % 1000));
+    }
+    if (step % 5 == 0) {  // a stray entry, with a field this build does not know
+      v1::SafeShare* stray = reused.add_tenants()->mutable_safe_share();
+      stray->set_capacity(-1);
+      stray->GetReflection()->MutableUnknownFields(stray)->AddVarint(99, 1);
+    }
+    ClearForReuse(&reused);
+    ASSERT_EQ(reused.ByteSizeLong(), 0u) << "step " << step;
+    ASSERT_LE(KeptSafeSharesOnThisThread(), kKeptSafeShares);
+    WriteResponse(records, &reused);
+    v1::SyncResponse fresh;
+    WriteResponse(records, &fresh);
+    ASSERT_EQ(reused.SerializeAsString(), fresh.SerializeAsString()) << "step " << step;
+    for (const v1::TenantGrant& g : reused.tenants()) {
+      ASSERT_EQ(g.has_safe_share(), !g.has_error()) << "step " << step;
+    }
+  }
+}
+
+TEST_F(GrantRecordTest, ClearForReuseKeepsEachThreadsSafeSharesForItsNextResponse) {
+  std::thread([this] {  // a thread of its own: it starts with none kept
+    GrantRecords records(8);
+    for (int i = 0; i < 8; ++i) Set(records[i], 0, i);
+    v1::SyncResponse response;
+    WriteResponse(records, &response);
+    std::set<const v1::SafeShare*> made;
+    for (const v1::TenantGrant& g : response.tenants()) made.insert(&g.safe_share());
+    ASSERT_EQ(made.size(), 8u);
+    EXPECT_EQ(KeptSafeSharesOnThisThread(), 0u);
+
+    ClearForReuse(&response);
+    EXPECT_EQ(KeptSafeSharesOnThisThread(), 8u);
+    WriteResponse(records, &response);  // takes them back: nothing allocated
+    std::set<const v1::SafeShare*> used;
+    for (const v1::TenantGrant& g : response.tenants()) used.insert(&g.safe_share());
+    EXPECT_EQ(used, made);
+    EXPECT_EQ(KeptSafeSharesOnThisThread(), 0u);
+
+    // A response of more grants than a thread keeps: the rest are freed with it.
+    GrantRecords many(100);
+    for (int i = 0; i < 100; ++i) Set(many[i], 2, i);
+    ClearForReuse(&response);
+    WriteResponse(many, &response);
+    ClearForReuse(&response);
+    EXPECT_EQ(KeptSafeSharesOnThisThread(), kKeptSafeShares);
+  }).join();
+  // Another thread's are not this one's.
+  std::thread([] { EXPECT_EQ(KeptSafeSharesOnThisThread(), 0u); }).join();
 }
 
 TEST_F(GrantRecordTest, ASnapshotsCopyWritesTheSameBytesAsTheRecordsItWasWrittenFrom) {
