@@ -61,6 +61,17 @@ absl::Status ValidateTenantName(absl::string_view tenant, absl::string_view fiel
   return absl::OkStatus();
 }
 
+bool IsValidInstanceId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxInstanceIdLength) return false;
+  for (char c : id) {
+    // 0x21-0x7e, as one unsigned comparison.
+    if (static_cast<unsigned char>(static_cast<unsigned char>(c) - 0x21) > 0x7e - 0x21) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::Status ValidateInstanceId(absl::string_view id, absl::string_view field) {
   if (id.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));

@@ -24,6 +24,9 @@ bool IsValidTenantName(absl::string_view tenant);
 // naming `field`.
 absl::Status ValidateInstanceId(absl::string_view id, absl::string_view field = "instance_id");
 
+// The same rule as a bool (one comparison per character), for hot paths.
+bool IsValidInstanceId(absl::string_view id);
+
 // `value` quoted and cut to at most 40 characters, for error messages.
 std::string QuoteForError(absl::string_view value);
 
