@@ -73,15 +73,39 @@ inline constexpr std::array<CounterField, 7> kCumulativeCounters = {{
      &v1::InstanceTenantState::set_successes_credited_locally, true},
 }};
 
+// Calls f(field) for each of kCumulativeCounters, in order, unrolled at compile time: each call
+// reads its CumulativeCounters field (`value`) at a fixed offset, where a loop over the array
+// loaded each member pointer from memory. (For the messages' accessors, a member-function
+// pointer read this way still ends as an out-of-line call: CountersOf reads those.)
+template <typename F>
+void ForEachCounter(F&& f) {
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (f(kCumulativeCounters[I]), ...);
+  }(std::make_index_sequence<kCumulativeCounters.size()>());
+}
+
+// The first counter for which `pred(field)` holds, or null; unrolled as ForEachCounter.
+template <typename Pred>
+const CounterField* FirstCounterWhere(Pred&& pred) {
+  const CounterField* found = nullptr;
+  [&]<size_t... I>(std::index_sequence<I...>) {
+    (void)((pred(kCumulativeCounters[I]) ? (found = &kCumulativeCounters[I], true) : false) ||
+           ...);
+  }(std::make_index_sequence<kCumulativeCounters.size()>());
+  return found;
+}
+
 // A request's counters, read once per entry and step: validation, the check against what was
-// applied, the fingerprint and the ledger read them from this struct. Each accessor is named by
-// a constant index into kCumulativeCounters, so the compiler resolves its member-function
-// pointer and inlines it (a load); a loop over the array called each accessor through its
-// pointer, out of line: 7 calls per entry per step.
+// applied, the fingerprint and the ledger read them from this struct. Each accessor is a
+// constant expression here, so the compiler inlines it (a load); one read from the array, even
+// at a constant index, was only resolved to a call after inlining was decided.
 inline CumulativeCounters CountersOf(const v1::TenantSync& sent) {
   CumulativeCounters c;
   [&]<size_t... I>(std::index_sequence<I...>) {
-    ((c.*kCumulativeCounters[I].value = (sent.*kCumulativeCounters[I].sent)()), ...);
+    ([&] {
+      constexpr CounterField f = kCumulativeCounters[I];
+      c.*f.value = (sent.*f.sent)();
+    }(), ...);
   }(std::make_index_sequence<kCumulativeCounters.size()>());
   return c;
 }

@@ -74,10 +74,10 @@ uint64_t Walk(const v1::SyncRequest& r) {
     h.Add(t.tenant());
     h.Add(t.want());
     const CumulativeCounters counters = CountersOf(t);
-    for (const CounterField& f : kCumulativeCounters) {
+    ForEachCounter([&](const CounterField& f) {
       const uint64_t v = counters.*f.value;
       if (v != 0 || !f.fingerprint_only_when_set) h.Add(v);
-    }
+    });
   }
   return h.Finish();
 }

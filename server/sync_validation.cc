@@ -34,7 +34,7 @@ int FirstRepeatedTenant(const Entries& tenants) {
 }  // namespace
 
 absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& limits) {
-  if (auto s = ValidateInstanceId(request.instance_id()); !s.ok()) return s;
+  if (!IsValidInstanceId(request.instance_id())) return ValidateInstanceId(request.instance_id());
   if (request.seq() == 0) {
     return absl::InvalidArgumentError("seq = 0 is invalid: seq starts at 1 and increases");
   }
@@ -59,13 +59,11 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
           QuoteForError(t.tenant()), limits.max_want));
     }
     const CumulativeCounters sent = CountersOf(t);
-    for (const CounterField& f : kCumulativeCounters) {
-      const uint64_t v = sent.*f.value;
-      if (v > kMaxCounter) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "tenants[%d].%s = %d for tenant %s is over the limit of 2^53 = %d", i, f.name, v,
-            QuoteForError(t.tenant()), kMaxCounter));
-      }
+    if (const CounterField* f = FirstCounterWhere(
+            [&](const CounterField& c) { return sent.*c.value > kMaxCounter; })) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].%s = %d for tenant %s is over the limit of 2^53 = %d", i, f->name,
+          sent.*f->value, QuoteForError(t.tenant()), kMaxCounter));
     }
     if (sent.fallback_spent > sent.retries_spent) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -99,15 +97,14 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
 absl::Status CheckAgainstApplied(int index, const v1::TenantSync& sent,
                                  const LedgerEntry& applied) {
   const CumulativeCounters counters = CountersOf(sent);
-  for (const CounterField& f : kCumulativeCounters) {
-    const uint64_t now = counters.*f.value;
-    const uint64_t was = applied.applied.*f.value;
-    if (now < was) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].%s = %d for tenant %s is lower than %d already applied; counters are "
-          "cumulative and never go backwards",
-          index, f.name, now, QuoteForError(sent.tenant()), was));
-    }
+  if (const CounterField* f = FirstCounterWhere([&](const CounterField& c) {
+        return counters.*c.value < applied.applied.*c.value;
+      })) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tenants[%d].%s = %d for tenant %s is lower than %d already applied; counters are "
+        "cumulative and never go backwards",
+        index, f->name, counters.*f->value, QuoteForError(sent.tenant()),
+        applied.applied.*f->value));
   }
   if (counters.tokens_received > applied.expected_received) {
     return absl::InvalidArgumentError(absl::StrFormat(
