@@ -11,19 +11,29 @@
 namespace retrybudget {
 namespace {
 
-TEST(TenantNameTest, EveryByteValueIsAcceptedExactlyWhenItIsInTheAllowedSet) {
-  const std::string allowed =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-";
+// For each of the 256 byte values c: the name "a" c "z" passes `is_valid` and `validate` exactly
+// when `allowed(c)`, and a refusal names position 1.
+void ExpectEveryByteValue(bool (*is_valid)(absl::string_view),
+                          absl::Status (*validate)(absl::string_view, absl::string_view),
+                          bool (*allowed)(int)) {
   for (int c = 0; c < 256; ++c) {
     const std::string name = std::string("a") + static_cast<char>(c) + "z";
-    const bool expected = allowed.find(static_cast<char>(c)) != std::string::npos;
-    EXPECT_EQ(IsValidTenantName(name), expected) << "byte " << c;
-    const absl::Status status = ValidateTenantName(name, "tenant");
+    const bool expected = allowed(c);
+    EXPECT_EQ(is_valid(name), expected) << "byte " << c;
+    const absl::Status status = validate(name, "field");
     EXPECT_EQ(status.ok(), expected) << "byte " << c << ": " << status;
     if (!expected) {
       EXPECT_TRUE(absl::StrContains(status.message(), "at position 1")) << status;
     }
   }
+}
+
+TEST(TenantNameTest, EveryByteValueIsAcceptedExactlyWhenItIsInTheAllowedSet) {
+  ExpectEveryByteValue(&IsValidTenantName, &ValidateTenantName, [](int c) {
+    const std::string allowed =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:/-";
+    return allowed.find(static_cast<char>(c)) != std::string::npos;
+  });
 }
 
 TEST(TenantNameTest, LengthLimits) {
@@ -33,16 +43,8 @@ TEST(TenantNameTest, LengthLimits) {
 }
 
 TEST(InstanceIdTest, EveryByteValueIsAcceptedExactlyWhenItIsPrintableAscii) {
-  for (int c = 0; c < 256; ++c) {
-    const std::string id = std::string("a") + static_cast<char>(c) + "z";
-    const bool expected = c >= 0x21 && c <= 0x7e;
-    EXPECT_EQ(IsValidInstanceId(id), expected) << "byte " << c;
-    const absl::Status status = ValidateInstanceId(id, "instance_id");
-    EXPECT_EQ(status.ok(), expected) << "byte " << c << ": " << status;
-    if (!expected) {
-      EXPECT_TRUE(absl::StrContains(status.message(), "at position 1")) << status;
-    }
-  }
+  ExpectEveryByteValue(&IsValidInstanceId, &ValidateInstanceId,
+                       [](int c) { return c >= 0x21 && c <= 0x7e; });
 }
 
 TEST(InstanceIdTest, LengthLimits) {
