@@ -20,19 +20,29 @@ machine() {
 }
 machine | tee -a "$out/results.jsonl"
 
-run() {
-  local name=$1
-  shift
-  echo "== $name: $*" >&2
+# run NAME COMMAND...: NAME names the logs and is the "bench" field of the summary line shown.
+# run_as LOG NAME COMMAND...: the same with logs named LOG (a bench run more than once).
+run_as() {
+  local log=$1 name=$2
+  shift 2
+  echo "== $log: $*" >&2
   local start=$SECONDS
   # Server logs go to stderr; JSON lines to stdout.
-  "$@" > "$out/$name.log" 2> "$out/$name.stderr"
-  grep '^{' "$out/$name.log" | tee -a "$out/results.jsonl" | grep "\"bench\":\"$name\"" || true
-  echo "   ($name took $((SECONDS - start)) s)" >&2
+  "$@" > "$out/$log.log" 2> "$out/$log.stderr"
+  grep '^{' "$out/$log.log" | tee -a "$out/results.jsonl" | grep "\"bench\":\"$name\"" || true
+  echo "   ($log took $((SECONDS - start)) s)" >&2
 }
+run() { run_as "$1" "$@"; }
 
 run client_fast_path "$bin/bench_client_fast_path" --benchmark_min_time=0.3 --benchmark_color=false
 run server_load "$bin/bench_server_load"
+# Issue 20's cells: the budget server against the echo server at 1 call in flight and at 32
+# (2 channels x 16), 1 and 8 tenants per request, metrics off and on; the summary lines' "targets".
+only_budget=--servers=echo_callback,retry-budget-server,retry-budget-server-metrics
+run_as server_load_1_in_flight server_load "$bin/bench_server_load" "$only_budget" \
+  --channels=1 --in_flight=1
+run_as server_load_32_in_flight server_load "$bin/bench_server_load" "$only_budget" \
+  --channels=2 --in_flight=16
 run redis_peer "$bin/bench_redis_peer"
 run scaling "$bin/bench_scaling"
 run amplification "$bin/bench_amplification" --out_dir="$out" --fleet_sizes=2,8,32 --sweep_regimes=outage,degraded

@@ -26,8 +26,11 @@
 // reservations journaled and fdatasync'ed) and --durable_capacity: a reservation covers a block
 // of capacity/8 grants of a tenant, so with the unlimited policy's 1e9 the journal would hardly
 // ever be written; 1000 makes it a reservation per ~12 grants of 10 tokens. The ratio
-// durable_vs_memory is its Sync/s over the in-memory server's, round by round. --servers picks a
-// subset (e.g. only those two).
+// durable_vs_memory is its Sync/s over the in-memory server's, round by round. A sixth,
+// retry-budget-server-metrics, is the in-memory server with its Prometheus endpoint on (as an
+// operator runs it; the others run with --metrics_listen= like the tests), not scraped during the
+// run: metrics_vs_no_metrics and metrics_cpu_vs_no_metrics are what the per-RPC counters and
+// the Sync latency histogram cost. --servers picks a subset (e.g. only two of them).
 //
 // Besides throughput the bench reads each server's CPU time from /proc, so "server CPU us per
 // call" compares the two servers even when the load generator (on the same 2 cores) is the
@@ -77,14 +80,15 @@ ABSL_FLAG(int, instances, 4096, "distinct client instances the Syncs come from")
 ABSL_FLAG(int, tenant_pool, 64, "distinct tenants; each request names 1 or 8 of them");
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(1), "load before measuring, per run");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(4), "measured load, per run");
-ABSL_FLAG(int, rounds, 3, "rounds of the four servers; ratios are medians over the rounds");
+ABSL_FLAG(int, rounds, 3, "rounds of the servers; ratios are medians over the rounds");
 ABSL_FLAG(std::string, server_bin, RETRYBUDGET_SERVER_BIN, "the retry-budget-server binary");
 ABSL_FLAG(std::string, serve, "", "internal: serve echo_callback, echo_cq or budget_cq (see "
                                   "load_servers.h), print the port, run until stdin closes");
 ABSL_FLAG(double, durable_capacity, 1000,
           "capacity of every tenant of retry-budget-server-durable (refill stays unlimited)");
 ABSL_FLAG(std::string, servers,
-          "echo_callback,retry-budget-server,retry-budget-server-durable,echo_cq,budget_cq",
+          "echo_callback,retry-budget-server,retry-budget-server-metrics,"
+          "retry-budget-server-durable,echo_cq,budget_cq",
           "the servers each round runs, in this order; ratios need both of their servers");
 ABSL_FLAG(std::vector<std::string>, tenants_per_request, std::vector<std::string>({"1", "8"}),
           "tenants named per request, one pass of the rounds each (1..64, at most --tenant_pool)");
@@ -441,11 +445,16 @@ std::string ToJson(const RunResult& r) {
       r.response_bytes);
 }
 
+// How a retry-budget-server of the run is started.
+enum class BudgetVariant { kInMemory, kMetrics, kDurable };
+
 // The real server binary on port 0 with a policy that never runs dry (grants are the common
-// case); `durable`: with a fresh --data_dir under /tmp.
-absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(bool durable) {
-  const std::string dir =
-      absl::StrCat("/tmp/retrybudget-bench-load-", getpid(), durable ? "-durable" : "");
+// case); kDurable: with a fresh --data_dir under /tmp; kMetrics: with its metrics endpoint on
+// 127.0.0.1:0 (the launcher's own default is --metrics_listen=, metrics off).
+absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(BudgetVariant variant) {
+  const bool durable = variant == BudgetVariant::kDurable;
+  const char* suffix = durable ? "-durable" : variant == BudgetVariant::kMetrics ? "-metrics" : "";
+  const std::string dir = absl::StrCat("/tmp/retrybudget-bench-load-", getpid(), suffix);
   mkdir(dir.c_str(), 0755);
   std::vector<std::string> extra;
   if (durable) {
@@ -453,6 +462,7 @@ absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(bool d
     std::system(absl::StrCat("rm -rf '", data_dir, "'").c_str());
     extra.push_back(absl::StrCat("--data_dir=", data_dir));
   }
+  if (variant == BudgetVariant::kMetrics) extra.push_back("--metrics_listen=127.0.0.1:0");
   const std::string policy =
       durable ? absl::StrFormat("default_policy { capacity: %g refill_per_second: 1e9 "
                                 "success_credit: 0.1 lease_ttl_ms: 5000 }\n",
@@ -523,6 +533,7 @@ int Main() {
   const std::map<std::string, Target> kKnown = {
       {"echo_callback", Target::kEcho},
       {"retry-budget-server", Target::kBudget},
+      {"retry-budget-server-metrics", Target::kBudget},
       {"retry-budget-server-durable", Target::kBudget},
       {"echo_cq", Target::kEcho},
       {"budget_cq", Target::kBudget}};
@@ -540,7 +551,9 @@ int Main() {
     ServerInRun server{.name = name, .target = target, .address = "", .pid = 0};
     if (absl::StartsWith(name, "retry-budget-server")) {
       absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> budget =
-          StartLoadServer(name == "retry-budget-server-durable");
+          StartLoadServer(name == "retry-budget-server-durable"   ? BudgetVariant::kDurable
+                          : name == "retry-budget-server-metrics" ? BudgetVariant::kMetrics
+                                                                  : BudgetVariant::kInMemory);
       if (!budget.ok()) {
         std::fprintf(stderr, "%s: %s\n", name.c_str(),
                      std::string(budget.status().message()).c_str());
@@ -610,6 +623,14 @@ int Main() {
       {"budget_cq_vs_echo_cq", "budget_cq", "echo_cq", &RunResult::per_second},
       {"durable_vs_memory", "retry-budget-server-durable", "retry-budget-server",
        &RunResult::per_second},
+      {"metrics_vs_no_metrics", "retry-budget-server-metrics", "retry-budget-server",
+       &RunResult::per_second},
+      {"metrics_cpu_vs_no_metrics", "retry-budget-server-metrics", "retry-budget-server",
+       &RunResult::server_cpu_us_per_call},
+      {"metrics_on_throughput_vs_echo", "retry-budget-server-metrics", "echo_callback",
+       &RunResult::per_second},
+      {"metrics_on_server_cpu_per_call_vs_echo", "retry-budget-server-metrics", "echo_callback",
+       &RunResult::server_cpu_us_per_call},
   };
   auto ran = [&](const std::string& name) {
     return std::any_of(servers.begin(), servers.end(),
