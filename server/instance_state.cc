@@ -16,19 +16,24 @@ InstanceTenant* InstanceTenants::Find(absl::string_view tenant) {
   if (first_.tenant != nullptr && first_.tenant->name == tenant) return &first_;
   if (rest_ == nullptr) return nullptr;
   auto it = rest_->find(tenant);
-  return it == rest_->end() ? nullptr : &it->second;
+  return it == rest_->end() ? nullptr : &it->record;
 }
 
 InstanceTenant* InstanceTenants::Add(RefPtr<Tenant> budget) {
+  InstanceTenant fresh{.ledger = {}, .tenant = std::move(budget), .active = {}};
   if (first_.tenant == nullptr) {
-    first_ = InstanceTenant{.ledger = {}, .tenant = std::move(budget), .active = {}};
+    first_ = std::move(fresh);
     return &first_;
   }
-  if (rest_ == nullptr) rest_ = std::make_unique<Map>();
-  const std::string& name = budget->name;
-  InstanceTenant& rec = rest_->try_emplace(name).first->second;
-  rec = InstanceTenant{.ledger = {}, .tenant = std::move(budget), .active = {}};
-  return &rec;
+  if (rest_ == nullptr) rest_ = std::make_unique<Set>();
+  // The key is the record's own budget's name: the record is made before it is placed.
+  auto it = rest_->find(absl::string_view(fresh.tenant->name));
+  if (it != rest_->end()) {
+    it->record = std::move(fresh);
+  } else {
+    it = rest_->insert(Slot{std::move(fresh)}).first;
+  }
+  return &it->record;
 }
 
 void InstanceTenants::Erase(absl::string_view tenant) {
@@ -36,10 +41,10 @@ void InstanceTenants::Erase(absl::string_view tenant) {
     first_ = InstanceTenant{};
     if (rest_ != nullptr && !rest_->empty()) {
       // One of the others takes the inline place (its name is its budget's).
-      first_ = std::move(rest_->extract(rest_->begin()).mapped());
+      first_ = std::move(rest_->extract(rest_->begin()).value().record);
     }
   } else if (rest_ != nullptr) {
-    rest_->erase(tenant);
+    if (auto it = rest_->find(tenant); it != rest_->end()) rest_->erase(it);
   }
   if (rest_ != nullptr && rest_->empty()) rest_.reset();
 }

@@ -14,6 +14,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/compact_mutex.h"
@@ -39,9 +41,9 @@ struct InstanceTenant {
 // An instance's records, one per tenant it synced, found by the tenant's name. Every record
 // names its budget (InstanceTenant::tenant, never null). Most instances sync one tenant: the
 // first record is kept inline (no allocation; a hash map's smallest table took 160 bytes per
-// instance) and known by its budget's name (no copy of it), any others in a hash map made for
-// them, so lookups stay O(1) however many tenants one instance reports. Adding may move the
-// records of the map (as a flat_hash_map does): hold no record across an Add.
+// instance), any others in a hash set made for them, so lookups stay O(1) however many tenants
+// one instance reports; every record is known by its budget's name (no copy of it). Adding may
+// move the records of the set (as a flat_hash_set does): hold no record across an Add.
 class InstanceTenants {
  public:
   // Null when `tenant` has no record.
@@ -59,14 +61,36 @@ class InstanceTenants {
   void ForEach(F f) const {
     if (first_.tenant != nullptr) f(first_.tenant->name, first_);
     if (rest_ != nullptr) {
-      for (const auto& [name, record] : *rest_) f(name, record);
+      for (const Slot& slot : *rest_) f(slot.record.tenant->name, slot.record);
     }
   }
 
  private:
+  // The records after the first, found by their budget's name too: a set of the records, not a
+  // map from a copy of the name (32 bytes more a record, and a heap block of its own for a name
+  // over 15 characters: one more cold line for each lookup). A record's budget is replaced only
+  // by one of the same name (BudgetCore::ApplyEntry), so its hash and its place in the set
+  // never change while the record does: it is changed in place (`mutable`).
+  struct Slot {
+    mutable InstanceTenant record;
+  };
+  struct SlotName {
+    using is_transparent = void;
+    static absl::string_view Of(absl::string_view name) { return name; }
+    static absl::string_view Of(const Slot& slot) { return slot.record.tenant->name; }
+    template <typename K>
+    size_t operator()(const K& key) const {
+      return absl::Hash<absl::string_view>{}(Of(key));
+    }
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return Of(a) == Of(b);
+    }
+  };
+  using Set = absl::flat_hash_set<Slot, SlotName, SlotName>;
+
   InstanceTenant first_;  // none while its tenant is null
-  using Map = absl::flat_hash_map<std::string, InstanceTenant>;
-  std::unique_ptr<Map> rest_;
+  std::unique_ptr<Set> rest_;
 };
 
 // Shared through RefPtr, made by Create.

@@ -107,6 +107,35 @@ TEST_F(InstanceTenantsTest, AgreesWithAMapThroughRandomAddsAndErases) {
   EXPECT_EQ(Contents(records), model);
 }
 
+// The records after the first are found by their budget's name, read through the record (no
+// copy of it). A record whose budget is replaced by a new one of the same name, the old one
+// then freed (as BudgetCore::ApplyEntry does after a budget was deleted and made again), is
+// still found, and so is every other record after the set grows and moves them; under
+// AddressSanitizer a lookup that read the freed budget's name would be reported.
+TEST_F(InstanceTenantsTest, ARecordsBudgetReplacedByOneOfTheSameNameIsStillFound) {
+  InstanceTenants records;
+  records.Add(Budget("first"));
+  const std::string name(40, 'r');  // a name on the heap, freed with its budget
+  {
+    RefPtr<Tenant> old_budget = Budget(name);
+    InstanceTenant* rec = records.Add(old_budget);
+    rec->ledger.outstanding = 5;
+    RefPtr<Tenant> new_budget = Budget(name);
+    rec->tenant = new_budget;  // the last references to the old budget go at the block's end
+  }
+  for (int i = 0; i < 100; ++i) records.Add(Budget("other-" + std::to_string(i)));  // rehashes
+  InstanceTenant* rec = records.Find(name);
+  ASSERT_NE(rec, nullptr);
+  EXPECT_EQ(rec->ledger.outstanding, 5u);
+  EXPECT_EQ(rec->tenant->name, name);
+  EXPECT_EQ(records.size(), 102u);
+  records.Erase(name);
+  EXPECT_EQ(records.Find(name), nullptr);
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_NE(records.Find("other-" + std::to_string(i)), nullptr) << i;
+  }
+}
+
 // Create copies the id into the record's own allocation (under AddressSanitizer, a byte read
 // or written past it is reported).
 TEST(InstanceTest, CreateKeepsTheIdInTheRecord) {
