@@ -14,8 +14,8 @@
 //                    with the fleet (a large service sharing one budget).
 // Memory is the malloc'd bytes (glibc mallinfo2) added while the state grew, divided by what
 // was added; Sync cost is the mean of timed Syncs of existing instances (seq + 1 each) after
-// each step, the median over --slices slices. Ratios compare each step with the first step of its series, measured in the same
-// run.
+// each step, the median over --slices slices. Ratios compare each step with the first step of
+// its series, measured in the same run.
 //
 // Baseline of the instance series, timed at each step in the same run ("bare_ns"): the memory
 // a Sync of a random instance must touch, without the budget. As many records as instances,
