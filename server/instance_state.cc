@@ -44,7 +44,7 @@ void InstanceTenants::Erase(absl::string_view tenant) {
       first_ = std::move(rest_->extract(rest_->begin()).value().record);
     }
   } else if (rest_ != nullptr) {
-    if (auto it = rest_->find(tenant); it != rest_->end()) rest_->erase(it);
+    rest_->erase(tenant);
   }
   if (rest_ != nullptr && rest_->empty()) rest_.reset();
 }

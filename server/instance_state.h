@@ -15,11 +15,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/hash/hash.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/compact_mutex.h"
 #include "server/grant_math.h"
+#include "server/keyed_set.h"
 #include "server/ref_ptr.h"
 #include "server/replay_cache.h"
 #include "server/tenant_state.h"
@@ -72,22 +72,11 @@ class InstanceTenants {
   // by one of the same name (BudgetCore::ApplyEntry), so its hash and its place in the set
   // never change while the record does: it is changed in place (`mutable`).
   struct Slot {
+    absl::string_view name() const { return record.tenant->name; }
     mutable InstanceTenant record;
   };
-  struct SlotName {
-    using is_transparent = void;
-    static absl::string_view Of(absl::string_view name) { return name; }
-    static absl::string_view Of(const Slot& slot) { return slot.record.tenant->name; }
-    template <typename K>
-    size_t operator()(const K& key) const {
-      return absl::Hash<absl::string_view>{}(Of(key));
-    }
-    template <typename A, typename B>
-    bool operator()(const A& a, const B& b) const {
-      return Of(a) == Of(b);
-    }
-  };
-  using Set = absl::flat_hash_set<Slot, SlotName, SlotName>;
+  using SlotName = NameOf<Slot, &Slot::name>;
+  using Set = absl::flat_hash_set<Slot, SlotName::Hash, SlotName::Eq>;
 
   InstanceTenant first_;  // none while its tenant is null
   std::unique_ptr<Set> rest_;

@@ -24,16 +24,18 @@
 
 namespace retrybudget {
 
-// kName: a member holding the name (a std::string or an absl::string_view), or a const member
-// function returning it.
+// Hash and equality of records of type T (or RefPtrs to them) by their name, looked up by an
+// absl::string_view. kName: a member holding the name (a std::string or an absl::string_view),
+// or a const member function returning it.
 template <typename T, auto kName>
 struct NameOf {
   using is_transparent = void;
 
   static absl::string_view Of(absl::string_view name) { return name; }
-  static absl::string_view Of(const RefPtr<T>& record) {
-    return absl::string_view(std::invoke(kName, *record));
+  static absl::string_view Of(const T& record) {
+    return absl::string_view(std::invoke(kName, record));
   }
+  static absl::string_view Of(const RefPtr<T>& record) { return Of(*record); }
 
   struct Hash {
     using is_transparent = void;
