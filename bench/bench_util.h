@@ -24,6 +24,10 @@ namespace retrybudget::bench {
 // p-th percentile (p in [0, 100]) of `values`, by nearest rank. Sorts `values`. 0 when empty.
 double Percentile(std::vector<double>& values, double p);
 
+// The median of `values` (the mean of the middle two when their number is even), or `if_empty`
+// when there are none: each bench says what stands for "not measured" in its own output.
+double Median(std::vector<double> values, double if_empty);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then closed). For
 // programs that cannot listen on port 0 themselves (redis-server). UNAVAILABLE on failure.
 absl::StatusOr<int> PickFreeLoopbackPort();

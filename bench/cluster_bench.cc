@@ -177,13 +177,6 @@ LoadRun SyncRate(const std::vector<std::string>& addresses,
           .server_cpu_seconds = cpu() - cpu_before};
 }
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 std::string PolicyFile(const std::string& dir) {
   const std::string path = dir + "/policy.textproto";
   std::ofstream(path) << kUnlimitedPolicy;
@@ -291,8 +284,8 @@ int Run() {
                  static_cast<long long>(many.syncs));
   }
   single.value().reset();  // the failover part runs on the cluster alone
-  const double single_rate = Median(single_rates);
-  const double cluster_rate = Median(cluster_rates);
+  const double single_rate = Median(single_rates, 0);
+  const double cluster_rate = Median(cluster_rates, 0);
   const double writes_per_1000 =
       cluster_syncs > 0 ? 1000.0 * static_cast<double>(cluster_writes) /
                               static_cast<double>(cluster_syncs)
@@ -421,8 +414,8 @@ int Run() {
       c.server_count(), absl::GetFlag(FLAGS_etcd_nodes), absl::GetFlag(FLAGS_shards),
       absl::ToDoubleSeconds(absl::GetFlag(FLAGS_lease_ttl)), threads, absl::GetFlag(FLAGS_rounds),
       single_rate, cluster_rate,
-      single_rate > 0 ? cluster_rate / single_rate : 0.0, Median(single_cpu_us),
-      Median(cluster_cpu_us), writes_per_1000, drained_per_1000, failover_seconds.size(),
+      single_rate > 0 ? cluster_rate / single_rate : 0.0, Median(single_cpu_us, 0),
+      Median(cluster_cpu_us, 0), writes_per_1000, drained_per_1000, failover_seconds.size(),
       p50, p99);
   return 0;
 }

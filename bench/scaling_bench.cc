@@ -35,6 +35,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -201,9 +202,7 @@ template <typename Slice>
 double MedianOfSlices(Slice slice) {
   std::vector<double> means;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_slices)); ++i) means.push_back(slice());
-  std::sort(means.begin(), means.end());
-  const size_t n = means.size();
-  return n % 2 == 1 ? means[n / 2] : (means[n / 2 - 1] + means[n / 2]) / 2;
+  return Median(std::move(means), /*if_empty=*/0);
 }
 
 // Times --slices slices of `n` Syncs, instance and tenant chosen by `pick`; the median of the

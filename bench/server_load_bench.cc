@@ -481,14 +481,6 @@ absl::StatusOr<std::unique_ptr<testing::ServerUnderTest>> StartLoadServer(Budget
   return StartBudgetServer(binary, dir, policy, extra);
 }
 
-// The median of `values` (-1 if empty).
-double Median(std::vector<double> values) {
-  if (values.empty()) return -1;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 // `a` / `b`, or -1 when `b` is not positive (a failed run).
 double Ratio(double a, double b) { return b > 0 && a >= 0 ? a / b : -1; }
 
@@ -596,12 +588,12 @@ int Main() {
       ratios.push_back(Ratio(results[per_request][a][round].*field,
                              results[per_request][b][round].*field));
     }
-    return Median(ratios);
+    return Median(ratios, -1);
   };
   auto median_of = [&](int per_request, const std::string& server, double RunResult::*field) {
     std::vector<double> values;
     for (const RunResult& r : results[per_request][server]) values.push_back(r.*field);
-    return Median(values);
+    return Median(values, -1);
   };
   // Each reported ratio: its name, and which server's field over which. The first is the
   // throughput target's; the last three answer the API question: the same work on the
