@@ -14,8 +14,17 @@
 //                    with the fleet (a large service sharing one budget).
 // Memory is the malloc'd bytes (glibc mallinfo2) added while the state grew, divided by what
 // was added; Sync cost is the mean of timed Syncs of existing instances (seq + 1 each) after
-// each step, the median over --slices slices. Ratios compare each step with the first step of
-// its series, measured in the same run.
+// each step, the median over --slices slices.
+//
+// Ratios ("ratio", and "sync_cost_ratio" in the summary): each step against a copy of its
+// series' first step (a core with 1 tenant, or 1 instance, built the same way and kept beside
+// the growing one), timed in turns with it, slice for slice; the ratio is the median of the
+// slices' ratios (each slice's mean over the copy's slice just before it). A step's cost and its
+// first step's, timed seconds apart, differed by up to 2x on this shared VM with no change in
+// between ("sync_ns_first" against "first_ns"), which one ratio of two such figures
+// ("sync_cost_ratio_last_vs_first", kept for comparison with earlier runs) carries whole. The
+// baseline below is timed in turns with one of a single record the same way ("bare_ratio"), and
+// the summary's "sync_added_ns" and "bare_added_ns" are each against its copy.
 //
 // Baseline of the instance series, timed at each step in the same run ("bare_ns"): the memory
 // a Sync of a random instance must touch, without the budget. As many records as instances,
@@ -74,7 +83,11 @@ struct Step {
   double bytes_per_item = 0;  // malloc bytes added / items added in this step
   double rss_mb = 0;
   double sync_ns = 0;
-  double bare_ns = 0;  // the instance series' baseline (BareLookups); 0 in the tenant series
+  double first_ns = 0;  // the copy of the first step, timed in turns with this one
+  double ratio = 0;     // sync_ns against first_ns, the median of the slices' ratios
+  double bare_ns = 0;   // the instance series' baseline (BareLookups); 0 in the tenant series
+  double bare_first_ns = 0;  // the baseline with one record, timed in turns with bare_ns
+  double bare_ratio = 0;     // bare_ns against bare_first_ns, as `ratio`
   double build_seconds = 0;
 };
 
@@ -193,71 +206,126 @@ class BareLookups {
 std::string StepJson(const Step& s) {
   return absl::StrFormat(
       "{\"bench\":\"scaling_step\",\"series\":\"%s\",\"count\":%d,\"bytes_per_item\":%.0f,"
-      "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"bare_ns\":%.0f,\"build_seconds\":%.2f}",
-      s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.bare_ns, s.build_seconds);
+      "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"first_ns\":%.0f,\"ratio\":%.2f,\"bare_ns\":%.0f,"
+      "\"bare_ratio\":%.2f,\"build_seconds\":%.2f}",
+      s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.first_ns, s.ratio, s.bare_ns,
+      s.bare_ratio, s.build_seconds);
 }
 
-// The median of --slices runs of `slice()`, each returning a mean in ns.
-template <typename Slice>
-double MedianOfSlices(Slice slice) {
-  std::vector<double> means;
-  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_slices)); ++i) means.push_back(slice());
-  return Median(std::move(means), /*if_empty=*/0);
+// A step timed in turns with the copy of its series' first step (see the top of this file).
+struct Paired {
+  double ns = 0;        // the median of the step's slices
+  double first_ns = 0;  // the median of the copy's slices
+  double ratio = 0;     // the median of the slices' ratios
+};
+
+// --slices turns of `first()` then `step()`, each timing one slice and returning its mean ns.
+template <typename First, typename Stepped>
+Paired TimeInTurns(First& first, Stepped& step) {
+  std::vector<double> first_ns, step_ns, ratios;
+  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_slices)); ++i) {
+    first_ns.push_back(first());
+    step_ns.push_back(step());
+    ratios.push_back(first_ns.back() > 0 ? step_ns.back() / first_ns.back() : 0);
+  }
+  return {.ns = Median(std::move(step_ns), /*if_empty=*/0),
+          .first_ns = Median(std::move(first_ns), /*if_empty=*/0),
+          .ratio = Median(std::move(ratios), /*if_empty=*/0)};
 }
 
-// Times --slices slices of `n` Syncs, instance and tenant chosen by `pick`; the median of the
-// slices' mean ns per Sync.
+// Each slice of SyncSlices and BareSlices starts with this many untimed operations: the first
+// Sync of an instance or tenant pair creates state, and the other side's slice, run just before,
+// leaves this side's lines colder than its own previous slice would have (the timed ones
+// measure the steady state of existing instances).
+constexpr int kUntimedPerSlice = 1000;
+
+// Slices of `n` Syncs of `series`, the instance and tenant of the k-th chosen by `pick(k)`; each
+// call times one slice and returns its mean ns per Sync.
 template <typename Pick>
-double TimeSyncs(Series& series, int n, Pick pick) {
-  int errors = 0;
-  // Untimed pass first: the first Sync of an instance or tenant pair creates state; the timed
-  // ones measure the steady state of existing instances.
-  int k = 0;
-  for (; k < std::min(n, 1000); ++k) {
-    auto [instance, tenant] = pick(k);
-    (void)series.SyncOnce(instance, tenant);
+class SyncSlices {
+ public:
+  SyncSlices(Series& series, int n, Pick pick) : series_(series), n_(n), pick_(std::move(pick)) {}
+  ~SyncSlices() {
+    if (errors_ > 0) std::fprintf(stderr, "%d timed Syncs failed\n", errors_);
   }
-  const double ns = MedianOfSlices([&] {
-    const absl::Time start = absl::Now();
-    for (const int end = k + n; k < end; ++k) {
-      auto [instance, tenant] = pick(k);
-      if (!series.SyncOnce(instance, tenant).ok()) ++errors;
+
+  double operator()() {
+    for (const int end = k_ + kUntimedPerSlice; k_ < end; ++k_) {
+      auto [instance, tenant] = pick_(k_);
+      (void)series_.SyncOnce(instance, tenant);
     }
-    return absl::ToDoubleNanoseconds(absl::Now() - start) / n;
-  });
-  if (errors > 0) std::fprintf(stderr, "%d timed Syncs failed\n", errors);
-  return ns;
+    const absl::Time start = absl::Now();
+    for (const int end = k_ + n_; k_ < end; ++k_) {
+      auto [instance, tenant] = pick_(k_);
+      if (!series_.SyncOnce(instance, tenant).ok()) ++errors_;
+    }
+    return absl::ToDoubleNanoseconds(absl::Now() - start) / n_;
+  }
+
+ private:
+  Series& series_;
+  const int n_;
+  Pick pick_;
+  int k_ = 0;
+  int errors_ = 0;
+};
+
+// Slices of `n` BareLookups::Touch of random records among `count`, as SyncSlices.
+class BareSlices {
+ public:
+  BareSlices(int64_t count, int n, uint64_t seed)
+      : bare_(count), count_(count), n_(n), rng_(seed) {}
+  ~BareSlices() { benchmark_sink.fetch_add(sink_, std::memory_order_relaxed); }
+
+  double operator()() {
+    for (int k = 0; k < kUntimedPerSlice; ++k) sink_ += bare_.Touch(Pick());
+    const absl::Time start = absl::Now();
+    for (int k = 0; k < n_; ++k) sink_ += bare_.Touch(Pick());
+    return absl::ToDoubleNanoseconds(absl::Now() - start) / n_;
+  }
+
+ private:
+  int64_t Pick() { return static_cast<int64_t>(rng_() % static_cast<uint64_t>(count_)); }
+
+  BareLookups bare_;
+  const int64_t count_;
+  const int n_;
+  std::mt19937_64 rng_;
+  uint64_t sink_ = 0;
+};
+
+// Step `s`'s bytes per item: the malloc'd bytes added while it grew, over the items it added.
+double BytesPerItem(int64_t added_bytes, int64_t target, const std::vector<Step>& before) {
+  const int64_t added_items = before.empty() ? target : target - before.back().count;
+  return static_cast<double>(added_bytes) / static_cast<double>(added_items);
 }
 
-// Times --slices slices of `n` BareLookups::Touch of random records among `count`; the median
-// of the slices' mean ns per Touch.
-double TimeBare(int64_t count, int n, std::mt19937_64& rng) {
-  BareLookups bare(count);
-  uint64_t sink = 0;
-  for (int k = 0; k < std::min(n, 1000); ++k) {
-    sink += bare.Touch(static_cast<int64_t>(rng() % static_cast<uint64_t>(count)));
-  }
-  const double ns = MedianOfSlices([&] {
-    const absl::Time start = absl::Now();
-    for (int k = 0; k < n; ++k) {
-      sink += bare.Touch(static_cast<int64_t>(rng() % static_cast<uint64_t>(count)));
-    }
-    return absl::ToDoubleNanoseconds(absl::Now() - start) / n;
-  });
-  benchmark_sink.fetch_add(sink, std::memory_order_relaxed);
-  return ns;
+void Print(Step& s, std::vector<Step>& out) {
+  s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
+  std::printf("%s\n", StepJson(s).c_str());
+  std::fflush(stdout);
+  out.push_back(s);
 }
 
 std::vector<Step> TenantSeries(const std::vector<int64_t>& steps) {
   std::vector<Step> out;
-  Series series;
-  std::mt19937_64 rng(1);
   constexpr int kInstances = 1000;
-  std::vector<std::string> instance_tenant(kInstances);
-  int64_t have = 0;
+  const int n = absl::GetFlag(FLAGS_timed_syncs);
   v1::BudgetPolicy policy;
   policy.set_capacity(1e9);
   policy.set_refill_per_second(1e9);
+  // The copy of the first step: one tenant, which the 1,000 instances all use.
+  Series first;
+  const std::string tenant_0 = TenantId(0);
+  if (!first.core().PutPolicy(tenant_0, policy).ok()) return out;
+  SyncSlices first_slices(first, n, [&](int k) {
+    return std::pair<int64_t, const std::string&>(k % kInstances, tenant_0);
+  });
+
+  Series series;
+  std::mt19937_64 rng(1);
+  std::vector<std::string> instance_tenant(kInstances);
+  int64_t have = 0;
   for (int64_t target : steps) {
     const absl::Time t0 = absl::Now();
     const int64_t before = MallocInUseBytes();
@@ -267,24 +335,22 @@ std::vector<Step> TenantSeries(const std::vector<int64_t>& steps) {
         return out;
       }
     }
-    const int64_t added_bytes = MallocInUseBytes() - before;
     Step s;
+    s.bytes_per_item = BytesPerItem(MallocInUseBytes() - before, target, out);
     s.series = "tenants";
     s.count = target;
     s.build_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    s.bytes_per_item =
-        out.empty() ? static_cast<double>(added_bytes) / static_cast<double>(target)
-                    : static_cast<double>(added_bytes) / static_cast<double>(target - out.back().count);
     // Each of the 1,000 instances uses one tenant, picked at random among those that exist now.
     for (auto& t : instance_tenant) t = TenantId(static_cast<int64_t>(rng() % target));
-    s.sync_ns = TimeSyncs(series, absl::GetFlag(FLAGS_timed_syncs), [&](int k) {
+    SyncSlices step_slices(series, n, [&](int k) {
       const int64_t i = k % kInstances;
       return std::pair<int64_t, const std::string&>(i, instance_tenant[i]);
     });
-    s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
-    std::printf("%s\n", StepJson(s).c_str());
-    std::fflush(stdout);
-    out.push_back(s);
+    const Paired sync = TimeInTurns(first_slices, step_slices);
+    s.sync_ns = sync.ns;
+    s.first_ns = sync.first_ns;
+    s.ratio = sync.ratio;
+    Print(s, out);
     if (absl::Now() - t0 > absl::GetFlag(FLAGS_step_budget)) break;
   }
   return out;
@@ -293,14 +359,29 @@ std::vector<Step> TenantSeries(const std::vector<int64_t>& steps) {
 // `shared`: every instance syncs tenant 0; otherwise instance i syncs tenant i % 1000.
 std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared) {
   std::vector<Step> out;
-  Series series;
+  const int n = absl::GetFlag(FLAGS_timed_syncs);
   std::vector<std::string> tenants;
   for (int i = 0; i < 1000; ++i) tenants.push_back(TenantId(i));
   auto tenant_of = [&](int64_t i) -> const std::string& {
     return tenants[shared ? 0 : static_cast<size_t>(i % 1000)];
   };
-  // Create the tenants up front so the instance steps measure instances only.
-  for (int i = 0; i < (shared ? 1 : 1000); ++i) (void)series.SyncOnce(-1 + 1'000'000, tenants[i]);
+  // The tenants are created up front so that the instance steps measure instances only; by an
+  // instance that syncs them all, which no timed Sync uses.
+  auto make_series = [&](Series& series) {
+    for (int i = 0; i < (shared ? 1 : 1000); ++i) {
+      (void)series.SyncOnce(-1 + 1'000'000, tenants[i]);
+    }
+  };
+  // The copies of the first step: one instance (and its tenants), and one bare record.
+  Series first;
+  make_series(first);
+  SyncSlices first_slices(first, n, [&](int) {
+    return std::pair<int64_t, const std::string&>(0, tenant_of(0));
+  });
+  BareSlices first_bare(1, n, /*seed=*/3);
+
+  Series series;
+  make_series(series);
   std::mt19937_64 rng(2);
   int64_t have = 0;
   for (int64_t target : steps) {
@@ -312,23 +393,25 @@ std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared)
         return out;
       }
     }
-    const int64_t added_bytes = MallocInUseBytes() - before;
     Step s;
+    s.bytes_per_item = BytesPerItem(MallocInUseBytes() - before, target, out);
     s.series = shared ? "instances_shared" : "instances_spread";
     s.count = target;
     s.build_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    s.bytes_per_item =
-        out.empty() ? static_cast<double>(added_bytes) / static_cast<double>(target)
-                    : static_cast<double>(added_bytes) / static_cast<double>(target - out.back().count);
-    s.sync_ns = TimeSyncs(series, absl::GetFlag(FLAGS_timed_syncs), [&](int) {
+    SyncSlices step_slices(series, n, [&](int) {
       const int64_t i = static_cast<int64_t>(rng() % target);
       return std::pair<int64_t, const std::string&>(i, tenant_of(i));
     });
-    s.bare_ns = TimeBare(target, absl::GetFlag(FLAGS_timed_syncs), rng);
-    s.rss_mb = static_cast<double>(RssBytes()) / 1e6;
-    std::printf("%s\n", StepJson(s).c_str());
-    std::fflush(stdout);
-    out.push_back(s);
+    const Paired sync = TimeInTurns(first_slices, step_slices);
+    s.sync_ns = sync.ns;
+    s.first_ns = sync.first_ns;
+    s.ratio = sync.ratio;
+    BareSlices step_bare(target, n, rng());
+    const Paired bare = TimeInTurns(first_bare, step_bare);
+    s.bare_ns = bare.ns;
+    s.bare_first_ns = bare.first_ns;
+    s.bare_ratio = bare.ratio;
+    Print(s, out);
     if (absl::Now() - t0 > absl::GetFlag(FLAGS_step_budget)) break;
   }
   return out;
@@ -347,17 +430,20 @@ std::string SeriesSummary(const std::vector<Step>& steps) {
   const Step& first = steps.front();
   const Step& last = steps.back();
   std::string bare;
-  if (first.bare_ns > 0) {
-    // The Sync's growth beside the bare lookups': what the machine's misses explain.
+  if (last.bare_ns > 0) {
+    // The Sync's growth beside the bare lookups', each against its copy of the first step timed
+    // in turns with it: what the machine's misses explain.
     bare = absl::StrFormat(
-        ",\"bare_ns_first\":%.0f,\"bare_ns_last\":%.0f,\"sync_added_ns\":%.0f,"
-        "\"bare_added_ns\":%.0f",
-        first.bare_ns, last.bare_ns, last.sync_ns - first.sync_ns, last.bare_ns - first.bare_ns);
+        ",\"bare_ns_first\":%.0f,\"bare_ns_last\":%.0f,\"bare_ratio\":%.2f,"
+        "\"sync_added_ns\":%.0f,\"bare_added_ns\":%.0f",
+        last.bare_first_ns, last.bare_ns, last.bare_ratio, last.sync_ns - last.first_ns,
+        last.bare_ns - last.bare_first_ns);
   }
   return absl::StrFormat(
       "{\"from\":%d,\"to\":%d,\"sync_ns_first\":%.0f,\"sync_ns_last\":%.0f,"
+      "\"first_ns_last\":%.0f,\"sync_cost_ratio\":%.2f,"
       "\"sync_cost_ratio_last_vs_first\":%.2f,\"bytes_per_item_last_step\":%.0f%s}",
-      first.count, last.count, first.sync_ns, last.sync_ns,
+      first.count, last.count, first.sync_ns, last.sync_ns, last.first_ns, last.ratio,
       first.sync_ns > 0 ? last.sync_ns / first.sync_ns : -1, last.bytes_per_item, bare);
 }
 
