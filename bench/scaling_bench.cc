@@ -8,7 +8,8 @@
 // Three series, each on a fresh BudgetCore (limits raised: max_tenants 2M, max_instances 200k),
 // on a FakeClock that moves 10 us per Sync so every instance stays active (within its lease TTL):
 //   tenants          tenants created by PutPolicy (bucket + policy, no instance state); Syncs
-//                    come from 1,000 instances, each naming one random existing tenant.
+//                    come from 1,000 instances, new at each step, each naming one random
+//                    existing tenant.
 //   instances_spread instances each syncing their own tenant (1,000 tenants, 1 per request).
 //   instances_shared instances all syncing ONE tenant: the tenant's active-instance set grows
 //                    with the fleet (a large service sharing one budget).
@@ -340,11 +341,15 @@ std::vector<Step> TenantSeries(const std::vector<int64_t>& steps) {
     s.series = "tenants";
     s.count = target;
     s.build_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    // Each of the 1,000 instances uses one tenant, picked at random among those that exist now.
+    // Each of 1,000 instances uses one tenant, picked at random among those that exist now. They
+    // are new instances at each step (created by the first slice's untimed Syncs), each with a
+    // record of its one tenant only, as the copy's: an instance of the previous step would
+    // also hold its record of the previous step's tenant, and look its new one up among them.
     for (auto& t : instance_tenant) t = TenantId(static_cast<int64_t>(rng() % target));
+    const int64_t first_instance = static_cast<int64_t>(out.size()) * kInstances;
     SyncSlices step_slices(series, n, [&](int k) {
       const int64_t i = k % kInstances;
-      return std::pair<int64_t, const std::string&>(i, instance_tenant[i]);
+      return std::pair<int64_t, const std::string&>(first_instance + i, instance_tenant[i]);
     });
     const Paired sync = TimeInTurns(first_slices, step_slices);
     s.sync_ns = sync.ns;
