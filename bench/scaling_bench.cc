@@ -314,7 +314,7 @@ class BareSlices {
   uint64_t sink_ = 0;
 };
 
-// Step `s`'s bytes per item: the malloc'd bytes added while it grew, over the items it added.
+// A step's bytes per item: the malloc'd bytes added while it grew, over the items it added.
 double BytesPerItem(int64_t added_bytes, int64_t target, const std::vector<Step>& before) {
   const int64_t added_items = before.empty() ? target : target - before.back().count;
   return static_cast<double>(added_bytes) / static_cast<double>(added_items);
