@@ -42,6 +42,10 @@
 // same id formatting and seq bookkeeping as the timed Syncs. What this costs more at 100k than
 // at 1 is the machine's (cache and TLB misses of a random walk over ~30 MB), which any server
 // that finds an instance's state by its id pays; what a Sync costs beyond that is the server's.
+// A second baseline ("handle_ns") finds the record by its index instead, as a server could if
+// each client sent back a handle it was given (no hash table), checks the id the record holds
+// and writes every line (no second table: the server keeps the active entry in the record): the
+// least any server must touch that keeps an instance's state in memory outside the cache.
 //
 // Output: one JSON line per step ({"bench":"scaling_step",...}), then {"bench":"scaling",...}.
 #include <algorithm>
@@ -99,6 +103,8 @@ struct Step {
   double bare_ns = 0;   // the instance series' baseline (BareLookups); 0 in the tenant series
   double bare_first_ns = 0;  // the baseline with one record, timed in turns with bare_ns
   double bare_ratio = 0;     // bare_ns against bare_first_ns, as `ratio`
+  double handle_ns = 0;        // the second baseline (BareLookups::Touch by index)
+  double handle_first_ns = 0;  // the same with one record, timed in turns with handle_ns
   double build_seconds = 0;
 };
 
@@ -170,15 +176,17 @@ class BareLookups {
     }
   }
 
-  // What a Sync of instance `i` touches, without the budget. Returns a value that depends on
+  // What a Sync of instance `i` touches, without the budget; `by_index`: the record found by
+  // its index (a handle), its id checked, and no second table. Returns a value that depends on
   // every byte written, so that nothing is optimised away.
-  uint64_t Touch(int64_t i) {
+  uint64_t Touch(int64_t i, bool by_index) {
     const std::string id = InstanceId(i);
     ++seq_;
-    auto it = by_id_.find(absl::string_view(id));
-    char* record = *it;
+    char* record = by_index ? records_[static_cast<size_t>(i)].get()
+                            : *by_id_.find(absl::string_view(id));
     uint64_t sum = 0;
     for (size_t at = 0; at < kRecordSize; at += 64) sum += static_cast<uint8_t>(++record[at]);
+    if (by_index) return sum + (IdOf(record) == id ? 1 : 0);
     Entry& e = entries_[static_cast<uint64_t>(i)];
     e.want = 5;
     e.held += 1;
@@ -224,9 +232,9 @@ std::string StepJson(const Step& s) {
       "{\"bench\":\"scaling_step\",\"series\":\"%s\",\"count\":%d,\"bytes_per_item\":%.0f,"
       "\"rss_mb\":%.1f,\"sync_ns\":%.0f,\"first_ns\":%.0f,\"ratio\":%.2f,"
       "\"harness_ns\":%.0f,\"core_ratio\":%.2f,\"bare_ns\":%.0f,\"bare_ratio\":%.2f,"
-      "\"build_seconds\":%.2f}",
+      "\"handle_ns\":%.0f,\"build_seconds\":%.2f}",
       s.series, s.count, s.bytes_per_item, s.rss_mb, s.sync_ns, s.first_ns, s.ratio,
-      s.harness_ns, s.core_ratio, s.bare_ns, s.bare_ratio, s.build_seconds);
+      s.harness_ns, s.core_ratio, s.bare_ns, s.bare_ratio, s.handle_ns, s.build_seconds);
 }
 
 // A step timed in turns with the copy of its series' first step (see the top of this file).
@@ -290,27 +298,29 @@ class SyncSlices {
   int errors_ = 0;
 };
 
-// Slices of `n` BareLookups::Touch of random records among `count`, as SyncSlices.
+// Slices of `n` BareLookups::Touch of random records among the `count` of `bare`, as
+// SyncSlices.
 class BareSlices {
  public:
-  BareSlices(int64_t count, int n, uint64_t seed)
-      : bare_(count), count_(count), n_(n), rng_(seed) {}
+  BareSlices(BareLookups& bare, int64_t count, int n, uint64_t seed, bool by_index)
+      : bare_(bare), count_(count), n_(n), rng_(seed), by_index_(by_index) {}
   ~BareSlices() { benchmark_sink.fetch_add(sink_, std::memory_order_relaxed); }
 
   double operator()() {
-    for (int k = 0; k < kUntimedPerSlice; ++k) sink_ += bare_.Touch(Pick());
+    for (int k = 0; k < kUntimedPerSlice; ++k) sink_ += bare_.Touch(Pick(), by_index_);
     const absl::Time start = absl::Now();
-    for (int k = 0; k < n_; ++k) sink_ += bare_.Touch(Pick());
+    for (int k = 0; k < n_; ++k) sink_ += bare_.Touch(Pick(), by_index_);
     return absl::ToDoubleNanoseconds(absl::Now() - start) / n_;
   }
 
  private:
   int64_t Pick() { return static_cast<int64_t>(rng_() % static_cast<uint64_t>(count_)); }
 
-  BareLookups bare_;
+  BareLookups& bare_;
   const int64_t count_;
   const int n_;
   std::mt19937_64 rng_;
+  const bool by_index_;
   uint64_t sink_ = 0;
 };
 
@@ -415,7 +425,9 @@ std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared)
   auto first_pick = [&](int) { return std::pair<int64_t, const std::string&>(0, tenant_of(0)); };
   SyncSlices first_slices(first, n, first_pick);
   SyncSlices first_harness(first, n, first_pick, /*apply=*/false);
-  BareSlices first_bare(1, n, /*seed=*/3);
+  BareLookups first_records(1);
+  BareSlices first_bare(first_records, 1, n, /*seed=*/3, /*by_index=*/false);
+  BareSlices first_handle(first_records, 1, n, /*seed=*/4, /*by_index=*/true);
 
   Series series;
   make_series(series);
@@ -443,11 +455,16 @@ std::vector<Step> InstanceSeries(const std::vector<int64_t>& steps, bool shared)
     SyncSlices step_harness(series, n, step_pick, /*apply=*/false);
     const Paired sync = TimeInTurns(first_slices, step_slices);
     SetTimes(sync, TimeInTurns(first_harness, step_harness), s);
-    BareSlices step_bare(target, n, rng());
+    BareLookups step_records(target);
+    BareSlices step_bare(step_records, target, n, rng(), /*by_index=*/false);
     const Paired bare = TimeInTurns(first_bare, step_bare);
     s.bare_ns = bare.ns;
     s.bare_first_ns = bare.first_ns;
     s.bare_ratio = bare.ratio;
+    BareSlices step_handle(step_records, target, n, rng(), /*by_index=*/true);
+    const Paired handle = TimeInTurns(first_handle, step_handle);
+    s.handle_ns = handle.ns;
+    s.handle_first_ns = handle.first_ns;
     Print(s, out);
     if (absl::Now() - t0 > absl::GetFlag(FLAGS_step_budget)) break;
   }
@@ -472,9 +489,9 @@ std::string SeriesSummary(const std::vector<Step>& steps) {
     // in turns with it: what the machine's misses explain.
     bare = absl::StrFormat(
         ",\"bare_ns_first\":%.0f,\"bare_ns_last\":%.0f,\"bare_ratio\":%.2f,"
-        "\"sync_added_ns\":%.0f,\"bare_added_ns\":%.0f",
+        "\"sync_added_ns\":%.0f,\"bare_added_ns\":%.0f,\"handle_added_ns\":%.0f",
         last.bare_first_ns, last.bare_ns, last.bare_ratio, last.sync_ns - last.first_ns,
-        last.bare_ns - last.bare_first_ns);
+        last.bare_ns - last.bare_first_ns, last.handle_ns - last.handle_first_ns);
   }
   return absl::StrFormat(
       "{\"from\":%d,\"to\":%d,\"sync_ns_first\":%.0f,\"sync_ns_last\":%.0f,"
