@@ -8,13 +8,16 @@
 //  5. counters over 2^53 are refused (so totals cannot wrap);
 //  6. an instance id belongs to the credential that first used it;
 //  8. unparseable bytes get INVALID_ARGUMENT with a message.
-// (Case 7, the validation race, is in tests/server/budget_core_concurrent_test.cc.)
+// (Case 7, the validation race, is in tests/server/budget_core_concurrent_test.cc.) One more
+// test takes 1, 3, 4 and 6 again for an instance of several tenants, whose records after the
+// first are kept apart (AnInstanceOfSeveralTenants...).
 #include <signal.h>
 
 #include <cstdint>
 #include <future>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -346,6 +349,121 @@ TEST(HostileAccountingTest, AnInstanceIdOfAnotherCredentialIsPermissionDenied) {
   EXPECT_FALSE(r.stale());
   const v1::BudgetStatus after = Budget(ops, "b");
   EXPECT_EQ(after.tokens(), before.tokens() + 10);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+// An instance that syncs several tenants keeps its records of the second and later ones apart
+// from the first (server/instance_state.h). Each case above, for those records: a lie about one
+// tenant applies nothing to any of them, another credential using the id is refused, an exact
+// replay is answered from the record without being applied again, a budget deleted and made again
+// takes the record's next report as a baseline (what the old budget granted is not returned into
+// the new one), and a delayed duplicate after `final` is stale.
+TEST(HostileAccountingTest, AnInstanceOfSeveralTenantsIsAccountedPerTenantWhateverItClaims) {
+  ScopedTempDir dir;
+  const std::string path = dir.path() + "/policy.textproto";
+  WriteFile(path,
+            absl::StrCat("default_policy { ", kCreditPolicy, " }\n",
+                         "credentials { name: \"owner\" token_sha256: \"", Sha256Hex("owner-token"),
+                         "\" tenants: \"a\" tenants: \"b\" tenants: \"c\" }\n",
+                         "credentials { name: \"other\" token_sha256: \"", Sha256Hex("other-token"),
+                         "\" tenants: \"a\" tenants: \"b\" tenants: \"c\" }\n",
+                         "credentials { name: \"ops\" token_sha256: \"", Sha256Hex("ops-token"),
+                         "\" admin: true }\n"));
+  auto server = ServerProcess::Start(dir.path(), {"--policy=" + path});
+  ASSERT_NE(server, nullptr);
+  ServerConnection owner = server->Connect("owner-token");
+  ServerConnection other = server->Connect("other-token");
+  ServerConnection ops = server->Connect("ops-token");
+  const std::vector<std::string> tenants = {"a", "b", "c"};
+  struct Report {
+    uint64_t received = 0;
+    uint64_t returned = 0;
+    uint64_t successes = 0;
+    uint64_t want = 0;
+  };
+  auto request = [&](uint64_t seq, const std::vector<Report>& reports) {
+    v1::SyncRequest r;
+    r.set_instance_id("m");
+    r.set_seq(seq);
+    for (size_t i = 0; i < tenants.size(); ++i) {
+      v1::TenantSync* t = r.add_tenants();
+      t->set_tenant(tenants[i]);
+      t->set_tokens_received(reports[i].received);
+      t->set_tokens_returned(reports[i].returned);
+      t->set_successes(reports[i].successes);
+      t->set_want(reports[i].want);
+    }
+    return r;
+  };
+  // Each budget's level and totals, to check that nothing moved.
+  auto budgets = [&] {
+    std::vector<std::string> out;
+    for (const std::string& t : tenants) {
+      const v1::BudgetStatus b = Budget(ops, t);
+      out.push_back(absl::StrCat(t, ": tokens ", b.tokens(), " granted ", b.granted_total(),
+                                 " successes ", b.successes_total()));
+    }
+    return out;
+  };
+
+  v1::SyncResponse r;
+  ASSERT_TRUE(owner.Sync(request(1, {{.want = 4}, {.want = 4}, {.want = 4}}), &r).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(r.tenants(i).granted(), 4u) << i;
+  const std::vector<std::string> granted = budgets();
+
+  // A lie about the second tenant (50 tokens received where 4 were granted): refused, naming it,
+  // and nothing of the request applied to any tenant.
+  const v1::SyncRequest lie =
+      request(2, {{.received = 4, .successes = 3}, {.received = 50, .returned = 50}, {}});
+  grpc::Status s = owner.Sync(lie, &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("tenants[1].tokens_received = 50"));
+  EXPECT_EQ(budgets(), granted);
+  // Another credential's request with the same id: refused before any record is read.
+  s = other.Sync(request(2, {{.received = 4}, {.received = 4, .returned = 4}, {}}), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(budgets(), granted);
+
+  // The truth: 3 successes on "a", the 4 tokens of "b" given back and 4 more wanted, 5
+  // successes on "c".
+  const v1::SyncRequest second = request(2, {{.received = 4, .successes = 3},
+                                             {.received = 4, .returned = 4, .want = 4},
+                                             {.received = 4, .successes = 5}});
+  ASSERT_TRUE(owner.Sync(second, &r).ok());
+  const std::string answer = r.SerializeAsString();
+  const v1::BudgetStatus a2 = Budget(ops, "a"), b2 = Budget(ops, "b"), c2 = Budget(ops, "c");
+  EXPECT_EQ(a2.successes_total(), 3u);
+  EXPECT_EQ(b2.tokens(), 6);  // 6 left + the 4 returned - 4 granted again
+  EXPECT_EQ(c2.successes_total(), 5u);
+  const std::vector<std::string> applied = budgets();
+  // Its exact replay (the response was lost): the same answer, applied once.
+  ASSERT_TRUE(owner.Sync(second, &r).ok());
+  EXPECT_EQ(r.SerializeAsString(), answer);
+  EXPECT_EQ(budgets(), applied);
+
+  // "b" deleted and made again by the next report: the record's history was the old budget's,
+  // so the 4 tokens it now returns (the old budget's second grant) fill nothing in the new one;
+  // "a" and "c" go on as before.
+  ASSERT_TRUE(ops.DeleteBudget("b").ok());
+  const v1::SyncRequest third =
+      request(3, {{.received = 4, .successes = 3},
+                  {.received = 8, .returned = 8},
+                  {.received = 4, .successes = 7}});
+  ASSERT_TRUE(owner.Sync(third, &r).ok());
+  EXPECT_FALSE(r.tenants(1).has_error()) << r.ShortDebugString();
+  EXPECT_EQ(Budget(ops, "b").tokens(), 10);  // a new budget at its initial level
+  EXPECT_EQ(Budget(ops, "a").successes_total(), 3u);
+  EXPECT_EQ(Budget(ops, "c").successes_total(), 7u);
+
+  // `final`, then a delayed duplicate of the third request: stale, nothing applied.
+  v1::SyncRequest last = third;
+  last.set_seq(4);
+  last.set_final(true);
+  ASSERT_TRUE(owner.Sync(last, &r).ok());
+  const std::vector<std::string> finished = budgets();
+  ASSERT_TRUE(owner.Sync(third, &r).ok());
+  EXPECT_TRUE(r.stale());
+  EXPECT_EQ(budgets(), finished);
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
