@@ -266,6 +266,61 @@ TEST(HostileAccountingTest, ExactReplayAfterACleanRestartGetsTheSameResponse) {
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
+// The same for an instance of three tenants: the records after the first, kept in their own set,
+// are written to the snapshot and read back, so the replay is answered from them and the next
+// request is credited from them (a record lost in the restart would make it a baseline, which
+// credits nothing).
+TEST(HostileAccountingTest, ExactReplayOfSeveralTenantsAfterACleanRestartIsAnsweredFromTheRecords) {
+  ScopedTempDir dir;
+  const std::string policy = dir.path() + "/policy.textproto";
+  WriteFile(policy, absl::StrCat("default_policy { ", kCreditPolicy, " }\n"));
+  const std::vector<std::string> args = {"--policy=" + policy,
+                                         "--data_dir=" + dir.path() + "/data"};
+  auto request = [](uint64_t seq, uint64_t b_successes, uint64_t c_successes) {
+    v1::SyncRequest r = SyncOf("r", seq, "a", seq == 2 ? 3 : 0, seq > 2 ? 3 : 0);
+    v1::TenantSync* b = r.add_tenants();
+    b->set_tenant("b");
+    b->set_successes(b_successes);
+    b->set_want(seq == 2 ? 2 : 0);
+    b->set_tokens_received(seq > 2 ? 2 : 0);
+    v1::TenantSync* c = r.add_tenants();
+    c->set_tenant("c");
+    c->set_successes(c_successes);
+    return r;
+  };
+  auto server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  v1::SyncResponse first;
+  const v1::SyncRequest second = request(2, 5, 2);
+  {
+    ServerConnection c = server->Connect();
+    v1::SyncResponse r;
+    ASSERT_TRUE(c.Sync(request(1, 0, 0), &r).ok());
+    ASSERT_TRUE(c.Sync(second, &first).ok());
+    ASSERT_EQ(first.tenants(0).granted(), 3u);
+    ASSERT_EQ(first.tenants(1).granted(), 2u);
+  }
+  ASSERT_EQ(server->Stop(SIGTERM), 0);
+  server = ServerProcess::Start(dir.path(), args);
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse again;
+  const grpc::Status s = c.Sync(second, &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(again.SerializeAsString(), first.SerializeAsString());
+  EXPECT_EQ(Budget(c, "a").granted_total(), 3u);
+  EXPECT_EQ(Budget(c, "b").granted_total(), 2u);
+  EXPECT_EQ(Budget(c, "b").successes_total(), 5u);
+  EXPECT_EQ(Budget(c, "c").successes_total(), 2u);
+  // The next request: 3 more successes on "b", 4 on "c", credited from the restored records.
+  v1::SyncResponse r;
+  ASSERT_TRUE(c.Sync(request(3, 8, 6), &r).ok());
+  EXPECT_FALSE(r.stale());
+  EXPECT_EQ(Budget(c, "b").successes_total(), 8u);
+  EXPECT_EQ(Budget(c, "c").successes_total(), 6u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
 // ---- 5. counters beyond the bound ----
 
 TEST(HostileAccountingTest, CountersOverTwoToThe53AreRefusedNamingFieldAndValue) {
