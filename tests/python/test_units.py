@@ -9,7 +9,7 @@ from retrybudget import RetryPolicy, compute_backoff
 from retrybudget._bucket_math import (BucketShape, DemandEstimator, FallbackBucket,
                                       RecentSmallest, RefreshPolicy, low_water_mark,
                                       next_sync_delay, retry_backoff, want_for)
-from retrybudget._ledger import FALLBACK, TenantLedger
+from retrybudget._ledger import FALLBACK, LEASE, TenantLedger
 
 
 def test_low_water_mark_is_a_fifth_rounded_up():
@@ -73,19 +73,164 @@ def test_the_smallest_share_of_the_last_minute_is_kept():
     assert r.get(200.0) is None
 
 
-def test_ledger_counters_never_go_back_and_leased_spent_plus_returned_fit_received():
+def _wire(ledger, held):
+    """The ledger's wire counters after a report with `held` tokens in the word."""
+    ledger.report(held)
+    return dict(spent=ledger.reported_spent, refunded=ledger.reported_refunded,
+                fallback_spent=ledger.reported_fallback_spent,
+                fallback_refunded=ledger.reported_fallback_refunded,
+                returned=ledger.tokens_returned, received=ledger.tokens_received)
+
+
+def _check_wire_rules(w):
+    """The constraints the server checks on every report (budget.proto, TenantSync)."""
+    assert w["refunded"] <= w["spent"]
+    assert w["fallback_refunded"] <= w["fallback_spent"]
+    assert w["fallback_refunded"] <= w["refunded"]
+    assert (w["spent"] - w["fallback_spent"]) - (w["refunded"] - w["fallback_refunded"]) \
+        + w["returned"] <= w["received"]
+
+
+def _check_monotonic(before, after):
+    for k, v in before.items():
+        assert after[k] >= v, (k, before, after)
+
+
+def test_ledger_a_refund_after_its_report_is_reported_refunded_and_the_token_returned():
     ledger = TenantLedger()
     ledger.received(10, 10)
-    assert ledger.report_spent(held=7) == 3          # 3 taken
-    assert ledger.report_spent(held=8) == 3          # a refund after the report: held back
-    ledger.withdrew(8, 0)                            # expiry: 8 go out, the refunded one absorbed
-    assert ledger.tokens_returned == 7
-    assert ledger.report_spent(held=0) == 3
-    assert ledger.report_spent(0) + ledger.tokens_returned <= ledger.tokens_received
+    w1 = _wire(ledger, held=7)                       # 3 taken
+    assert (w1["spent"], w1["refunded"]) == (3, 0)
+    w2 = _wire(ledger, held=8)                       # one refunded after the report
+    assert (w2["spent"], w2["refunded"]) == (3, 1)   # 2 sent
+    ledger.withdrew(8, 0)                            # expiry: all 8 go back, the refunded one too
+    w3 = _wire(ledger, held=0)
+    assert w3["returned"] == 8
+    assert w3["spent"] - w3["refunded"] == 2
+    assert w3["spent"] - w3["refunded"] + w3["returned"] == w3["received"]
+    for before, after in ((w1, w2), (w2, w3)):
+        _check_monotonic(before, after)
+        _check_wire_rules(after)
+    assert ledger.exact_spent(0) == 2
+
+
+def test_ledger_a_refunded_token_spent_again_is_counted_again_and_the_rest_returned():
+    ledger = TenantLedger()
+    ledger.received(5, 5)
+    w1 = _wire(ledger, held=4)                       # take
+    w2 = _wire(ledger, held=5)                       # refund after the report
+    assert (w2["spent"], w2["refunded"]) == (1, 1)
+    w3 = _wire(ledger, held=4)                       # the same token taken again
+    assert (w3["spent"], w3["refunded"]) == (2, 1)
+    w4 = _wire(ledger, held=5)                       # and refunded again
+    assert (w4["spent"], w4["refunded"]) == (2, 2)
+    w5 = _wire(ledger, held=3)                       # two taken for good
+    assert w5["spent"] - w5["refunded"] == 2
+    ledger.withdrew(3, 0)
+    w6 = _wire(ledger, held=0)
+    assert w6["returned"] == 3
+    assert w6["spent"] - w6["refunded"] + w6["returned"] == w6["received"] == 5
+    prev = w1
+    for w in (w2, w3, w4, w5, w6):
+        _check_monotonic(prev, w)
+        _check_wire_rules(w)
+        prev = w
+
+
+def test_ledger_a_refund_before_any_report_is_simply_not_spent():
+    ledger = TenantLedger()
+    ledger.received(4, 4)
+    w = _wire(ledger, held=4)                        # taken and refunded between two reports
+    assert (w["spent"], w["refunded"]) == (0, 0)
+
+
+def test_ledger_fallback_refunds_are_reported_as_fallback_refunds():
+    ledger = TenantLedger()
     ledger.switch_to(FALLBACK)
-    ledger.fallback_deposited(4)
-    assert ledger.report_spent(held=1) == 6          # 3 leased + 3 fallback
-    assert ledger.reported_fallback_spent == 3
+    ledger.fallback_deposited(3)
+    w1 = _wire(ledger, held=1)                       # 2 fallback tokens taken
+    assert (w1["spent"], w1["fallback_spent"]) == (2, 2)
+    w2 = _wire(ledger, held=2)                       # one refunded after the report
+    assert (w2["spent"], w2["refunded"], w2["fallback_spent"], w2["fallback_refunded"]) \
+        == (2, 1, 2, 1)
+    assert (w2["received"], w2["returned"]) == (0, 0)  # fallback tokens never count there
+    _check_monotonic(w1, w2)
+    _check_wire_rules(w2)
+    assert ledger.exact_fallback_spent(2) == 1
+
+
+def test_ledger_a_refund_landing_after_the_source_switched_stays_spent_in_the_old_books():
+    ledger = TenantLedger()
+    ledger.switch_to(FALLBACK)
+    ledger.fallback_deposited(1)
+    w1 = _wire(ledger, held=0)                       # the fallback token taken and reported
+    assert (w1["spent"], w1["fallback_spent"]) == (1, 1)
+    ledger.withdrew(0, 0)                            # a grant: the (empty) word swapped
+    ledger.switch_to(LEASE)
+    ledger.received(5, 5)
+    # The fallback token is refunded into the word, which now holds leased tokens: 6 held.
+    w2 = _wire(ledger, held=6)
+    _check_monotonic(w1, w2)
+    _check_wire_rules(w2)
+    assert ledger.exact_spent(6) == 1                # the safe direction: still counted spent
+    ledger.withdrew(6, 0)                            # expiry: only the 5 leased ones go out
+    w3 = _wire(ledger, held=0)
+    assert w3["returned"] == 5
+    assert w3["spent"] - w3["refunded"] == 1         # the refund is absorbed, never gained
+    _check_monotonic(w2, w3)
+    _check_wire_rules(w3)
+    # The refunded token spent from the lease, with leased ones: counted once in total.
+    ledger2 = TenantLedger()
+    ledger2.switch_to(FALLBACK)
+    ledger2.fallback_deposited(1)
+    _wire(ledger2, held=0)
+    ledger2.withdrew(0, 0)
+    ledger2.switch_to(LEASE)
+    ledger2.received(5, 5)
+    w = _wire(ledger2, held=3)                       # refund (6), then 3 taken: 3 held
+    _check_wire_rules(w)
+    ledger2.withdrew(3, 0)
+    w = _wire(ledger2, held=0)
+    _check_wire_rules(w)
+    assert w["returned"] == 3
+    assert ledger2.exact_spent(0) == 3               # 1 fallback - 1 refunded + 3 leased
+
+
+def test_ledger_counters_never_go_back_under_random_takes_refunds_and_withdrawals():
+    rng = random.Random(34)
+    for _ in range(200):
+        ledger = TenantLedger()
+        held = 0
+        taken = refunds = 0
+        prev = _wire(ledger, held)
+        for _ in range(60):
+            op = rng.randrange(6)
+            if op == 0 and ledger.source == LEASE:
+                n = rng.randrange(1, 5)
+                ledger.received(n, n)
+                held += n
+            elif op == 0:
+                n = rng.randrange(1, 3)
+                ledger.fallback_deposited(n)
+                held += n
+            elif op == 1 and held > 0:
+                held -= 1
+                taken += 1
+            elif op == 2 and taken > refunds:
+                held += 1
+                refunds += 1
+            elif op == 3:
+                ledger.withdrew(held, 0)
+                held = 0
+                if rng.random() < 0.5:
+                    ledger.switch_to(FALLBACK if ledger.source == LEASE else LEASE)
+            w = _wire(ledger, held)
+            _check_monotonic(prev, w)
+            _check_wire_rules(w)
+            # Never more than really sent is missing, never a token gained.
+            assert w["spent"] - w["refunded"] >= 0
+            assert ledger.exact_spent(held) >= taken - refunds  # absorbed only ever adds
+            prev = w
 
 
 def test_full_jitter_backoff_is_uniform_below_the_capped_exponential_ceiling():

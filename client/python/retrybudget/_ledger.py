@@ -1,12 +1,23 @@
-"""The refresher's books for one tenant (a port of the C++ client's tenant_ledger): what went
-into the lease and what came out, per source (server leases, local fallback bucket), turned into
-the cumulative counters a Sync reports. Not thread-safe: the owner serialises calls.
+"""The refresher's books for one tenant (the ledger rule of the C++ client's tenant_ledger): what
+went into the lease word and what came out, per source (server leases, local fallback bucket),
+turned into the cumulative counters a Sync reports. Not thread-safe: the owner serialises calls.
 
-    spent = in - out - held          (takes minus refunds)
-    tokens_received = lease.in, tokens_returned = lease.out,
-    fallback_spent = fallback.reported_spent, retries_spent = lease.reported + fallback_spent
+Per source, with `held` the tokens of that source in the word now:
 
-A reported count never goes back: a refund after a report is absorbed (counted as spent)."""
+    exact    = in - out - held                      (takes minus refunds: retries really sent)
+    refunded = max(refunded, reported_spent - exact)  at each report
+    reported_spent = exact + refunded               at each report
+
+so both reported counters are monotonic and `reported_spent - refunded` is the exact count at
+the report: a token refunded after the Sync that reported it is reported as refunded, and goes
+back to the server when it is withdrawn (expiry, shutdown) or is spent again. A withdrawal counts
+as out only the tokens this source can have in the word, `min(withdrawn, in - out - held_after)`;
+the rest (refunds that landed after the source switched) stay spent in the other source's books.
+
+Wire: retries_spent = lease.reported_spent + fallback.reported_spent, retries_refunded =
+lease.refunded + fallback.refunded, fallback_spent = fallback.reported_spent, fallback_refunded =
+fallback.refunded, tokens_returned = lease.out, tokens_received = lease.in. Then every report
+has `net leased spent + tokens_returned = lease.in - held <= tokens_received`."""
 
 LEASE = "lease"
 FALLBACK = "fallback"
@@ -17,26 +28,27 @@ def _sub(a: int, b: int) -> int:
 
 
 class TokenAccount:
-    __slots__ = ("in_", "out", "absorbed", "reported_spent")
+    __slots__ = ("in_", "out", "absorbed", "reported_spent", "refunded")
 
     def __init__(self):
         self.in_ = 0
         self.out = 0
-        self.absorbed = 0
+        self.absorbed = 0  # withdrawn tokens that were not this source's (diagnostics only)
         self.reported_spent = 0
+        self.refunded = 0
 
     def withdrew(self, withdrawn: int, held_after: int) -> None:
-        unaccounted = _sub(_sub(self.in_, self.out), self.reported_spent)
-        back = min(withdrawn, _sub(unaccounted, held_after))
+        back = min(withdrawn, _sub(self.in_, self.out + held_after))
         self.out += back
         self.absorbed += withdrawn - back
 
-    def report_spent(self, held: int) -> int:
-        self.reported_spent = max(self.reported_spent, _sub(self.in_, self.out + held))
-        return self.reported_spent
+    def report(self, held: int) -> None:
+        exact = self.exact_spent(held)
+        self.refunded = max(self.refunded, self.reported_spent - exact)
+        self.reported_spent = exact + self.refunded
 
     def exact_spent(self, held: int) -> int:
-        return _sub(self.in_, self.out + self.absorbed + held)
+        return _sub(self.in_, self.out + held)
 
 
 class TenantLedger:
@@ -63,9 +75,16 @@ class TenantLedger:
     def switch_to(self, source: str) -> None:
         self.source = source
 
+    def report(self, held: int) -> None:
+        """Brings both sources' reported counters up to date while the word holds `held`; read
+        them with the properties below."""
+        self._lease.report(self._held_by(LEASE, held))
+        self._fallback.report(self._held_by(FALLBACK, held))
+
     def report_spent(self, held: int) -> int:
-        return (self._lease.report_spent(self._held_by(LEASE, held))
-                + self._fallback.report_spent(self._held_by(FALLBACK, held)))
+        """report(held), then the cumulative retries_spent."""
+        self.report(held)
+        return self.reported_spent
 
     def exact_spent(self, held: int) -> int:
         return self._lease.exact_spent(self._held_by(LEASE, held)) + self.exact_fallback_spent(held)
@@ -74,13 +93,25 @@ class TenantLedger:
         return self._fallback.exact_spent(self._held_by(FALLBACK, held))
 
     @property
+    def reported_spent(self) -> int:
+        return self._lease.reported_spent + self._fallback.reported_spent
+
+    @property
+    def reported_refunded(self) -> int:
+        return self._lease.refunded + self._fallback.refunded
+
+    @property
+    def reported_fallback_spent(self) -> int:
+        return self._fallback.reported_spent
+
+    @property
+    def reported_fallback_refunded(self) -> int:
+        return self._fallback.refunded
+
+    @property
     def tokens_received(self) -> int:
         return self._lease.in_
 
     @property
     def tokens_returned(self) -> int:
         return self._lease.out
-
-    @property
-    def reported_fallback_spent(self) -> int:
-        return self._fallback.reported_spent

@@ -294,11 +294,14 @@ class TenantBudget:
             successes, denied = self._successes, self._denied
         out.tenant = self.tenant
         out.successes = successes
-        out.retries_spent = self._ledger.report_spent(held)
+        self._ledger.report(held)
+        out.retries_spent = self._ledger.reported_spent
+        out.retries_refunded = self._ledger.reported_refunded
         out.retries_denied = denied
         out.tokens_returned = self._ledger.tokens_returned
         out.tokens_received = self._ledger.tokens_received
         out.fallback_spent = self._ledger.reported_fallback_spent
+        out.fallback_refunded = self._ledger.reported_fallback_refunded
         out.successes_credited_locally = self._successes_credited_locally
         # From now on the server may credit every success this request carries.
         self._successes_in_requests = max(self._successes_in_requests, successes)
