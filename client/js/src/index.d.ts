@@ -44,8 +44,8 @@ export interface ClientOptions {
   channelCredentials?: grpcJs.ChannelCredentials | null;
   /** When non-empty, every Sync carries `authorization: Bearer <bearerToken>`. */
   bearerToken?: string;
-  /** Directory holding retrybudget/v1/budget.proto. Default $RETRY_BUDGET_PROTO_DIR or the
-   * repository's proto/. */
+  /** Directory holding retrybudget/v1/budget.proto. Default $RETRY_BUDGET_PROTO_DIR when set,
+   * else the copy packed in the package (or, in a checkout, the repository's proto/). */
   protoDir?: string | null;
   /** Where the client's log lines go. Default: errors to stderr. */
   logger?: ((level: 'error' | 'info', line: string) => void) | null;

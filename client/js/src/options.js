@@ -28,7 +28,7 @@ export const DEFAULT_OPTIONS = Object.freeze({
   metricsRegistry: null, // a prom-client Registry
   channelCredentials: null, // grpc.ChannelCredentials; null: insecure (loopback, tests)
   bearerToken: '',
-  protoDir: null, // directory holding retrybudget/v1/budget.proto; null: the repository's proto/
+  protoDir: null, // directory holding retrybudget/v1/budget.proto; null: the package's own copy
   logger: null, // (level: 'error' | 'info', line: string) => void; null: errors to stderr
 });
 

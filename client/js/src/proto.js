@@ -1,5 +1,7 @@
-// The wire contract, loaded at run time from proto/retrybudget/v1/budget.proto with
-// @grpc/proto-loader (nothing generated, nothing committed). Messages are plain objects with
+// The wire contract, loaded at run time from retrybudget/v1/budget.proto with
+// @grpc/proto-loader (nothing generated, nothing committed). A packed package carries its own
+// copy in proto/ beside src/ (scripts/proto-copy.mjs, at `npm pack`); in the repository the one
+// proto/ at its root is read. Messages are plain objects with
 // camelCase fields; 64-bit integers are Numbers (every counter and seq is at most 2^53);
 // unset message fields are null.
 
@@ -11,14 +13,20 @@ import * as protoLoader from '@grpc/proto-loader';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
-/** The directory holding retrybudget/v1/budget.proto: `dir`, else $RETRY_BUDGET_PROTO_DIR,
- * else the repository's proto/ (client/js/src/../../../proto). */
+const CONTRACT = path.join('retrybudget', 'v1', 'budget.proto');
+// The package's own copy (an installed tarball), then the repository's proto/ (a checkout).
+const BUILT_IN = [path.resolve(here, '..', 'proto'), path.resolve(here, '..', '..', '..', 'proto')];
+
+/** The directory holding retrybudget/v1/budget.proto: `dir` when given, else
+ * $RETRY_BUDGET_PROTO_DIR when set, else the package's proto/ (packed with it), else the
+ * repository's proto/ (client/js/src/../../../proto). Throws naming every place looked at. */
 export function protoDir(dir = null) {
-  const found = dir ?? process.env.RETRY_BUDGET_PROTO_DIR ?? path.resolve(here, '..', '..', '..', 'proto');
-  if (!existsSync(path.join(found, 'retrybudget', 'v1', 'budget.proto'))) {
-    throw new Error(`retrybudget: ${path.join(found, 'retrybudget', 'v1', 'budget.proto')} not found; pass options.protoDir or set RETRY_BUDGET_PROTO_DIR to the repository's proto/ directory`);
-  }
-  return found;
+  const env = process.env.RETRY_BUDGET_PROTO_DIR;
+  const explicit = dir ?? (env !== undefined && env !== '' ? env : null);
+  const candidates = explicit !== null ? [explicit] : BUILT_IN;
+  for (const c of candidates) if (existsSync(path.join(c, CONTRACT))) return c;
+  const where = explicit === null ? 'the package and repository' : (dir !== null ? 'options.protoDir' : '$RETRY_BUDGET_PROTO_DIR');
+  throw new Error(`retrybudget: ${candidates.map((c) => path.join(c, CONTRACT)).join(' and ')} not found (from ${where}); a package made by \`npm pack\` in client/js carries its own copy`);
 }
 
 const LOADER_OPTIONS = Object.freeze({ keepCase: false, longs: Number, enums: Number, defaults: true, oneofs: true });
