@@ -113,18 +113,82 @@ test('the smallest share of the last minute is kept', () => {
   assert.equal(r.get(200), null);
 });
 
-test('ledger counters never go back', () => {
+// The ledger rule (the same in every client): every reported counter is monotonic, a refund
+// after a report is reported as refunded (not absorbed), and the refunded token counts as
+// returned when withdrawn; the server's bound holds at every report.
+function checkReport(r) {
+  assert.ok(r.retriesRefunded <= r.retriesSpent && r.fallbackRefunded <= r.fallbackSpent && r.fallbackRefunded <= r.retriesRefunded, JSON.stringify(r));
+  assert.ok((r.retriesSpent - r.fallbackSpent) - (r.retriesRefunded - r.fallbackRefunded) + r.tokensReturned <= r.tokensReceived, JSON.stringify(r));
+  return r;
+}
+
+function monotonic(before, after) {
+  for (const k of Object.keys(before)) assert.ok(after[k] >= before[k], `${k} went back: ${before[k]} -> ${after[k]}`);
+}
+
+test('ledger: counters never go back, and a refund after the report is a refund', () => {
   const l = new TenantLedger();
   l.received(10, 10);
-  assert.equal(l.reportSpent(7), 3);
-  assert.equal(l.reportSpent(8), 3);
-  l.withdrew(8, 0);
-  assert.equal(l.tokensReturned, 7);
-  assert.equal(l.reportSpent(0), 3);
+  const r1 = checkReport(l.report(7)); // 3 taken
+  assert.deepEqual(r1, { retriesSpent: 3, retriesRefunded: 0, fallbackSpent: 0, fallbackRefunded: 0, tokensReturned: 0, tokensReceived: 10 });
+  const r2 = checkReport(l.report(8)); // one of them refunded after the report
+  assert.deepEqual(r2, { ...r1, retriesRefunded: 1 });
+  assert.equal(l.exactSpent(8), 2);
+  l.withdrew(8, 0); // the refunded token goes back to the server with the rest
+  assert.equal(l.tokensReturned, 8);
+  const r3 = checkReport(l.report(0));
+  assert.deepEqual(r3, { ...r2, tokensReturned: 8 });
+  assert.equal(r3.retriesSpent - r3.retriesRefunded + r3.tokensReturned, r3.tokensReceived, 'received = spent (net) + returned + held');
   l.switchTo(FALLBACK);
   l.fallbackDeposited(4);
-  assert.equal(l.reportSpent(1), 6);
-  assert.equal(l.reportedFallbackSpent, 3);
+  const r4 = checkReport(l.report(1));
+  assert.deepEqual(r4, { retriesSpent: 6, retriesRefunded: 1, fallbackSpent: 3, fallbackRefunded: 0, tokensReturned: 8, tokensReceived: 10 });
+  monotonic(r3, r4);
+});
+
+test('ledger: refund after a report, then spent again, then returned: reported once each way', () => {
+  const l = new TenantLedger();
+  l.received(5, 5);
+  const steps = [];
+  steps.push(checkReport(l.report(4))); // take 1, report: spent 1
+  steps.push(checkReport(l.report(5))); // refund it (a cancelled backoff), report: refunded 1
+  steps.push(checkReport(l.report(4))); // take it again (sent), report: spent 2, refunded 1
+  steps.push(checkReport(l.report(5))); // refund again, report: refunded 2
+  for (let i = 1; i < steps.length; i++) monotonic(steps[i - 1], steps[i]);
+  assert.deepEqual(steps.map((r) => [r.retriesSpent, r.retriesRefunded]), [[1, 0], [1, 1], [2, 1], [2, 2]]);
+  l.withdrew(5, 0); // the lease ends: every token, the refunded one too, goes back
+  const last = checkReport(l.report(0));
+  monotonic(steps[3], last);
+  assert.deepEqual(last, { retriesSpent: 2, retriesRefunded: 2, fallbackSpent: 0, fallbackRefunded: 0, tokensReturned: 5, tokensReceived: 5 });
+  assert.equal(l.exactSpent(0), 0);
+  // A refund that raced in after the withdrawal (heldAfter 1) is withdrawn later: out once.
+  const m = new TenantLedger();
+  m.received(3, 3);
+  checkReport(m.report(1)); // 2 taken, reported
+  m.withdrew(1, 1); // withdrew 1; a refund landed right after
+  m.withdrew(1, 0);
+  const r = checkReport(m.report(0));
+  assert.deepEqual([r.retriesSpent, r.retriesRefunded, r.tokensReturned], [2, 1, 2]);
+});
+
+test('ledger: a token refunded into the word after the source switched is absorbed by the new source', () => {
+  const l = new TenantLedger();
+  l.received(2, 2);
+  checkReport(l.report(1)); // one lease token taken
+  l.withdrew(1, 0); // the lease ends with one token left
+  l.switchTo(FALLBACK);
+  l.fallbackDeposited(1);
+  const held = 2; // the fallback token + the lease token refunded now
+  const before = checkReport(l.report(held));
+  l.withdrew(2, 0); // a grant replaces the word: only the fallback token is the fallback's
+  assert.equal(l.fallback.out, 1);
+  assert.equal(l.fallback.absorbed, 1);
+  l.switchTo('lease');
+  const after = checkReport(l.report(0));
+  monotonic(before, after);
+  // The lease's books keep the refunded token spent (the safe direction): returned 1 of 2.
+  assert.equal(after.tokensReturned, 1);
+  assert.equal(after.retriesSpent - after.fallbackSpent - (after.retriesRefunded - after.fallbackRefunded), 1);
 });
 
 test('full-jitter backoff and retry policy validation', () => {
@@ -397,7 +461,7 @@ test('the final Sync carries final=true, every counter, want 0, and returns ever
   const req = finals[0].request;
   assert.equal(req.final, true);
   assert.equal(req.seq, 2);
-  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0, successesCreditedLocally: 0 });
+  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0, successesCreditedLocally: 0, retriesRefunded: 0, fallbackRefunded: 0 });
   assert.equal(a.tryAcquire(), false);
   assert.deepEqual(r.engine.beginFinal(), []); // once
 });

@@ -299,16 +299,19 @@ export class TenantBudget {
 
   _counters(held) {
     const successes = this._successes;
+    const r = this._ledger.report(held);
     const entry = {
       tenant: this.tenant,
       successes,
-      retriesSpent: this._ledger.reportSpent(held),
+      retriesSpent: r.retriesSpent,
       retriesDenied: this._denied,
-      tokensReturned: this._ledger.tokensReturned,
-      tokensReceived: this._ledger.tokensReceived,
+      tokensReturned: r.tokensReturned,
+      tokensReceived: r.tokensReceived,
       want: 0,
-      fallbackSpent: this._ledger.reportedFallbackSpent,
+      fallbackSpent: r.fallbackSpent,
       successesCreditedLocally: this._successesCreditedLocally,
+      retriesRefunded: r.retriesRefunded,
+      fallbackRefunded: r.fallbackRefunded,
     };
     // From now on the server may credit every success this request carries.
     this._successesInRequests = Math.max(this._successesInRequests, successes);
