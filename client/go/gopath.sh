@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Lays out the GOPATH the Go client, its tests and its programs build in (GO111MODULE=off),
-# entirely inside the build tree, and generates the protobuf / gRPC stubs into it:
+# entirely inside the build tree, and generates the example's protobuf / gRPC stubs into it:
 #
 #   BUILD/gopath/src/MODULE/                *.go of client/go (symlinks)
-#   BUILD/gopath/src/MODULE/budgetpb/       budget.pb.go, budget_grpc.pb.go (generated)
-#   BUILD/gopath/src/MODULE/flakypb/        flaky.pb.go, flaky_grpc.pb.go (generated)
+#   BUILD/gopath/src/MODULE/budgetpb/       client/go/budgetpb (committed; symlinks)
+#   BUILD/gopath/src/MODULE/backoffbudget/  client/go/backoffbudget (symlinks)
+#   BUILD/gopath/src/MODULE/flakypb/        flaky.pb.go, flaky_grpc.pb.go (generated: examples only)
 #   BUILD/gopath/src/MODULE/gotest/         tests/go (symlinks)
 #   BUILD/gopath/src/MODULE/examples/go_worker, .../tools/go_worker (symlinks)
-#   BUILD/bin/protoc-gen-go{,-grpc}         built from Debian's sources
+#   BUILD/gopath/src/github.com/cenkalti/backoff/v4  Debian's .../cenkalti/backoff (the module's
+#                                           /v4 import path, which GOPATH mode does not map)
+#   BUILD/bin/protoc-gen-go{,-grpc}         built from Debian's sources (generate.sh, the check
+#                                           of budgetpb)
 #   BUILD/cache                             GOCACHE
 #
 # Usage: gopath.sh SOURCE_ROOT BUILD_DIR PROTOC
@@ -32,9 +36,16 @@ link_dir() {  # link_dir SOURCE_DIR DEST_DIR: every .go file of SOURCE_DIR, and 
   done
 }
 link_dir "$src/client/go" "$root"
+link_dir "$src/client/go/budgetpb" "$root/budgetpb"
+link_dir "$src/client/go/backoffbudget" "$root/backoffbudget"
 link_dir "$src/tests/go" "$root/gotest"
 link_dir "$src/examples/go_worker" "$root/examples/go_worker"
 link_dir "$src/tools/fleet/go_worker" "$root/tools/go_worker"
+# Earlier layouts generated budgetpb here; the committed files replace them.
+rm -rf "$root/budgetpb/retrybudget"
+cenkalti="$build/gopath/src/github.com/cenkalti/backoff"
+mkdir -p "$cenkalti"
+ln -sfn "$gocode/src/github.com/cenkalti/backoff" "$cenkalti/v4"
 
 # The code generators, from the sources of golang-google-protobuf-dev and golang-google-grpc-dev
 # (Debian's protoc-gen-go package conflicts with golang-goprotobuf-dev, which etcd's packages
@@ -56,5 +67,4 @@ generate() {  # generate PROTO_DIR PROTO_FILE PACKAGE_DIR
   # source_relative keeps the proto's directories; the package is flat.
   find "$dir" -mindepth 2 -name '*.pb.go' -exec mv -f {} "$dir/" \;
 }
-generate "$src/proto" retrybudget/v1/budget.proto budgetpb
 generate "$src/examples/flaky_backend" flaky.proto flakypb
