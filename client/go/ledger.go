@@ -4,13 +4,27 @@ package retrybudget
 // the lease word and what came out, per source (server leases, local fallback bucket), turned
 // into the cumulative counters a Sync reports. Not thread-safe: the tenant's mu serialises it.
 //
-//	spent = in - out - held          (takes minus refunds)
-//	tokens_received = lease.in, tokens_returned = lease.out,
-//	fallback_spent = fallback.reportedSpent, retries_spent = lease.reported + fallback_spent
+// Per source, with held = this source's tokens now in the word:
 //
-// A reported count never goes back: a refund after a report is absorbed (counted as spent).
+//	exact = in - out - held                 (takes minus refunds: the retries really sent)
+//	at each report: refunded = max(refunded, reportedSpent - exact)
+//	                reportedSpent = exact + refunded
+//
+// so both reported counters are monotonic and reportedSpent - refunded = exact: a Refund after
+// the Sync that reported its take is reported as refunded (the server gives the token back to
+// the bucket when it comes back as returned), never absorbed. The wire counters are
+//
+//	retries_spent = lease.reportedSpent + fallback.reportedSpent
+//	retries_refunded = lease.refunded + fallback.refunded
+//	fallback_spent = fallback.reportedSpent, fallback_refunded = fallback.refunded
+//	tokens_returned = lease.out, tokens_received = lease.in
+//
+// and the server's checks hold for every report: refunded <= spent (per source),
+// fallback_refunded <= retries_refunded, and lease.exact + lease.out <= lease.in, i.e.
+// (retries_spent - fallback_spent) - (retries_refunded - fallback_refunded) + tokens_returned
+// <= tokens_received.
 type tokenAccount struct {
-	in, out, absorbed, reportedSpent uint64
+	in, out, reportedSpent, refunded uint64
 }
 
 func subU64(a, b uint64) uint64 {
@@ -20,22 +34,25 @@ func subU64(a, b uint64) uint64 {
 	return 0
 }
 
+// withdrew: `withdrawn` tokens left the word, which holds heldAfter of this source's tokens
+// right after. They count as out except those that are not this source's (a Refund that landed
+// after the source switched): only what keeps exact >= 0 counts; the rest stay spent in the
+// other source's books (the safe direction).
 func (a *tokenAccount) withdrew(withdrawn, heldAfter uint64) {
-	unaccounted := subU64(subU64(a.in, a.out), a.reportedSpent)
-	back := minU64(withdrawn, subU64(unaccounted, heldAfter))
+	back := minU64(withdrawn, subU64(subU64(a.in, a.out), heldAfter))
 	a.out += back
-	a.absorbed += withdrawn - back
 }
 
-func (a *tokenAccount) reportSpent(held uint64) uint64 {
-	if s := subU64(a.in, a.out+held); s > a.reportedSpent {
-		a.reportedSpent = s
+// exact is the retries this source really allowed: takes minus refunds. Not monotonic.
+func (a *tokenAccount) exact(held uint64) uint64 { return subU64(a.in, a.out+held) }
+
+// report fills reportedSpent and refunded for a new request (both monotonic).
+func (a *tokenAccount) report(held uint64) {
+	e := a.exact(held)
+	if r := subU64(a.reportedSpent, e); r > a.refunded {
+		a.refunded = r
 	}
-	return a.reportedSpent
-}
-
-func (a *tokenAccount) exactSpent(held uint64) uint64 {
-	return subU64(a.in, a.out+a.absorbed+held)
+	a.reportedSpent = e + a.refunded
 }
 
 type tokenSource int
@@ -76,19 +93,28 @@ func (l *tenantLedger) withdrew(withdrawn, heldAfter uint64) {
 
 func (l *tenantLedger) switchTo(s tokenSource) { l.source = s }
 
-func (l *tenantLedger) reportSpent(held uint64) uint64 {
-	return l.lease.reportSpent(l.heldBy(sourceLease, held)) +
-		l.fallback.reportSpent(l.heldBy(sourceFallback, held))
+// report updates both sources' reported counters for a request built while the word holds
+// `held` tokens.
+func (l *tenantLedger) report(held uint64) {
+	l.lease.report(l.heldBy(sourceLease, held))
+	l.fallback.report(l.heldBy(sourceFallback, held))
 }
 
 func (l *tenantLedger) exactSpent(held uint64) uint64 {
-	return l.lease.exactSpent(l.heldBy(sourceLease, held)) + l.exactFallbackSpent(held)
+	return l.lease.exact(l.heldBy(sourceLease, held)) + l.exactFallbackSpent(held)
 }
 
 func (l *tenantLedger) exactFallbackSpent(held uint64) uint64 {
-	return l.fallback.exactSpent(l.heldBy(sourceFallback, held))
+	return l.fallback.exact(l.heldBy(sourceFallback, held))
 }
 
+func (l *tenantLedger) reportedSpent() uint64 {
+	return l.lease.reportedSpent + l.fallback.reportedSpent
+}
+func (l *tenantLedger) reportedRefunded() uint64      { return l.lease.refunded + l.fallback.refunded }
 func (l *tenantLedger) tokensReceived() uint64        { return l.lease.in }
 func (l *tenantLedger) tokensReturned() uint64        { return l.lease.out }
 func (l *tenantLedger) reportedFallbackSpent() uint64 { return l.fallback.reportedSpent }
+func (l *tenantLedger) reportedFallbackRefunded() uint64 {
+	return l.fallback.refunded
+}

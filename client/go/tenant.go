@@ -387,11 +387,14 @@ func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 	out.Tenant = t.name
 	out.Successes = t.successes.Load()
-	out.RetriesSpent = t.ledger.reportSpent(held)
+	t.ledger.report(held)
+	out.RetriesSpent = t.ledger.reportedSpent()
+	out.RetriesRefunded = t.ledger.reportedRefunded()
 	out.RetriesDenied = t.denied.Load()
 	out.TokensReturned = t.ledger.tokensReturned()
 	out.TokensReceived = t.ledger.tokensReceived()
 	out.FallbackSpent = t.ledger.reportedFallbackSpent()
+	out.FallbackRefunded = t.ledger.reportedFallbackRefunded()
 	out.SuccessesCreditedLocally = t.successesCreditedLocally
 	// From now on the server may credit every success this request carries.
 	if out.Successes > t.successesInRequests {
