@@ -183,6 +183,36 @@ func DefaultRetryable(err error) bool {
 	return errors.As(err, &oe)
 }
 
+// readyBudget is a Budget that tells when it has its first answer (*TenantBudget does).
+type readyBudget interface {
+	Ready() <-chan struct{}
+}
+
+// waitReadyWithin waits for rb's first answer for at most `wait` on the clock; returns what is
+// left of `wait` (0 if it all passed), or ctx.Err() when ctx ended first (no token taken).
+func waitReadyWithin(ctx context.Context, c *retryConfig, rb readyBudget, wait time.Duration) (time.Duration, error) {
+	ready := rb.Ready()
+	select {
+	case <-ready:
+		return wait, nil
+	default:
+	}
+	start := c.clock.Now()
+	t := c.clock.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ready:
+		if left := wait - c.clock.Now().Sub(start); left > 0 {
+			return left, nil
+		}
+		return 0, nil
+	case <-t.C():
+		return 0, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
 // computeBackoff is the full-jitter backoff before retry `retry` (1 = the first retry).
 func computeBackoff(c *retryConfig, retry int, r float64) time.Duration {
 	ceiling := c.maxBackoff
@@ -273,9 +303,12 @@ func (e *CallError) GRPCStatus() *status.Status {
 //     stacked layers must not multiply)? -> attempts left? -> pushback < 0 (do not retry)? ->
 //     backoff (the pushback, or full jitter) -> would the backoff end at or after ctx's
 //     deadline? (a CallError with context.DeadlineExceeded now, no token taken) ->
-//     TryAcquire (denied: a CallError with ErrBudgetExhausted wrapping the last error) ->
-//     the backoff raced against ctx.Done() (cancelled: the token is refunded and a CallError
-//     with ctx.Err() returned at once) -> the next attempt.
+//     a budget without its first answer yet (a *TenantBudget whose Ready is still open: a
+//     new client) is waited for within the backoff (cancelled by ctx: a CallError with
+//     ctx.Err(), no token taken) -> TryAcquire (denied: a CallError with ErrBudgetExhausted
+//     wrapping the last error) -> the rest of the backoff
+//     raced against ctx.Done() (cancelled: the token is refunded and a CallError with
+//     ctx.Err() returned at once) -> the next attempt.
 //   - Each attempt gets ctx (with WithPerAttemptTimeout, a child with its own deadline).
 //   - A call that succeeds, at any attempt, calls RecordSuccess exactly once.
 //   - Every attempt sees the same IdempotencyKey.
@@ -349,6 +382,16 @@ func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt
 			return &CallError{Reason: context.DeadlineExceeded, Last: last, Attempts: number,
 				detail: fmt.Sprintf("a backoff of %v after attempt %d would end at or after the deadline (%v left)",
 					wait, number, time.Until(deadline).Round(time.Millisecond))}
+		}
+		if rb, ok := budget.(readyBudget); ok && wait > 0 {
+			// A tenant without its first answer yet denies every retry: wait for the answer
+			// within the backoff, which is slept anyway (what is left of it is slept after).
+			left, err := waitReadyWithin(ctx, &c, rb, wait)
+			if err != nil {
+				return &CallError{Reason: err, Last: last, Attempts: number,
+					detail: fmt.Sprintf("during the backoff before attempt %d", number+1)}
+			}
+			wait = left
 		}
 		if !budget.TryAcquire() {
 			return &CallError{Reason: ErrBudgetExhausted, Last: last, Attempts: number,

@@ -1,6 +1,7 @@
 package retrybudget
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"sync"
@@ -90,6 +91,9 @@ type TenantBudget struct {
 	denied     atomic.Uint64
 	refunds    atomic.Uint64
 	syncWanted atomic.Bool
+	// ready is closed at the tenant's first answer (Ready); readyOnce closes it.
+	ready     chan struct{}
+	readyOnce sync.Once
 
 	mu              sync.Mutex
 	mode            leaseMode
@@ -118,6 +122,7 @@ func newTenantBudget(name string, waker func(), created time.Time, fb fallbackCo
 		waker:      waker,
 		fb:         fb,
 		lease:      newLease(),
+		ready:      make(chan struct{}),
 		demand:     demandEstimator{last: created},
 		expiry:     farPast,
 		nextDue:    farPast,
@@ -155,6 +160,42 @@ func (t *TenantBudget) Refund() {
 
 // RecordSuccess records one successful logical call; it earns the budget success_credit.
 func (t *TenantBudget) RecordSuccess() { t.successes.Add(1) }
+
+// Ready is closed once the tenant has its first answer: a lease granted, the server's refusal,
+// or the configured fallback because the server cannot be reached (or the client was closed).
+// Until then TryAcquire denies. The refresher asks for the first lease when the handle is
+// created, so on a reachable server Ready closes about one connection set-up and one Sync
+// later. Do and UnaryClientInterceptor wait for it within the backoff they sleep anyway.
+func (t *TenantBudget) Ready() <-chan struct{} { return t.ready }
+
+// WaitReady waits until the tenant has its first answer (Ready) or ctx is done. Returns nil
+// with a lease or in fallback (Stats().Mode tells which), the *TenantError with which the
+// server refused the tenant, ErrClientClosed after Close, or ctx.Err(). Never needed for
+// correctness (TryAcquire simply denies until then); for a program whose very first call may
+// need a retry.
+func (t *TenantBudget) WaitReady(ctx context.Context) error {
+	select {
+	case <-t.ready:
+	case <-ctx.Done():
+		select {
+		case <-t.ready: // both: the answer wins
+		default:
+			return ctx.Err()
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.mode == shutdown:
+		return ErrClientClosed
+	case t.mode == refused && t.err != nil:
+		return t.err
+	}
+	return nil
+}
+
+// markReadyLocked: the tenant has its first answer (any later call does nothing).
+func (t *TenantBudget) markReadyLocked() { t.readyOnce.Do(func() { close(t.ready) }) }
 
 // requestSync: the first worker to find the lease low or empty since the last applied
 // response wakes the refresher; later ones see the flag set.
@@ -270,6 +311,7 @@ func (t *TenantBudget) fallbackMarkLocked() uint64 {
 }
 
 func (t *TenantBudget) enterFallbackLocked(now time.Time, startFull bool) {
+	defer t.markReadyLocked()
 	if t.fb.mode == FallbackDeny {
 		t.withdrawAllLocked(now)
 		t.mode = inDenyFallback
@@ -463,6 +505,7 @@ func (t *TenantBudget) applyGrant(g *pb.TenantGrant, sentEntry *pb.TenantSync, s
 	t.expiry = sent.Add(ttl)
 	t.mode = leased
 	t.err = nil
+	t.markReadyLocked()
 	delay := nextSyncDelay(g.GetNextSyncMs(), p)
 	t.nextDue = received.Add(delay)
 	// Granted less than asked: the bucket is dry; next_sync_ms is then the retry-after.
@@ -499,6 +542,7 @@ func (t *TenantBudget) applyRefusal(code codes.Code, message string, received ti
 		code = codes.Unknown
 	}
 	t.err = &TenantError{Tenant: t.name, Code: code, Message: message}
+	t.markReadyLocked()
 	t.nextDue = received.Add(p.refreshPeriod)
 	t.dryUntil = t.nextDue
 }
@@ -520,6 +564,7 @@ func (t *TenantBudget) fillFinal(now time.Time) *pb.TenantSync {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.mode = shutdown
+	t.markReadyLocked()
 	t.withdrawAllLocked(now)
 	out := &pb.TenantSync{}
 	t.fillCountersLocked(t.lease.held(), out)
