@@ -20,12 +20,13 @@ from .client import BudgetClient  # noqa: E402
 from .aio import AsyncBudgetClient  # noqa: E402
 from .retry import (Attempt, RetryCancelled, RetryDeadlineExceeded, RetryPolicy,  # noqa: E402
                     async_call_with_retry, call_with_retry, compute_backoff,
-                    new_idempotency_key)
+                    default_is_retryable, new_idempotency_key)
 from .tenant_budget import TenantBudget  # noqa: E402
 
 __all__ = [
     "AsyncBudgetClient", "Attempt", "BudgetClient", "BudgetExhausted", "ClientClosed",
     "ClientOptions", "DENY_FALLBACK", "FALLBACK", "InvalidOptions", "LEASE", "MODES", "NO_LEASE",
     "RetryCancelled", "RetryDeadlineExceeded", "RetryPolicy", "TenantBudget", "TenantStats",
-    "async_call_with_retry", "call_with_retry", "compute_backoff", "new_idempotency_key",
+    "async_call_with_retry", "call_with_retry", "compute_backoff", "default_is_retryable",
+    "new_idempotency_key",
 ]

@@ -17,12 +17,13 @@ Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
    (tenants whose lease ended fall back); those two mean it refuses (deny); a response means it
    answers. A `stale` response is dropped.
  * Leases end at the request's FIRST send + lease_ttl_ms.
- * Syncs are never closer than min_sync_interval; an attempt's deadline is the earliest of
-   sync_timeout, the next lease expiry, and the next fallback step or moment a route (or a
-   parked tenant) turns DOWN (>= 20 ms away), so that a spent lease falls back on time while
-   an attempt waits for the channel; an attempt cut short by it, or cancelled by a wake while
-   waiting for a connection, is "interrupted": no verdict, no backoff, the same request goes
-   out again at once.
+ * Syncs are never closer than min_sync_interval, except the first to carry a new tenant (it
+   goes out at once: until its first answer the tenant denies); an attempt's deadline is the
+   earliest of sync_timeout, the next lease expiry, and the next fallback step or moment a
+   route (or a parked tenant) turns DOWN (>= 20 ms away), so that a spent lease falls back on
+   time while an attempt waits for the channel; an attempt cut short by it, or cancelled by a
+   wake while waiting for a connection, is "interrupted": no verdict, no backoff, the same
+   request goes out again at once.
  * The first attempt after a success is fail-fast; later ones wait for the channel to connect.
 
 Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
@@ -214,6 +215,8 @@ class SyncEngine:
             return route.retry_at
         if not tenants:
             return INFINITE_FUTURE
+        if any(t.awaiting_first_sync() for t in tenants):
+            return INFINITE_PAST  # a new tenant's first Sync goes out at once
         due = min(t.sync_due_at() for t in tenants)
         if due == INFINITE_FUTURE:
             return due

@@ -9,9 +9,12 @@ What one logical call does:
    decides every RETRY: one budget.try_acquire() per retry.
  * After a failed attempt, in this order: stopped? -> retryable? -> attempts left? -> backoff
    (server pushback or full-jitter exponential) -> would the backoff end at or after the overall
-   deadline? (then RetryDeadlineExceeded now, no token taken) -> try_acquire() (denied:
-   BudgetExhausted from the last error) -> wait, woken by `stop` (stopped or, in asyncio,
-   cancelled: the token is refund()ed and RetryCancelled / CancelledError raised) -> next attempt.
+   deadline? (then RetryDeadlineExceeded now, no token taken) -> a tenant that has not had its
+   first answer yet (a new client: budget.is_ready() False) is waited for, the time counting
+   as backoff, bounded by the deadline, ended by `stop` / task cancellation (no token taken
+   yet) -> try_acquire() (denied: BudgetExhausted from the last error) -> wait the rest of the
+   backoff, woken by `stop` (stopped or, in asyncio, cancelled: the token is refund()ed and
+   RetryCancelled / CancelledError raised) -> next attempt.
  * A call that succeeds, at any attempt, calls record_success() exactly once.
  * Every attempt of a call sees the same idempotency key.
  * A BudgetExhausted raised by an attempt (an inner retry layer's budget said no) is never
@@ -147,8 +150,8 @@ class _Loop:
         return Attempt(self.number, self.key, self.deadline, attempt_deadline, self.stop)
 
     def after_failure(self, attempt: Attempt, error: BaseException) -> float:
-        """Raises `error` (or what replaces it) when the call ends here; otherwise takes a token
-        and returns the backoff to wait before the next attempt."""
+        """Raises `error` (or what replaces it) when the call ends here; otherwise returns the
+        backoff to wait before the next attempt (acquire() then takes its token)."""
         self.last_error = error
         if self.stop is not None and self.stop.is_set():
             raise RetryCancelled("the call was stopped") from error
@@ -167,9 +170,32 @@ class _Loop:
             raise RetryDeadlineExceeded(
                 f"the backoff of {backoff:.3f}s would end past the deadline; last error: "
                 f"{error!r}", error) from error
+        return backoff
+
+    def awaiting_first_answer(self) -> bool:
+        """The tenant has not had its first answer yet (a new client): its denial would say
+        nothing about the budget, so the helper waits for the answer before asking."""
+        is_ready = getattr(self.budget, "is_ready", None)
+        return is_ready is not None and not is_ready()
+
+    def ready_wait_limit(self) -> Optional[float]:
+        """How long the wait for the first answer may last: to the deadline (None: no limit;
+        the answer comes within the client's sync_timeout even when the server is down)."""
+        return None if self.deadline is None else max(0.0, self.deadline - self.clock())
+
+    def acquire(self, backoff: float, waited: float) -> float:
+        """After any wait for the first answer (`waited` seconds of the backoff spent in it):
+        takes the token or raises; returns what is left of the backoff to wait."""
+        error = self.last_error
+        left = max(0.0, backoff - waited)
+        if self.deadline is not None and self.clock() + left >= self.deadline:
+            raise RetryDeadlineExceeded(
+                f"the rest of the backoff, {left:.3f}s after {waited:.3f}s waiting for the "
+                f"budget's first answer, would end past the deadline; last error: {error!r}",
+                error) from error
         if not self.budget.try_acquire():
             raise BudgetExhausted(error, self.number) from error
-        return backoff
+        return left
 
 
 def call_with_retry(budget, fn: Callable[[Attempt], object], *, policy: RetryPolicy = None,
@@ -192,10 +218,36 @@ def call_with_retry(budget, fn: Callable[[Attempt], object], *, policy: RetryPol
         else:
             budget.record_success()
             return result
+        waited = 0.0
+        if loop.awaiting_first_answer():
+            started = clock()
+            if not _wait_ready(budget, loop.ready_wait_limit(), stop):
+                raise RetryCancelled("the call was stopped during a backoff") from loop.last_error
+            waited = clock() - started
+        backoff = loop.acquire(backoff, waited)
         waiter = stop if stop is not None else threading.Event()
         if waiter.wait(backoff):
             budget.refund()  # the retry is never sent
             raise RetryCancelled("the call was stopped during a backoff") from loop.last_error
+
+
+# While waiting for a tenant's first answer with a `stop` event, how often `stop` is looked at
+# (a threading.Event cannot wait for two events at once; the wait is about one Sync round trip).
+_STOP_POLL = 0.002
+
+
+def _wait_ready(budget, limit: Optional[float], stop: Optional[threading.Event]) -> bool:
+    """Waits for the budget's first answer, at most `limit` seconds (None: no limit); False when
+    `stop` was set. A wait that ends without the answer leaves the decision to acquire()."""
+    if stop is None:
+        budget.wait_ready(limit)
+        return True
+    end = None if limit is None else time.monotonic() + limit
+    while not stop.is_set():
+        left = _STOP_POLL if end is None else min(_STOP_POLL, end - time.monotonic())
+        if left <= 0 or budget.wait_ready(left):
+            return not stop.is_set()
+    return False
 
 
 async def async_call_with_retry(budget, fn, *, policy: RetryPolicy = None,
@@ -217,6 +269,12 @@ async def async_call_with_retry(budget, fn, *, policy: RetryPolicy = None,
         else:
             budget.record_success()
             return result
+        waited = 0.0
+        if loop.awaiting_first_answer():
+            started = clock()
+            await budget.ready(loop.ready_wait_limit())  # cancelled with the task: no token yet
+            waited = clock() - started
+        backoff = loop.acquire(backoff, waited)
         try:
             await asyncio.sleep(backoff)
         except asyncio.CancelledError:

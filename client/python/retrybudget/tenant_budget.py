@@ -1,8 +1,10 @@
 """One tenant's budget inside a client: the handle workers call, and the per-tenant half of the
 leasing protocol the refresher drives (a port of the C++ TenantBudgetImpl and Lease)."""
 
+import asyncio
 import re
 import threading
+from typing import Callable, List, Optional
 
 from . import _ledger
 from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST, MAX_LEASE_TOKENS, BucketShape,
@@ -82,6 +84,13 @@ class TenantBudget:
         self._successes_in_requests = 0
         self._successes_considered = 0
         self._successes_credited_locally = 0
+        # The tenant's first answer (a grant, a refusal, or the fallback because the server
+        # cannot be reached; or the client's shutdown): set once, never cleared. Callbacks run
+        # once when it is set (they must not block: they hand the news to a waiter).
+        self._in_a_request = False
+        self._ready = threading.Event()
+        self._ready_lock = threading.Lock()
+        self._ready_callbacks: List[Callable[[], None]] = []
 
     # ---- worker side (hot path) ----
 
@@ -114,6 +123,70 @@ class TenantBudget:
         """Records one successful logical call; it earns the budget `success_credit`."""
         with self._lock:
             self._successes += 1
+
+    def is_ready(self) -> bool:
+        """True once the tenant had its first answer: a lease granted, a refusal, or the
+        fallback (the server could not be reached), or the client closed. Before that,
+        try_acquire() denies. Never blocks."""
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: Optional[float] = None) -> bool:
+        """Blocks until the tenant's first answer (see is_ready()), at most `timeout` seconds
+        (None: no limit; the answer comes within about one Sync round trip, at most the
+        client's sync_timeout when the server cannot be reached). Returns is_ready(). Not for
+        the event loop's thread of an AsyncBudgetClient (its refresher runs there): await
+        ready() instead."""
+        return self._ready.wait(timeout)
+
+    async def ready(self, timeout: Optional[float] = None) -> bool:
+        """wait_ready() for asyncio: awaits the tenant's first answer, at most `timeout`
+        seconds; cancelling the task cancels the wait. Returns is_ready()."""
+        if self._ready.is_set():
+            return True
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(_=None):
+            if not future.done():
+                future.set_result(None)
+
+        def notify():
+            try:
+                loop.call_soon_threadsafe(done)
+            except RuntimeError:
+                pass  # the loop is closed: nobody waits any more
+
+        self._on_ready(notify)
+        try:
+            await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._remove_ready_callback(notify)
+        return self._ready.is_set()
+
+    def _on_ready(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once the tenant is ready (at once, here, if it already is)."""
+        with self._ready_lock:
+            if not self._ready.is_set():
+                self._ready_callbacks.append(callback)
+                return
+        callback()
+
+    def _remove_ready_callback(self, callback: Callable[[], None]) -> None:
+        with self._ready_lock:
+            if callback in self._ready_callbacks:
+                self._ready_callbacks.remove(callback)
+
+    def _mark_ready(self) -> None:
+        # Refresher side. The event is set first, so a waiter woken by a callback sees it.
+        if self._ready.is_set():
+            return
+        with self._ready_lock:
+            self._ready.set()
+            callbacks, self._ready_callbacks = self._ready_callbacks, []
+        for callback in callbacks:
+            callback()
 
     def _request_sync(self) -> None:
         # The first worker to find the lease low or empty since the last applied response wakes
@@ -190,6 +263,12 @@ class TenantBudget:
                 return min(self._next_due, self._dry_until)
             return self._next_due
 
+    def awaiting_first_sync(self) -> bool:
+        """No request has carried this tenant yet: its first Sync is due at once (not held back
+        by min_sync_interval)."""
+        with self._mu:
+            return not self._in_a_request and self._mode == AWAITING
+
     def lease_ends_at(self) -> float:
         with self._mu:
             return self._expiry if self._mode == LEASED else INFINITE_FUTURE
@@ -216,6 +295,7 @@ class TenantBudget:
         return fb.held - 1
 
     def _enter_fallback(self, now: float, start_full: bool = True) -> None:
+        self._mark_ready()  # the server cannot be reached: the fallback is the answer
         if self._fallback_mode == "deny":
             self._withdraw_all(now)
             self._mode = IN_DENY_FALLBACK
@@ -280,6 +360,8 @@ class TenantBudget:
                 return INFINITE_FUTURE
             if self._mode == IN_DENY_FALLBACK and server == REFUSING:
                 self._mode = EXPIRED
+            if server == REFUSING:
+                self._mark_ready()  # the server refuses this client (credentials): deny
             if self._mode in (AWAITING, EXPIRED) and unreachable:
                 self._enter_fallback(now)
                 return self._refill_fallback(now) if self._mode == IN_FALLBACK else INFINITE_FUTURE
@@ -310,6 +392,7 @@ class TenantBudget:
         """Fills `out` (a TenantSync) for a NEW request built at `now`."""
         with self._mu:
             held = self._held_now()
+            self._in_a_request = True
             self._fill_counters(held, out)
             self._demand.observe(now, out.retries_spent + out.retries_denied)
             leased = held if self._ledger.source == _ledger.LEASE else 0
@@ -347,6 +430,7 @@ class TenantBudget:
             delay = next_sync_delay(grant.next_sync_ms, policy)
             self._next_due = received + delay
             self._dry_until = received + delay if granted < sent_entry.want else INFINITE_PAST
+            self._mark_ready()
 
     def apply_refusal(self, code_name: str, message: str, received: float, policy) -> None:
         with self._mu:
@@ -359,6 +443,7 @@ class TenantBudget:
             self._error = f"{code_name}: budget server refused tenant \"{self.tenant}\": {message}"
             self._next_due = received + policy.refresh_period
             self._dry_until = self._next_due
+            self._mark_ready()
 
     def sync_again_at(self, due: float) -> None:
         """The server did not apply this tenant's entry (it named another owner, or none can
@@ -376,3 +461,4 @@ class TenantBudget:
             self._withdraw_all(now)
             self._fill_counters(self._held_now(), out)
             out.want = 0
+        self._mark_ready()  # closed: waiters stop waiting (try_acquire() denies from now on)
