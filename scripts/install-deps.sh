@@ -15,6 +15,7 @@ packages=(
   golang-etcd-server-dev golang-github-gogo-protobuf-dev golang-github-grpc-ecosystem-grpc-gateway-dev
   # The Go client (client/go); protoc-gen-go{,-grpc} are built from these sources (Debian's protoc-gen-go conflicts with golang-goprotobuf-dev, which etcd's packages need)
   golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-prometheus-client-golang-dev
+  golang-github-cenkalti-backoff-dev  # client/go/backoffbudget, the cenkalti/backoff/v4 adapter
   python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client python3-venv python3-pip
 )
 

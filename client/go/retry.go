@@ -266,7 +266,10 @@ type CallError struct {
 }
 
 func (e *CallError) Error() string {
-	msg := fmt.Sprintf("retrybudget: %v %s", e.Reason, e.detail)
+	msg := fmt.Sprintf("retrybudget: %v", e.Reason)
+	if e.detail != "" {
+		msg += " " + e.detail
+	}
 	if e.Last != nil {
 		msg += ": last error: " + e.Last.Error()
 	}

@@ -12,7 +12,7 @@ if [ -n "$unformatted" ]; then
   echo "$unformatted" >&2
   status=1
 fi
-if ! "$RETRYBUDGET_GO" vet "$module" "$module/gotest" "$module/examples/go_worker" "$module/tools/go_worker"; then
+if ! "$RETRYBUDGET_GO" vet "$module" "$module/budgetpb" "$module/backoffbudget" "$module/gotest" "$module/examples/go_worker" "$module/tools/go_worker"; then
   echo "go vet failed" >&2
   status=1
 fi

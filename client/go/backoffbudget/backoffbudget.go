@@ -1,0 +1,161 @@
+// Package backoffbudget puts github.com/cenkalti/backoff/v4's retry loop under a retry budget:
+// BackOff is a backoff.BackOff whose every retry needs a token of the budget, and that stops
+// the loop (backoff.Stop) when the budget says no. It keeps the budget's rules:
+//
+//   - the first attempt is free: backoff.Retry calls the operation before any NextBackOff;
+//   - one token per retry: each NextBackOff (one per failed attempt) takes one, or stops;
+//   - a retry never sent gives its token back: a token taken for a retry whose backoff was
+//     cancelled (the context of backoff.WithContext done) is refunded by Done;
+//   - a success is recorded once per logical call (the operation wrapped by Operation).
+//
+// A tenant without its first answer yet (a new client) is waited for within the backoff, as
+// retrybudget.Do does. The simplest use is Retry, which does all of it:
+//
+//	err := backoffbudget.Retry(ctx, tenant, backoff.NewExponentialBackOff(), func() error {
+//		return callTheBackend(ctx)
+//	})
+//	if errors.Is(err, retrybudget.ErrBudgetExhausted) { /* the budget said no */ }
+//
+// By hand (a Notify, a Timer, backoff.WithMaxRetries around the adapter, ...):
+//
+//	b := backoffbudget.New(ctx, tenant, backoff.NewExponentialBackOff())
+//	err := backoff.Retry(b.Operation(op), backoff.WithContext(b, ctx))
+//	err = b.Done(err) // refunds a retry never sent; a denial becomes ErrBudgetExhausted
+//
+// The package is separate so that retrybudget itself does not depend on cenkalti/backoff.
+package backoffbudget
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	retrybudget "github.com/retry-budget/retry-budget/client/go"
+)
+
+// BackOff is a backoff.BackOff granting each retry from a retry budget. One BackOff serves one
+// logical call at a time (backoff.Retry calls Reset at its start); safe for concurrent use.
+type BackOff struct {
+	ctx    context.Context
+	budget retrybudget.Budget
+	inner  backoff.BackOff
+
+	mu       sync.Mutex
+	pending  bool // a token was taken for a retry not sent yet
+	denied   bool // the budget said no in this call
+	attempts int  // attempts of this call the operation wrapper saw
+}
+
+// New makes the adapter: the delays come from inner (its Stop ends the loop as usual), the
+// permission for each retry from budget. ctx bounds the wait for a new tenant's first answer;
+// give the loop the same one (backoff.WithContext) so that a cancelled call stops sleeping.
+func New(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff) *BackOff {
+	return &BackOff{ctx: ctx, budget: budget, inner: inner}
+}
+
+type readyBudget interface{ Ready() <-chan struct{} }
+
+// NextBackOff is the delay before the next retry, with its token taken; backoff.Stop when
+// inner stops or the budget denies (Denied then reports it). A budget without its first answer
+// yet is waited for within the delay (what is left of it is returned).
+func (b *BackOff) NextBackOff() time.Duration {
+	d := b.inner.NextBackOff()
+	if d == backoff.Stop {
+		return backoff.Stop
+	}
+	if rb, ok := b.budget.(readyBudget); ok && d > 0 {
+		start := time.Now()
+		t := time.NewTimer(d)
+		select {
+		case <-rb.Ready():
+			d -= time.Since(start)
+			if d < 0 {
+				d = 0
+			}
+		case <-t.C:
+			d = 0
+		case <-b.ctx.Done():
+			t.Stop()
+			return backoff.Stop // the loop returns ctx.Err(); no token taken
+		}
+		t.Stop()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pending {
+		// The previous token's retry never ran (a loop that asks twice): one token per retry.
+		return d
+	}
+	if !b.budget.TryAcquire() {
+		b.denied = true
+		return backoff.Stop
+	}
+	b.pending = true
+	return d
+}
+
+// Reset starts a new logical call: inner is reset and a token of a retry never sent is
+// refunded.
+func (b *BackOff) Reset() {
+	b.inner.Reset()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refundLocked()
+	b.denied = false
+	b.attempts = 0
+}
+
+func (b *BackOff) refundLocked() {
+	if b.pending {
+		b.pending = false
+		b.budget.Refund()
+	}
+}
+
+// Operation wraps op: each call after the first uses the token NextBackOff took, and a
+// success is recorded in the budget.
+func (b *BackOff) Operation(op backoff.Operation) backoff.Operation {
+	return func() error {
+		b.mu.Lock()
+		b.pending = false
+		b.attempts++
+		b.mu.Unlock()
+		err := op()
+		if err == nil {
+			b.budget.RecordSuccess()
+		}
+		return err
+	}
+}
+
+// Denied reports whether the budget ended the current call.
+func (b *BackOff) Denied() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.denied
+}
+
+// Done ends the call whose result is err (what backoff.Retry returned): refunds the token of a
+// retry never sent (its backoff was cancelled) and, when the budget ended the call, returns a
+// *retrybudget.CallError with errors.Is(err, retrybudget.ErrBudgetExhausted) wrapping err;
+// otherwise err unchanged.
+func (b *BackOff) Done(err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refundLocked()
+	if b.denied && err != nil {
+		return &retrybudget.CallError{Reason: retrybudget.ErrBudgetExhausted, Last: err,
+			Attempts: b.attempts}
+	}
+	return err
+}
+
+// Retry runs op with backoff.Retry under the budget: delays from inner, every retry with a
+// token, stopped by ctx (a token taken for a retry never sent is refunded), a success
+// recorded. Returns nil, op's last error (permanent, or inner stopped), ctx.Err(), or a
+// *retrybudget.CallError matching retrybudget.ErrBudgetExhausted when the budget said no.
+func Retry(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff, op backoff.Operation) error {
+	b := New(ctx, budget, inner)
+	return b.Done(backoff.Retry(b.Operation(op), backoff.WithContext(b, ctx)))
+}
