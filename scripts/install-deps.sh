@@ -17,6 +17,8 @@ packages=(
   golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-prometheus-client-golang-dev
   golang-github-cenkalti-backoff-dev  # client/go/backoffbudget, the cenkalti/backoff/v4 adapter
   python3-protobuf python3-pytest python3-pytest-asyncio python3-tenacity python3-prometheus-client python3-venv python3-pip
+  # The Python client's wheel (pip wheel --no-build-isolation: Debian's setuptools and wheel build it)
+  python3-setuptools python3-wheel
 )
 
 missing=()
