@@ -20,6 +20,11 @@ that says stop, so the budget is asked only when nothing else stops). Denied, it
 BudgetExhausted from the attempt's exception. It cannot see successes: call
 budget.record_success() yourself, or use retry_if_budget_allows.
 
+The hooks do not wait for a new client's first answer (a condition cannot tell a blocking
+caller from an event loop, whose refresher a blocking wait would stall): until the tenant's first
+lease try_acquire() denies, so call budget.wait_ready(timeout) (or await budget.ready(timeout))
+once after creating the client.
+
 A token is taken before tenacity's sleep; tenacity's sleep cannot be interrupted, so a caller that
 must cancel during the backoff (and get the token refunded) uses retrybudget.call_with_retry or
 async_call_with_retry instead."""
