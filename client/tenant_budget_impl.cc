@@ -192,11 +192,14 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
 void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
   out->set_tenant(tenant_);
   out->set_successes(successes_.value.load(std::memory_order_relaxed));
-  out->set_retries_spent(ledger_.ReportSpent(held));
+  ledger_.Report(held);
+  out->set_retries_spent(ledger_.reported_spent());
+  out->set_retries_refunded(ledger_.reported_refunded());
   out->set_retries_denied(slow_.denied.load(std::memory_order_relaxed));
   out->set_tokens_returned(ledger_.returned());
   out->set_tokens_received(ledger_.received());
   out->set_fallback_spent(ledger_.reported_fallback_spent());
+  out->set_fallback_refunded(ledger_.reported_fallback_refunded());
   out->set_successes_credited_locally(successes_credited_locally_);
   // From now on the server may credit every success this request carries.
   successes_in_requests_ = std::max(successes_in_requests_, out->successes());

@@ -10,24 +10,24 @@ uint64_t Sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
 }  // namespace
 
 void TokenAccount::Withdrew(uint64_t withdrawn, uint64_t held_after) {
-  // Tokens of this source still unaccounted for: neither out nor reported spent. Of those,
-  // `held_after` are back in the word (raced-in refunds) and will be withdrawn later. Only the
-  // rest may count as out; any other withdrawn token was refunded after it had been reported
-  // spent (or belongs to the other source): it stays spent, so no reported counter goes back.
-  const uint64_t unaccounted = Sub(Sub(in_, out_), reported_spent_);
-  const uint64_t back = std::min(withdrawn, Sub(unaccounted, held_after));
+  // This source's tokens that are not out yet are either spent or in the word; `held_after` of
+  // them are back in the word (raced-in refunds) and will be withdrawn later. At most the rest
+  // can be this source's tokens among those withdrawn; any more were refunded into the word
+  // after a change of source and stay spent in the other source's books.
+  const uint64_t back = std::min(withdrawn, Sub(in_, out_ + held_after));
   out_ += back;
   absorbed_ += withdrawn - back;
 }
 
-uint64_t TokenAccount::ReportSpent(uint64_t held) {
-  reported_spent_ = std::max(reported_spent_, Sub(in_, out_ + held));
-  return reported_spent_;
+void TokenAccount::Report(uint64_t held) {
+  const uint64_t exact = ExactSpent(held);
+  // A refund after the last report lowered `exact` below what was reported: report it as
+  // refunded rather than lowering the spent count.
+  refunded_ = std::max(refunded_, Sub(reported_spent_, exact));
+  reported_spent_ = exact + refunded_;
 }
 
-uint64_t TokenAccount::ExactSpent(uint64_t held) const {
-  return Sub(in_, out_ + absorbed_ + held);
-}
+uint64_t TokenAccount::ExactSpent(uint64_t held) const { return Sub(in_, out_ + held); }
 
 void TenantLedger::Received(uint64_t granted, uint64_t deposited) {
   lease_.In(deposited);
@@ -38,9 +38,9 @@ void TenantLedger::Withdrew(uint64_t withdrawn, uint64_t held_after) {
   (source_ == Source::kLease ? lease_ : fallback_).Withdrew(withdrawn, held_after);
 }
 
-uint64_t TenantLedger::ReportSpent(uint64_t held) {
-  return lease_.ReportSpent(HeldBy(Source::kLease, held)) +
-         fallback_.ReportSpent(HeldBy(Source::kFallback, held));
+void TenantLedger::Report(uint64_t held) {
+  lease_.Report(HeldBy(Source::kLease, held));
+  fallback_.Report(HeldBy(Source::kFallback, held));
 }
 
 uint64_t TenantLedger::ExactSpent(uint64_t held) const {

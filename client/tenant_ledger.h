@@ -12,19 +12,35 @@ namespace retrybudget::client_internal {
 // everything it put into the lease word (`in`) and took out of it (`out`), so with `held` read
 // from the word while this source owns it,
 //
-//     spent = in - out - held
+//     exact = in - out - held
 //
 // counts every TryAcquire() that took a token minus every Refund() (a refund puts the token back
-// into the word, so it is simply not spent).
+// into the word, so it is simply not spent): the retries really sent.
 //
 // A Sync carries cumulative counters that must never go backwards, but a Refund() that comes
-// after a report lowers `spent`. So the reported spent count is held at its last value until the
-// real count catches up (the refunded token is spent again), and when such a token is withdrawn
-// instead, it is "absorbed": counted as spent rather than as out. A withdrawal never counts more
-// tokens as out than `in - out - reported_spent` allows (tokens refunded into the word across a
-// change of source belong to the other source's books and are absorbed too), so always
+// after a report lowers `exact`. So each report keeps two monotonic counters:
 //
-//     reported_spent + out <= in.
+//     refunded       = max(refunded, reported_spent - exact)
+//     reported_spent = exact + refunded
+//
+// and `reported_spent - refunded` is the exact count at that report: a token refunded after the
+// Sync that reported it is reported as refunded (it was never sent). It is then either spent
+// again (`exact` rises back, `refunded` stays: the pair stays exact) or withdrawn with the rest
+// of the word (expiry, refusal, shutdown) and counted as out, so it goes back to the server's
+// bucket as a returned token.
+//
+// A withdrawal counts as out only the tokens this source can have in the word:
+//
+//     back = min(withdrawn, max(0, in - out - held_after))
+//
+// The rest are tokens refunded into the word after a change of source (the other source's
+// tokens): they are absorbed, staying spent in the other source's books (the safe direction:
+// the server is never told of a return it did not grant). So at every report
+//
+//     (reported_spent - refunded) + out = in - held <= in,
+//     refunded <= reported_spent,
+//
+// and all of `in`, `out`, `refunded` and `reported_spent` are monotonic.
 //
 // Not thread-safe: the owner serialises calls.
 class TokenAccount {
@@ -39,36 +55,45 @@ class TokenAccount {
   // `withdrawn` tokens were taken out of the word; `held_after` is what it holds right after
   // (normally 0; more if a Refund() raced in).
   void Withdrew(uint64_t withdrawn, uint64_t held_after);
-  // The cumulative spent count to report while the word holds `held` of this source's tokens;
-  // remembered as reported (the next report is never lower).
-  uint64_t ReportSpent(uint64_t held);
-  // Spent really (takes minus refunds), for Stats. Not monotonic.
+  // Brings reported_spent() and refunded() up to date while the word holds `held` of this
+  // source's tokens (neither ever goes down).
+  void Report(uint64_t held);
+  // Spent really (takes minus refunds, `in - out - held`), for Stats. Not monotonic.
   uint64_t ExactSpent(uint64_t held) const;
 
   uint64_t in() const { return in_; }
   uint64_t out() const { return out_; }
   uint64_t reported_spent() const { return reported_spent_; }
+  uint64_t refunded() const { return refunded_; }
+  // Withdrawn tokens that were not this source's (diagnostics and tests only).
+  uint64_t absorbed() const { return absorbed_; }
 
  private:
   uint64_t in_ = 0;
   uint64_t out_ = 0;
   uint64_t absorbed_ = 0;
   uint64_t reported_spent_ = 0;
+  uint64_t refunded_ = 0;
 };
 
 // Both sources of one tenant. At any time exactly one source owns the tokens in the lease word;
 // the owner switches only after the word was emptied (TenantBudgetImpl withdraws first), so a
 // token is attributed to the source that put it there. The wire counters are:
 //
-//     tokens_received = lease.in          (granted by the server and received)
-//     tokens_returned = lease.out         (leased tokens given back: never fallback tokens)
-//     fallback_spent  = fallback.reported_spent
-//     retries_spent   = lease.reported_spent + fallback_spent
+//     tokens_received   = lease.in          (granted by the server and received)
+//     tokens_returned   = lease.out         (leased tokens given back: never fallback tokens)
+//     fallback_spent    = fallback.reported_spent
+//     fallback_refunded = fallback.refunded
+//     retries_spent     = lease.reported_spent + fallback_spent
+//     retries_refunded  = lease.refunded + fallback_refunded
 //
-// so `fallback_spent <= retries_spent` and `(retries_spent - fallback_spent) + tokens_returned
-// <= tokens_received` hold for every report, and each counter is monotonic. Fallback tokens
-// taken out of the word just vanish: the server never granted them. A Refund() that lands after
-// a change of source moves one token between the two books (the total stays exact).
+// so every report keeps the server's constraints: retries_refunded <= retries_spent,
+// fallback_refunded <= fallback_spent, fallback_refunded <= retries_refunded,
+// `(retries_spent - fallback_spent) - (retries_refunded - fallback_refunded) + tokens_returned
+// <= tokens_received`, and each counter is monotonic. Fallback tokens taken out of the word just
+// vanish: the server never granted them. A Refund() that lands after a change of source is
+// absorbed by the source that withdraws it (TokenAccount): the token stays spent in the books
+// of the source it came from.
 //
 // Not thread-safe: the owner serialises calls (TenantBudgetImpl holds its mutex).
 class TenantLedger {
@@ -83,16 +108,21 @@ class TenantLedger {
   void FallbackDeposited(uint64_t n) { fallback_.In(n); }
 
   // `withdrawn` tokens were taken out of the word (expiry, refusal, change of source, shutdown);
-  // they belong to the current source. `held_after` is what the word holds right after.
+  // they are counted to the current source. `held_after` is what the word holds right after.
   void Withdrew(uint64_t withdrawn, uint64_t held_after);
 
   // The word now holds (only) tokens of `source`. Call after emptying the word.
   void SwitchTo(Source source) { source_ = source; }
   Source source() const { return source_; }
 
-  // The cumulative `retries_spent` to report while the word holds `held` tokens, and remembers
-  // it (and its fallback part, reported_fallback_spent()) as reported.
-  uint64_t ReportSpent(uint64_t held);
+  // Brings every reported counter up to date while the word holds `held` tokens (of the current
+  // source); read them with the accessors below. Call once per request built.
+  void Report(uint64_t held);
+  // Report(held), then the cumulative `retries_spent`.
+  uint64_t ReportSpent(uint64_t held) {
+    Report(held);
+    return reported_spent();
+  }
 
   // Retries really spent (TryAcquire() minus Refund()), for Stats. Not monotonic.
   uint64_t ExactSpent(uint64_t held) const;
@@ -101,10 +131,13 @@ class TenantLedger {
 
   uint64_t received() const { return lease_.in(); }
   uint64_t returned() const { return lease_.out(); }
+  // The wire counters as of the last Report().
   uint64_t reported_spent() const {
     return lease_.reported_spent() + fallback_.reported_spent();
   }
+  uint64_t reported_refunded() const { return lease_.refunded() + fallback_.refunded(); }
   uint64_t reported_fallback_spent() const { return fallback_.reported_spent(); }
+  uint64_t reported_fallback_refunded() const { return fallback_.refunded(); }
 
  private:
   uint64_t HeldBy(Source source, uint64_t held) const { return source_ == source ? held : 0; }

@@ -382,24 +382,35 @@ TEST(BudgetClientTest, RefundKeepsSpentExact) {
   h.client().RunOnce();
   EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 2u);
 
-  // A refund after the report: the wire counter does not go backwards, Stats stays exact, and
-  // the final report still adds up (spent + returned == received).
+  // A refund after the report: the spent counter does not go backwards, the refund is reported
+  // as refunded (the net is the retries sent), Stats stays exact, and the final report gives the
+  // refunded token back (sent + returned == received).
   ASSERT_TRUE(budget->TryAcquire());
   ASSERT_TRUE(budget->TryAcquire());
   h.clock().Advance(absl::Milliseconds(200));
   h.client().RunOnce();
   EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 4u);
+  EXPECT_EQ(h.last_request().tenants(0).retries_refunded(), 0u);
   budget->Refund();
   EXPECT_EQ(budget->Stats().retries_allowed, 3u);
   h.clock().Advance(absl::Milliseconds(200));
   h.client().RunOnce();
   EXPECT_EQ(h.last_request().tenants(0).retries_spent(), 4u);
+  EXPECT_EQ(h.last_request().tenants(0).retries_refunded(), 1u);
 
   ASSERT_TRUE(h.client().Shutdown().ok());
   const v1::TenantSync last = h.last_request().tenants(0);
   EXPECT_TRUE(h.last_request().final());
-  EXPECT_EQ(last.retries_spent() + last.tokens_returned(), last.tokens_received());
-  EXPECT_EQ(budget->Stats().retries_allowed, 3u);
+  EXPECT_EQ(last.retries_spent(), 4u);
+  EXPECT_EQ(last.retries_refunded(), 1u);
+  EXPECT_EQ(last.retries_spent() - last.retries_refunded() + last.tokens_returned(),
+            last.tokens_received());
+  const TenantStats stats_after = budget->Stats();
+  EXPECT_EQ(stats_after.retries_allowed, 3u);
+  EXPECT_EQ(stats_after.tokens_received,
+            stats_after.retries_allowed + stats_after.tokens_returned +
+                static_cast<uint64_t>(stats_after.tokens_held));
+  EXPECT_EQ(stats_after.tokens_returned, last.tokens_returned());
 }
 
 TEST(BudgetClientTest, ShutdownSendsFinalSyncReturningAllTokens) {

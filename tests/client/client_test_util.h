@@ -74,9 +74,11 @@ inline SyncHandler GrantingWithShare(uint64_t granted, double share_capacity,
 }
 
 // The checks the real server makes on every tenant entry before applying it (a request failing
-// them is refused with INVALID_ARGUMENT): fallback_spent <= retries_spent,
-// (retries_spent - fallback_spent) + tokens_returned <= tokens_received, and no cumulative
-// counter lower than in an earlier request of the instance. Returns what is wrong, or "".
+// them is refused with INVALID_ARGUMENT): fallback_spent <= retries_spent, retries_refunded <=
+// retries_spent, fallback_refunded <= fallback_spent and <= retries_refunded,
+// (retries_spent - fallback_spent) - (retries_refunded - fallback_refunded) + tokens_returned
+// <= tokens_received, and no cumulative counter lower than in an earlier request of the
+// instance. Returns what is wrong, or "".
 class ServerRules {
  public:
   std::string Check(const v1::SyncRequest& request) {
@@ -86,12 +88,23 @@ class ServerRules {
       if (t.fallback_spent() > t.retries_spent()) {
         absl::StrAppend(&problems, where, "fallback_spent ", t.fallback_spent(),
                         " > retries_spent ", t.retries_spent(), "; ");
+      } else if (t.retries_refunded() > t.retries_spent()) {
+        absl::StrAppend(&problems, where, "retries_refunded ", t.retries_refunded(),
+                        " > retries_spent ", t.retries_spent(), "; ");
+      } else if (t.fallback_refunded() > t.fallback_spent() ||
+                 t.fallback_refunded() > t.retries_refunded()) {
+        absl::StrAppend(&problems, where, "fallback_refunded ", t.fallback_refunded(),
+                        " > fallback_spent ", t.fallback_spent(), " or retries_refunded ",
+                        t.retries_refunded(), "; ");
       } else if (t.successes_credited_locally() > t.successes()) {
         absl::StrAppend(&problems, where, "successes_credited_locally ",
                         t.successes_credited_locally(), " > successes ", t.successes(), "; ");
       } else if ((t.retries_spent() - t.fallback_spent()) + t.tokens_returned() >
-                 t.tokens_received()) {
+                 t.tokens_received() + (t.retries_refunded() - t.fallback_refunded())) {
+        // Both differences are >= 0 by the checks above; written without a subtraction that
+        // could wrap.
         absl::StrAppend(&problems, where, "leased spent ", t.retries_spent() - t.fallback_spent(),
+                        " - leased refunded ", t.retries_refunded() - t.fallback_refunded(),
                         " + returned ", t.tokens_returned(), " > received ",
                         t.tokens_received(), "; ");
       }
@@ -107,6 +120,8 @@ class ServerRules {
       backwards("tokens_returned", last.tokens_returned(), t.tokens_returned());
       backwards("tokens_received", last.tokens_received(), t.tokens_received());
       backwards("fallback_spent", last.fallback_spent(), t.fallback_spent());
+      backwards("retries_refunded", last.retries_refunded(), t.retries_refunded());
+      backwards("fallback_refunded", last.fallback_refunded(), t.fallback_refunded());
       backwards("successes_credited_locally", last.successes_credited_locally(),
                 t.successes_credited_locally());
       last = t;
