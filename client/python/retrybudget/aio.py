@@ -35,6 +35,8 @@ class AsyncBudgetClient:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._channel = make_channel(o, aio=True)
+        # Connect now, so that a tenant's first Sync finds the connection made or under way.
+        self._channel.get_state(try_to_connect=True)
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
         # Owner address -> (channel, stub), for the tenants a cluster redirected.
         self._owner_channels = {}

@@ -70,6 +70,8 @@ class BudgetClient:
         self._owner_channels = {}
         self._owner_channel_factory = _owner_channel_factory
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
+        # Connect now, so that a tenant's first Sync finds the connection made or under way.
+        self._connecting = grpc.channel_ready_future(self._channel)
         self._tenants, self._engine = make_tenants_and_engine(o, self._wake)
         self._clock = o.clock
         self._wake_mu = threading.Lock()
@@ -193,6 +195,7 @@ class BudgetClient:
                 self._stopping = True
                 self._wake_event.set()
             self._thread.join()
+            self._connecting.cancel()
             self._tenants.close()
             self._final_status = self._final_sync()
             self._closed = True
