@@ -55,8 +55,9 @@ def make_tenants_and_engine(o: ClientOptions, wake):
 
 
 class BudgetClient:
-    """Thread-safe. Creating it starts the refresher and does not wait for the server: until a
-    lease arrives, try_acquire() denies. close() (or leaving a `with` block) sends a final Sync
+    """Thread-safe. Creating it starts the refresher (and the connection) and does not wait for
+    the server: until a tenant's first answer, about one round trip after its handle is created,
+    its try_acquire() denies (budget.wait_ready() waits for it; the retry helpers do). close() (or leaving a `with` block) sends a final Sync
     that reports every counter and returns every unspent token (at most 3 attempts, same seq,
     each bounded by sync_timeout), then stops the refresher. Raises InvalidOptions for bad
     options, naming the field and value."""
