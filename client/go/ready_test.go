@@ -79,12 +79,18 @@ func TestDoWaitsForTheFirstAnswerWithinTheBackoff(t *testing.T) {
 	}
 }
 
-func TestDoWithoutAnAnswerWithinTheBackoffIsDenied(t *testing.T) {
+func TestDoWithoutAnAnswerWithinFirstAnswerWaitIsDenied(t *testing.T) {
 	h := newHarness(t, grantAll(5, 60000))
 	b := h.tenant(t, "t1")
 	attempts := 0
 	done := doAsync(t, h, context.Background(), b, &attempts)
-	h.clock.Advance(50 * time.Millisecond)
+	h.clock.Advance(FirstAnswerWait - time.Millisecond)
+	select {
+	case err := <-done:
+		t.Fatalf("Do returned %v before FirstAnswerWait (its backoff is 50 ms)", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	h.clock.Advance(time.Millisecond)
 	if err := <-done; !errors.Is(err, ErrBudgetExhausted) || attempts != 1 {
 		t.Fatalf("Do: %v after %d attempts, want ErrBudgetExhausted after 1", err, attempts)
 	}
@@ -182,5 +188,34 @@ func TestWaitReady(t *testing.T) {
 	}
 	if err := late.WaitReady(context.Background()); !errors.Is(err, ErrClientClosed) {
 		t.Fatalf("WaitReady after Close: %v", err)
+	}
+}
+
+func TestDoWaitsPastAShortBackoffForTheFirstAnswer(t *testing.T) {
+	h := newHarness(t, grantAll(5, 60000))
+	b := h.tenant(t, "t1")
+	attempts := 0
+	done := doAsync(t, h, context.Background(), b, &attempts) // a 50 ms backoff
+	h.clock.Advance(300 * time.Millisecond)
+	h.ref.runOnce() // the first answer, 300 ms in: nothing is left of the backoff
+	if err := <-done; err != nil || attempts != 2 {
+		t.Fatalf("Do: %v after %d attempts, want success at the second", err, attempts)
+	}
+}
+
+func TestDoWaitingForTheFirstAnswerEndsAtTheDeadline(t *testing.T) {
+	h := newHarness(t, grantAll(5, 60000))
+	b := h.tenant(t, "t1")
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	attempts := 0
+	err := Do(ctx, b, failOnce(&attempts), WithClock(h.clock), WithRandom(noJitter),
+		WithBackoff(2*time.Millisecond, 2*time.Millisecond, 1))
+	var ce *CallError
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ce) || attempts != 1 {
+		t.Fatalf("Do: %v after %d attempts, want a CallError with DeadlineExceeded", err, attempts)
+	}
+	if s := b.Stats(); s.RetriesDenied != 0 || s.RetriesAllowed != 0 {
+		t.Fatalf("stats %+v: no token may be asked for", s)
 	}
 }

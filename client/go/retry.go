@@ -188,8 +188,14 @@ type readyBudget interface {
 	Ready() <-chan struct{}
 }
 
-// waitReadyWithin waits for rb's first answer for at most `wait` on the clock; returns what is
-// left of `wait` (0 if it all passed), or ctx.Err() when ctx ended first (no token taken).
+// FirstAnswerWait is the longest Do waits for a new tenant's first answer when its backoff is
+// shorter (the default SyncTimeout: by then the first Sync got a lease, a refusal, or failed
+// and the fallback applies). A longer backoff is waited for whole, as always.
+const FirstAnswerWait = time.Second
+
+// waitReadyWithin waits for rb's first answer for at most max(wait, FirstAnswerWait) on the
+// clock; returns what is left of `wait` (0 if it all passed), or ctx.Err() when ctx (its
+// deadline included) ended first.
 func waitReadyWithin(ctx context.Context, c *retryConfig, rb readyBudget, wait time.Duration) (time.Duration, error) {
 	ready := rb.Ready()
 	select {
@@ -198,7 +204,11 @@ func waitReadyWithin(ctx context.Context, c *retryConfig, rb readyBudget, wait t
 	default:
 	}
 	start := c.clock.Now()
-	t := c.clock.NewTimer(wait)
+	bound := wait
+	if bound < FirstAnswerWait {
+		bound = FirstAnswerWait
+	}
+	t := c.clock.NewTimer(bound)
 	defer t.Stop()
 	select {
 	case <-ready:
@@ -307,9 +317,10 @@ func (e *CallError) GRPCStatus() *status.Status {
 //     backoff (the pushback, or full jitter) -> would the backoff end at or after ctx's
 //     deadline? (a CallError with context.DeadlineExceeded now, no token taken) ->
 //     a budget without its first answer yet (a *TenantBudget whose Ready is still open: a
-//     new client) is waited for within the backoff (cancelled by ctx: a CallError with
-//     ctx.Err(), no token taken) -> TryAcquire (denied: a CallError with ErrBudgetExhausted
-//     wrapping the last error) -> the rest of the backoff
+//     new client) is waited for during the backoff, or up to FirstAnswerWait if the backoff
+//     is shorter (ended by ctx or its deadline: a CallError with ctx.Err(), no token taken)
+//     -> TryAcquire (denied: a CallError with ErrBudgetExhausted wrapping the last error) ->
+//     the rest of the backoff
 //     raced against ctx.Done() (cancelled: the token is refunded and a CallError with
 //     ctx.Err() returned at once) -> the next attempt.
 //   - Each attempt gets ctx (with WithPerAttemptTimeout, a child with its own deadline).
@@ -386,9 +397,11 @@ func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt
 				detail: fmt.Sprintf("a backoff of %v after attempt %d would end at or after the deadline (%v left)",
 					wait, number, time.Until(deadline).Round(time.Millisecond))}
 		}
-		if rb, ok := budget.(readyBudget); ok && wait > 0 {
+		if rb, ok := budget.(readyBudget); ok {
 			// A tenant without its first answer yet denies every retry: wait for the answer
-			// within the backoff, which is slept anyway (what is left of it is slept after).
+			// during the backoff, which is slept anyway (what is left of it is slept after),
+			// or up to FirstAnswerWait when the backoff is shorter; ctx (and its deadline)
+			// ends the wait.
 			left, err := waitReadyWithin(ctx, &c, rb, wait)
 			if err != nil {
 				return &CallError{Reason: err, Last: last, Attempts: number,

@@ -8,8 +8,8 @@
 //     cancelled (the context of backoff.WithContext done) is refunded by Done;
 //   - a success is recorded once per logical call (the operation wrapped by Operation).
 //
-// A tenant without its first answer yet (a new client) is waited for within the backoff, as
-// retrybudget.Do does. The simplest use is Retry, which does all of it:
+// A tenant without its first answer yet (a new client) is waited for during the backoff, or up
+// to retrybudget.FirstAnswerWait when the backoff is shorter, as retrybudget.Do does. The simplest use is Retry, which does all of it:
 //
 //	err := backoffbudget.Retry(ctx, tenant, backoff.NewExponentialBackOff(), func() error {
 //		return callTheBackend(ctx)
@@ -58,28 +58,37 @@ type readyBudget interface{ Ready() <-chan struct{} }
 
 // NextBackOff is the delay before the next retry, with its token taken; backoff.Stop when
 // inner stops or the budget denies (Denied then reports it). A budget without its first answer
-// yet is waited for within the delay (what is left of it is returned).
+// yet is waited for during the delay, or up to retrybudget.FirstAnswerWait if the delay is
+// shorter (what is left of the delay is returned); ctx ends that wait (Stop, no token taken).
 func (b *BackOff) NextBackOff() time.Duration {
 	d := b.inner.NextBackOff()
 	if d == backoff.Stop {
 		return backoff.Stop
 	}
-	if rb, ok := b.budget.(readyBudget); ok && d > 0 {
-		start := time.Now()
-		t := time.NewTimer(d)
+	if rb, ok := b.budget.(readyBudget); ok {
 		select {
 		case <-rb.Ready():
-			d -= time.Since(start)
-			if d < 0 {
-				d = 0
+		default:
+			start := time.Now()
+			bound := d
+			if bound < retrybudget.FirstAnswerWait {
+				bound = retrybudget.FirstAnswerWait
 			}
-		case <-t.C:
-			d = 0
-		case <-b.ctx.Done():
+			t := time.NewTimer(bound)
+			select {
+			case <-rb.Ready():
+				d -= time.Since(start)
+				if d < 0 {
+					d = 0
+				}
+			case <-t.C:
+				d = 0
+			case <-b.ctx.Done():
+				t.Stop()
+				return backoff.Stop // the loop returns ctx.Err(); no token taken
+			}
 			t.Stop()
-			return backoff.Stop // the loop returns ctx.Err(); no token taken
 		}
-		t.Stop()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
