@@ -433,6 +433,8 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, int64_t now_ns,
   BudgetTotals& totals = tb.totals;
   totals.successes = SaturatingAdd(totals.successes, effect.d_successes);
   totals.retries = SaturatingAdd(totals.retries, effect.d_retries);
+  totals.refunded = SaturatingAdd(totals.refunded, effect.d_refunded);
+  totals.fallback_refunded = SaturatingAdd(totals.fallback_refunded, effect.d_fallback_refunded);
   totals.retries_denied = SaturatingAdd(totals.retries_denied, effect.d_denied);
   totals.returned = SaturatingAdd(totals.returned, effect.d_returned);
   totals.reclaimed = SaturatingAdd(totals.reclaimed, effect.reclaimed);

@@ -13,11 +13,15 @@ struct BudgetTotals {
   uint64_t granted = 0;
   uint64_t wanted = 0;
   uint64_t successes = 0;
+  // Retries spent as reported, refunded ones included (the retries sent are retries -
+  // refunded), and of them those from fallback buckets.
   uint64_t retries = 0;
+  uint64_t refunded = 0;
   uint64_t retries_denied = 0;
   uint64_t returned = 0;
   uint64_t reclaimed = 0;
   uint64_t fallback_retries = 0;
+  uint64_t fallback_refunded = 0;
   // Of returned + reclaimed, the tokens beyond what this server had outstanding for the
   // instance: recorded, credited nothing.
   uint64_t uncredited = 0;
@@ -29,11 +33,27 @@ struct BudgetTotals {
                         .wanted = ts.wanted_total(),
                         .successes = ts.successes_total(),
                         .retries = ts.retries_total(),
+                        .refunded = ts.refunded_total(),
                         .retries_denied = ts.retries_denied_total(),
                         .returned = ts.returned_total(),
                         .reclaimed = ts.reclaimed_total(),
                         .fallback_retries = ts.fallback_retries_total(),
+                        .fallback_refunded = ts.fallback_refunded_total(),
                         .uncredited = ts.uncredited_total()};
+  }
+
+  // Writes every total but `granted` (whose durable form the writer decides) into `ts`.
+  void ToState(v1::TenantState& ts) const {
+    ts.set_wanted_total(wanted);
+    ts.set_successes_total(successes);
+    ts.set_retries_total(retries);
+    ts.set_refunded_total(refunded);
+    ts.set_retries_denied_total(retries_denied);
+    ts.set_returned_total(returned);
+    ts.set_reclaimed_total(reclaimed);
+    ts.set_fallback_retries_total(fallback_retries);
+    ts.set_fallback_refunded_total(fallback_refunded);
+    ts.set_uncredited_total(uncredited);
   }
 };
 

@@ -35,14 +35,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
     ts.set_level_at_unix_nanos(absl::ToUnixNanos(t->bucket.last_refill()));
     ts.set_granted_total(t->totals.granted);
     ts.set_grant_limit(std::max(t->grant_limit, t->totals.granted));
-    ts.set_wanted_total(t->totals.wanted);
-    ts.set_successes_total(t->totals.successes);
-    ts.set_retries_total(t->totals.retries);
-    ts.set_retries_denied_total(t->totals.retries_denied);
-    ts.set_returned_total(t->totals.returned);
-    ts.set_reclaimed_total(t->totals.reclaimed);
-    ts.set_fallback_retries_total(t->totals.fallback_retries);
-    ts.set_uncredited_total(t->totals.uncredited);
+    t->totals.ToState(ts);
   }
   return out;
 }

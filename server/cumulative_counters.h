@@ -29,17 +29,26 @@ struct CumulativeCounters {
   uint64_t tokens_received = 0;
   uint64_t fallback_spent = 0;
   uint64_t successes_credited_locally = 0;
+  uint64_t retries_refunded = 0;
+  uint64_t fallback_refunded = 0;
 
   // Successes the server credits (not credited by the client's fallback bucket). Validated
   // requests have successes_credited_locally <= successes.
   uint64_t centrally_credited() const {
     return successes >= successes_credited_locally ? successes - successes_credited_locally : 0;
   }
-  // Retries spent from leases (not from the local fallback bucket). Validated requests have
-  // fallback_spent <= retries_spent.
+  // Retries spent from leases (not from the local fallback bucket), refunds deducted: the lease
+  // tokens spent for good. Validated requests have fallback_spent <= retries_spent and
+  // lease_refunded() <= retries_spent - fallback_spent. Not monotonic: a refund lowers it.
   uint64_t lease_spent() const {
-    return retries_spent >= fallback_spent ? retries_spent - fallback_spent : 0;
+    const uint64_t gross = Sub(retries_spent, fallback_spent);
+    return Sub(gross, lease_refunded());
   }
+  // Refunds of tokens that came from leases.
+  uint64_t lease_refunded() const { return Sub(retries_refunded, fallback_refunded); }
+
+ private:
+  static uint64_t Sub(uint64_t a, uint64_t b) { return a >= b ? a - b : 0; }
 };
 
 // One counter: its name in the protos and its place in each representation.
@@ -54,7 +63,7 @@ struct CounterField {
   bool fingerprint_only_when_set = false;
 };
 
-inline constexpr std::array<CounterField, 7> kCumulativeCounters = {{
+inline constexpr std::array<CounterField, 9> kCumulativeCounters = {{
     {"successes", &CumulativeCounters::successes, &v1::TenantSync::successes,
      &v1::InstanceTenantState::successes, &v1::InstanceTenantState::set_successes},
     {"retries_spent", &CumulativeCounters::retries_spent, &v1::TenantSync::retries_spent,
@@ -71,6 +80,12 @@ inline constexpr std::array<CounterField, 7> kCumulativeCounters = {{
      &v1::TenantSync::successes_credited_locally,
      &v1::InstanceTenantState::successes_credited_locally,
      &v1::InstanceTenantState::set_successes_credited_locally, true},
+    {"retries_refunded", &CumulativeCounters::retries_refunded,
+     &v1::TenantSync::retries_refunded, &v1::InstanceTenantState::retries_refunded,
+     &v1::InstanceTenantState::set_retries_refunded, true},
+    {"fallback_refunded", &CumulativeCounters::fallback_refunded,
+     &v1::TenantSync::fallback_refunded, &v1::InstanceTenantState::fallback_refunded,
+     &v1::InstanceTenantState::set_fallback_refunded, true},
 }};
 
 // Calls f(field) for each of kCumulativeCounters, in order, unrolled at compile time: each call

@@ -33,7 +33,8 @@ absl::Duration DryNextSync(double inflow, uint64_t want, uint64_t want_sum,
 }
 
 LedgerEntry Baseline(const CumulativeCounters& sent) {
-  return {.applied = sent, .expected_received = sent.tokens_received, .outstanding = 0};
+  return {.applied = sent, .expected_received = sent.tokens_received, .outstanding = 0,
+          .charged = 0};
 }
 
 // Why the caps never bind for a record whose whole history is with this server (its baseline
@@ -41,9 +42,11 @@ LedgerEntry Baseline(const CumulativeCounters& sent) {
 // let G be the grants made since the baseline and R the reclaimed total. Every grant is either
 // received or reclaimed at the next report, so received = G - R. outstanding starts at 0 and is
 // G - R - spent_lease - returned after each report, i.e. received - spent_lease - returned,
-// which validation keeps >= 0 (spent_lease + returned <= received). So min(d, outstanding)
-// = d for every spent, returned and reclaimed delta, and the holdings (received - spent_lease -
-// returned) equal outstanding: the well-behaved client is credited exactly. Only a record that
+// which validation keeps >= 0 (spent_lease + returned <= received; spent_lease is net of
+// refunds). So min(d, outstanding) = d for every spent, returned and reclaimed delta, and the
+// holdings (received - spent_lease - returned) equal outstanding: the well-behaved client is
+// credited exactly. `charged` is then spent_lease itself, so a refund (spent_lease going down
+// by r <= spent_lease) gives back all r. Only a record that
 // started with tokens from elsewhere (a previous life, another server) or a client that lies
 // meets the caps, and then they credit less, never more.
 ReportEffect ApplyReport(LedgerEntry& entry, const CumulativeCounters& sent) {
@@ -57,16 +60,25 @@ ReportEffect ApplyReport(LedgerEntry& entry, const CumulativeCounters& sent) {
   e.d_credited_successes =
       std::min(e.d_successes, now_central > was_central ? now_central - was_central : 0);
   e.d_retries = sent.retries_spent - was.retries_spent;
+  e.d_refunded = sent.retries_refunded - was.retries_refunded;
   e.d_denied = sent.retries_denied - was.retries_denied;
   e.d_fallback = sent.fallback_spent - was.fallback_spent;
+  e.d_fallback_refunded = sent.fallback_refunded - was.fallback_refunded;
   e.d_returned = sent.tokens_returned - was.tokens_returned;
-  e.spent_since = e.d_retries;
+  e.spent_since = e.d_retries > e.d_refunded ? e.d_retries - e.d_refunded : 0;
   e.reclaimed = entry.expected_received - sent.tokens_received;
   const uint64_t lease_now = sent.lease_spent();
   const uint64_t lease_was = was.lease_spent();
-  const uint64_t d_lease = lease_now > lease_was ? lease_now - lease_was : 0;
-  const uint64_t spent = std::min(d_lease, entry.outstanding);
-  entry.outstanding -= spent;
+  if (lease_now >= lease_was) {
+    const uint64_t spent = std::min(lease_now - lease_was, entry.outstanding);
+    entry.outstanding -= spent;
+    entry.charged = SaturatingAdd(entry.charged, spent);
+  } else {
+    // Refunds outweigh new spending: the client holds those tokens again.
+    const uint64_t back = std::min(lease_was - lease_now, entry.charged);
+    entry.charged -= back;
+    entry.outstanding = SaturatingAdd(entry.outstanding, back);
+  }
   // Both are at most 2^53 (validated bounds), so the sum cannot overflow.
   const uint64_t back = e.d_returned + e.reclaimed;
   e.credited_back = std::min(back, entry.outstanding);

@@ -59,6 +59,11 @@ struct LedgerEntry {
   // Tokens this server granted the record and has not had back (spent from leases, returned or
   // reclaimed). Returns, reclaims and counted holdings are credited only up to it.
   uint64_t outstanding = 0;
+  // Of the lease spending applied, the tokens charged against `outstanding` and not refunded
+  // since. A refund gives them back to `outstanding` (the client holds the token again), never
+  // more: outstanding + charged never exceeds what this server granted the record and was not
+  // credited back.
+  uint64_t charged = 0;
 };
 
 // A first report (of an unknown instance, or a tenant a known instance reports for the first
@@ -72,21 +77,25 @@ struct ReportEffect {
   // Of d_successes, those the server credits: not credited by the client's fallback bucket
   // (TenantSync.successes_credited_locally).
   uint64_t d_credited_successes = 0;
+  // Retries spent and refunded since the previous report; of each, those of the fallback bucket.
   uint64_t d_retries = 0;
+  uint64_t d_refunded = 0;
   uint64_t d_denied = 0;
   uint64_t d_fallback = 0;
+  uint64_t d_fallback_refunded = 0;
   uint64_t d_returned = 0;
   // Granted but never received (a lost response).
   uint64_t reclaimed = 0;
   // Of d_returned + reclaimed, the tokens that go back into the bucket, and the rest.
   uint64_t credited_back = 0;
   uint64_t uncredited = 0;
-  // Retries spent since the previous report (any source).
+  // Retries spent since the previous report (any source), refunds deducted.
   uint64_t spent_since = 0;
 };
 
 // Applies `sent` to `entry`: spending from leases is attributed to the outstanding grants
-// first, then returns and reclaims are credited up to what is still outstanding. For a record
+// first (a refund gives back what it charged), then returns and reclaims are credited up to
+// what is still outstanding. For a record
 // whose whole history is with this server the caps never bind (see grant_math.cc).
 ReportEffect ApplyReport(LedgerEntry& entry, const CumulativeCounters& sent);
 

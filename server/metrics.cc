@@ -48,13 +48,17 @@ struct TenantValues {
   double granted = 0;
   double wanted = 0;
   double retries = 0;
+  double refunded = 0;
   double retries_denied = 0;
   double successes = 0;
   double returned = 0;
   double reclaimed = 0;
   double fallback_retries = 0;
+  double fallback_refunded = 0;
   double uncredited = 0;
 
+  // The counters are the gross totals (refunds added back to the retries sent that
+  // BudgetStatus gives), which never go down: a refund is its own counter.
   void Add(const v1::BudgetStatus& s) {
     tokens += s.tokens();
     leased += s.leased_tokens();
@@ -62,12 +66,15 @@ struct TenantValues {
     active_instances += s.active_instances();
     granted += static_cast<double>(s.granted_total());
     wanted += static_cast<double>(s.wanted_total());
-    retries += static_cast<double>(s.retries_total());
+    retries += static_cast<double>(s.retries_total() + s.refunded_total());
+    refunded += static_cast<double>(s.refunded_total());
     retries_denied += static_cast<double>(s.retries_denied_total());
     successes += static_cast<double>(s.successes_total());
     returned += static_cast<double>(s.returned_total());
     reclaimed += static_cast<double>(s.reclaimed_total());
-    fallback_retries += static_cast<double>(s.fallback_retries_total());
+    fallback_retries +=
+        static_cast<double>(s.fallback_retries_total() + s.fallback_refunded_total());
+    fallback_refunded += static_cast<double>(s.fallback_refunded_total());
     uncredited += static_cast<double>(s.uncredited_total());
   }
 };
@@ -96,8 +103,14 @@ constexpr TenantFamilySpec kTenantFamilies[] = {
     {"retry_budget_wanted_tokens_total", "Tokens clients asked for in their Syncs.",
      MetricType::Counter, &TenantValues::wanted},
     {"retry_budget_retries_total",
-     "Retries clients allowed (spent a token on), from leases and fallback, as reported.",
+     "Retries clients allowed (spent a token on), from leases and fallback, as reported; "
+     "those refunded unsent are counted here too: the retries sent are this minus "
+     "retry_budget_refunded_retries_total.",
      MetricType::Counter, &TenantValues::retries},
+    {"retry_budget_refunded_retries_total",
+     "Of the retries, tokens clients gave back unsent (a backoff cancelled, a deadline "
+     "reached): never sent.",
+     MetricType::Counter, &TenantValues::refunded},
     {"retry_budget_retries_denied_total", "Retries clients denied for lack of a token.",
      MetricType::Counter, &TenantValues::retries_denied},
     {"retry_budget_successes_total", "Successes clients reported (each earns success_credit).",
@@ -109,8 +122,11 @@ constexpr TenantFamilySpec kTenantFamilies[] = {
      &TenantValues::reclaimed},
     {"retry_budget_fallback_retries_total",
      "Of the retries, those clients allowed from their local fallback bucket while the server "
-     "was unreachable.",
+     "was unreachable (refunded ones included).",
      MetricType::Counter, &TenantValues::fallback_retries},
+    {"retry_budget_fallback_refunded_retries_total",
+     "Of the fallback retries, tokens given back unsent.", MetricType::Counter,
+     &TenantValues::fallback_refunded},
     {"retry_budget_uncredited_tokens_total",
      "Tokens clients returned or had reclaimed beyond what this server granted them and had not "
      "had back (a baseline's earlier tokens, or a client's lie): recorded, not credited.",

@@ -38,14 +38,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_granted_total(t->totals.granted);
     ts->set_grant_limit(std::max(t->grant_limit, t->totals.granted));
     ts->set_credited_total(t->credited_total);
-    ts->set_wanted_total(t->totals.wanted);
-    ts->set_successes_total(t->totals.successes);
-    ts->set_retries_total(t->totals.retries);
-    ts->set_retries_denied_total(t->totals.retries_denied);
-    ts->set_returned_total(t->totals.returned);
-    ts->set_reclaimed_total(t->totals.reclaimed);
-    ts->set_fallback_retries_total(t->totals.fallback_retries);
-    ts->set_uncredited_total(t->totals.uncredited);
+    t->totals.ToState(*ts);
   }
   std::vector<RefPtr<Instance>> instances;
   {
@@ -83,6 +76,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
       SaveCounters(rec.ledger.applied, r);
       r->set_granted_total(rec.ledger.expected_received);
       r->set_outstanding(rec.ledger.outstanding);
+      r->set_charged(rec.ledger.charged);
     });
   }
   return state;
@@ -180,7 +174,8 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
         if (rec == nullptr) rec = inst->tenants.Add(*budget);
         rec->ledger = LedgerEntry{.applied = CountersOf(r),
                                  .expected_received = r.granted_total(),
-                                 .outstanding = r.outstanding()};
+                                 .outstanding = r.outstanding(),
+                                 .charged = r.charged()};
       }
       instances.insert(std::move(inst));
     }

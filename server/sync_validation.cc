@@ -75,14 +75,36 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
           "tenants[%d].successes_credited_locally = %d exceeds successes = %d for tenant %s", i,
           sent.successes_credited_locally, sent.successes, QuoteForError(t.tenant())));
     }
-    // Tokens spent from leases plus tokens given back can never exceed tokens received: a
-    // client returning what it never had would create tokens. (Each is at most 2^53: the sum
-    // cannot overflow.)
-    const uint64_t lease_spent = sent.retries_spent - sent.fallback_spent;
+    if (sent.retries_refunded > sent.retries_spent) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].retries_refunded = %d exceeds retries_spent = %d for tenant %s", i,
+          sent.retries_refunded, sent.retries_spent, QuoteForError(t.tenant())));
+    }
+    if (sent.fallback_refunded > sent.fallback_spent ||
+        sent.fallback_refunded > sent.retries_refunded) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d].fallback_refunded = %d exceeds fallback_spent = %d or retries_refunded = "
+          "%d for tenant %s",
+          i, sent.fallback_refunded, sent.fallback_spent, sent.retries_refunded,
+          QuoteForError(t.tenant())));
+    }
+    // Refunds of lease tokens are at most the lease tokens spent.
+    const uint64_t lease_gross = sent.retries_spent - sent.fallback_spent;
+    if (sent.lease_refunded() > lease_gross) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tenants[%d] for tenant %s: refunds of lease tokens (retries_refunded - "
+          "fallback_refunded = %d) exceed retries spent from leases (retries_spent - "
+          "fallback_spent = %d)",
+          i, QuoteForError(t.tenant()), sent.lease_refunded(), lease_gross));
+    }
+    // Tokens spent for good from leases plus tokens given back can never exceed tokens
+    // received: a client returning what it never had would create tokens. (Each is at most
+    // 2^53: the sum cannot overflow.)
+    const uint64_t lease_spent = sent.lease_spent();
     if (lease_spent + sent.tokens_returned > sent.tokens_received) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d] for tenant %s: retries spent from leases (%d) + tokens_returned (%d) "
-          "exceed tokens_received (%d)",
+          "tenants[%d] for tenant %s: retries spent from leases, refunds deducted (%d) + "
+          "tokens_returned (%d) exceed tokens_received (%d)",
           i, QuoteForError(t.tenant()), lease_spent, sent.tokens_returned, sent.tokens_received));
     }
   }

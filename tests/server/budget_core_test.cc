@@ -731,6 +731,25 @@ INSTANTIATE_TEST_SUITE_P(
         BadRequestCase{"FallbackOverSpent",
                        [](auto& r) { r.mutable_tenants(0)->set_fallback_spent(3); },
                        "fallback_spent = 3 exceeds retries_spent = 0"},
+        BadRequestCase{"RefundedOverSpent",
+                       [](auto& r) { r.mutable_tenants(0)->set_retries_refunded(2); },
+                       "retries_refunded = 2 exceeds retries_spent = 0"},
+        BadRequestCase{"FallbackRefundedOverFallbackSpent",
+                       [](auto& r) {
+                         r.mutable_tenants(0)->set_retries_spent(3);
+                         r.mutable_tenants(0)->set_retries_refunded(3);
+                         r.mutable_tenants(0)->set_fallback_refunded(1);
+                       },
+                       "fallback_refunded = 1 exceeds fallback_spent = 0"},
+        BadRequestCase{"LeaseRefundsOverLeaseSpent",
+                       [](auto& r) {
+                         auto* t = r.mutable_tenants(0);
+                         t->set_retries_spent(3);
+                         t->set_fallback_spent(3);
+                         t->set_retries_refunded(1);
+                       },
+                       "refunds of lease tokens (retries_refunded - fallback_refunded = 1) "
+                       "exceed retries spent from leases (retries_spent - fallback_spent = 0)"},
         BadRequestCase{"Backwards",
                        [](auto& r) { r.mutable_tenants(0)->set_successes(4); },
                        "tenants[0].successes = 4"}),

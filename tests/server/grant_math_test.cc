@@ -98,9 +98,11 @@ TEST(SaturatingAddTest, Table) {
 }
 
 CumulativeCounters C(uint64_t received, uint64_t spent = 0, uint64_t returned = 0,
-                     uint64_t fallback = 0, uint64_t successes = 0) {
+                     uint64_t fallback = 0, uint64_t successes = 0, uint64_t refunded = 0,
+                     uint64_t fallback_refunded = 0) {
   return {.successes = successes, .retries_spent = spent, .tokens_returned = returned,
-          .tokens_received = received, .fallback_spent = fallback};
+          .tokens_received = received, .fallback_spent = fallback,
+          .retries_refunded = refunded, .fallback_refunded = fallback_refunded};
 }
 
 TEST(LedgerTest, BaselineHoldsAndCreditsNothing) {
@@ -136,6 +138,21 @@ TEST(LedgerTest, Table) {
            {"spends old tokens first, returns new", C(50), {{10, C(60, 10, 10)}}, 0, 10, 0, 0, 0},
            {"mixed", C(50), {{10, C(60, 0, 55)}}, 10, 45, 0, 0, 0},
            {"claims holdings", C(1'000'000), {{1, C(1'000'001)}}, 0, 0, 0, 1, 1},
+           // Refunds: a token given back after a report counted it as spent is the client's
+           // again; returned, it goes back into the bucket.
+           {"a refund after a report is returned in full", C(0),
+            {{10, C(10, 3)}, {0, C(10, 3, 8, 0, 0, 1)}}, 8, 0, 0, 0, 0},
+           {"a refund held again counts as held", C(0),
+            {{10, C(10, 3)}, {0, C(10, 3, 0, 0, 0, 1)}}, 0, 0, 0, 8, 8},
+           {"a refunded token spent again is charged once", C(0),
+            {{10, C(10, 3)}, {0, C(10, 4, 0, 0, 0, 1)}, {0, C(10, 4, 7, 0, 0, 1)}}, 7, 0, 0, 0,
+            0},
+           {"refunds of a previous life's tokens credit nothing", C(50, 10),
+            {{0, C(50, 10, 40, 0, 0, 10)}}, 0, 40, 0, 0, 0},
+           {"refunds give back at most what this server granted", C(50, 10),
+            {{10, C(60, 20)}, {0, C(60, 20, 50, 0, 0, 10)}}, 10, 40, 0, 0, 0},
+           {"fallback refunds move no lease token", C(0), {{10, C(10, 5, 10, 5, 0, 2, 2)}}, 10,
+            0, 0, 0, 0},
        }) {
     LedgerEntry e = Baseline(r.base);
     ReportEffect last;
