@@ -207,3 +207,22 @@ async def test_cancelling_the_task_ends_the_wait_for_the_first_answer(held_back)
         # ready() with a timeout returns False rather than waiting on.
         assert await budget.ready(0.05) is False
         proxy.delay = 0
+
+
+@pytest.mark.asyncio
+async def test_blocking_waits_on_the_async_clients_loop_never_stall_its_refresher(held_back):
+    _, proxy = held_back
+    async with AsyncBudgetClient(ClientOptions(target=proxy.target)) as client:
+        budget = client.tenant("t")
+        with pytest.raises(RuntimeError):
+            budget.wait_ready(1)
+        # The blocking helper on the loop's thread does not wait for the answer (it could not
+        # come): the budget decides at once.
+        fn, calls = fails_once()
+        with pytest.raises(BudgetExhausted):
+            call_with_retry(budget, fn, policy=TINY)
+        assert calls == [1]
+        # From another thread, the wait is allowed and ends with the answer.
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, budget.wait_ready, 30)
+        proxy.delay = 0

@@ -57,7 +57,9 @@ class AsyncBudgetClient:
 
     def tenant(self, name: str) -> TenantBudget:
         """As BudgetClient.tenant()."""
-        return self._tenants.get_or_create(name)
+        budget = self._tenants.get_or_create(name)
+        budget._refresher_thread = self._loop_thread
+        return budget
 
     def last_sync_status(self):
         return self._engine.last_status

@@ -219,7 +219,9 @@ def call_with_retry(budget, fn: Callable[[Attempt], object], *, policy: RetryPol
             budget.record_success()
             return result
         waited = 0.0
-        if loop.awaiting_first_answer():
+        # (Not on the event loop of an AsyncBudgetClient: the answer could not come while this
+        # thread blocks; its budget then decides at once.)
+        if loop.awaiting_first_answer() and getattr(budget, "_may_block", lambda: True)():
             started = clock()
             if not _wait_ready(budget, loop.ready_wait_limit(), stop):
                 raise RetryCancelled("the call was stopped during a backoff") from loop.last_error

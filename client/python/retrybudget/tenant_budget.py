@@ -91,6 +91,9 @@ class TenantBudget:
         self._ready = threading.Event()
         self._ready_lock = threading.Lock()
         self._ready_callbacks: List[Callable[[], None]] = []
+        # The thread whose blocking waits would stall the refresher (an AsyncBudgetClient's
+        # event loop), or None.
+        self._refresher_thread: Optional[int] = None
 
     # ---- worker side (hot path) ----
 
@@ -134,9 +137,15 @@ class TenantBudget:
         """Blocks until the tenant's first answer (see is_ready()), at most `timeout` seconds
         (None: no limit; the answer comes within about one Sync round trip, at most the
         client's sync_timeout when the server cannot be reached). Returns is_ready(). Not for
-        the event loop's thread of an AsyncBudgetClient (its refresher runs there): await
-        ready() instead."""
+        the event loop's thread of an AsyncBudgetClient (its refresher runs there, so the
+        answer could not come): RuntimeError there; await ready() instead."""
+        if not self._may_block():
+            raise RuntimeError("TenantBudget.wait_ready() on the event loop of its "
+                               "AsyncBudgetClient would stall its refresher; await ready()")
         return self._ready.wait(timeout)
+
+    def _may_block(self) -> bool:
+        return self._refresher_thread is None or threading.get_ident() != self._refresher_thread
 
     async def ready(self, timeout: Optional[float] = None) -> bool:
         """wait_ready() for asyncio: awaits the tenant's first answer, at most `timeout`
