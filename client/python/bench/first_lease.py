@@ -11,7 +11,9 @@ the median, p90, p99 and max in milliseconds.
 With --server_bin it starts its own server (port 0, a temporary data directory). Every client
 leases the same tenant; one client before the timed ones makes the server create the tenant
 (its time, which includes that, is printed apart as `first ever`). Needs the package importable
-(installed, or PYTHONPATH=build/client/python/gen:client/python)."""
+(installed, or PYTHONPATH=build/client/python/gen:client/python). --new_tenants gives every
+client a tenant the server does not know yet: the time then includes the server creating its
+bucket (a reservation written to its data directory before the first grant)."""
 
 import argparse
 import asyncio
@@ -71,6 +73,9 @@ def main() -> int:
     parser.add_argument("--tenant", default="bench-first-lease")
     parser.add_argument("--gap_ms", type=float, default=0,
                         help="wait between creating the client and its tenant handle")
+    parser.add_argument("--new_tenants", action="store_true",
+                        help="a tenant the server does not know yet for every client (the "
+                             "server creates its bucket during the first Sync)")
     args = parser.parse_args()
     if bool(args.target) == bool(args.server_bin):
         parser.error("give exactly one of --target and --server_bin")
@@ -84,12 +89,16 @@ def main() -> int:
     try:
         print(f"first ever (the server creates the tenant): "
               f"{one_thread_client(target, args.tenant, gap):.2f} ms")
-        thread_ms = [one_thread_client(target, args.tenant, gap) for _ in range(args.clients)]
+        def tenant(kind: str, i: int) -> str:
+            return f"{args.tenant}-{kind}-{i}" if args.new_tenants else args.tenant
+
+        thread_ms = [one_thread_client(target, tenant("thread", i), gap)
+                     for i in range(args.clients)]
         print(summary("BudgetClient (thread)", thread_ms))
 
         async def run_async():
-            return [await one_async_client(target, args.tenant, gap)
-                    for _ in range(args.clients)]
+            return [await one_async_client(target, tenant("async", i), gap)
+                    for i in range(args.clients)]
         print(summary("AsyncBudgetClient (asyncio)", asyncio.run(run_async())))
     finally:
         if server is not None:
