@@ -11,6 +11,7 @@ coroutines (and threads).
 import asyncio
 import dataclasses
 import threading
+from typing import Optional
 
 import grpc
 
@@ -29,7 +30,7 @@ class AsyncBudgetClient:
     InvalidOptions for bad options. `await close()` (or leaving `async with`) sends the final
     Sync returning every unspent token, then stops the task."""
 
-    def __init__(self, options: ClientOptions = None):
+    def __init__(self, options: Optional[ClientOptions] = None):
         o = validate_and_default(options if options is not None else ClientOptions())
         self.options = o
         self._loop = asyncio.get_running_loop()

@@ -13,6 +13,7 @@ SafeShares (ClientOptions.fallback), and goes back to leases when the server ans
 
 import dataclasses
 import threading
+from typing import Optional
 
 import grpc
 
@@ -62,7 +63,7 @@ class BudgetClient:
     each bounded by sync_timeout), then stops the refresher. Raises InvalidOptions for bad
     options, naming the field and value."""
 
-    def __init__(self, options: ClientOptions = None, *, _channel=None,
+    def __init__(self, options: Optional[ClientOptions] = None, *, _channel=None,
                  _owner_channel_factory=None):
         o = validate_and_default(options if options is not None else ClientOptions())
         self.options = o

@@ -27,7 +27,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional, TypeVar
 
 import grpc
 
@@ -198,10 +198,15 @@ class _Loop:
         return left
 
 
-def call_with_retry(budget, fn: Callable[[Attempt], object], *, policy: RetryPolicy = None,
+T = TypeVar("T")
+
+
+def call_with_retry(budget, fn: Callable[[Attempt], T], *,
+                    policy: Optional[RetryPolicy] = None,
                     timeout: Optional[float] = None, deadline: Optional[float] = None,
                     stop: Optional[threading.Event] = None, idempotency_key: str = "",
-                    random: Callable[[], float] = None, clock: Callable[[], float] = time.monotonic):
+                    random: Optional[Callable[[], float]] = None,
+                    clock: Callable[[], float] = time.monotonic) -> T:
     """Runs fn(attempt) and retries it as described at the top of this module. Blocks for at
     most about the deadline (`timeout` seconds from now, or the absolute `deadline` on `clock`)
     and wakes at once when `stop` is set. Returns fn's first result; raises the error that ended
@@ -252,11 +257,12 @@ def _wait_ready(budget, limit: Optional[float], stop: Optional[threading.Event])
     return False
 
 
-async def async_call_with_retry(budget, fn, *, policy: RetryPolicy = None,
+async def async_call_with_retry(budget, fn: Callable[[Attempt], Awaitable[T]], *,
+                                policy: Optional[RetryPolicy] = None,
                                 timeout: Optional[float] = None,
                                 deadline: Optional[float] = None, idempotency_key: str = "",
-                                random: Callable[[], float] = None,
-                                clock: Callable[[], float] = time.monotonic):
+                                random: Optional[Callable[[], float]] = None,
+                                clock: Callable[[], float] = time.monotonic) -> T:
     """call_with_retry() for a coroutine function fn(attempt). Cancelling the task cancels it:
     an attempt in flight gets the CancelledError; cancelled during a backoff, the token taken for
     the next retry is refund()ed and CancelledError propagates."""
