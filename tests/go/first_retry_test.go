@@ -9,6 +9,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	retrybudget "github.com/retry-budget/retry-budget/client/go"
 	"github.com/retry-budget/retry-budget/client/go/backoffbudget"
+	"google.golang.org/grpc"
 )
 
 // A new client whose very first action is a call that fails once then succeeds gets its
@@ -39,6 +40,30 @@ func TestRetryTheFirstCallOfANewClientThatFailsOnceSucceeds(t *testing.T) {
 	}
 	if st := getBudget(t, s.target(), "first"); st.RetriesTotal != 5 || st.RetriesDeniedTotal != 0 {
 		t.Fatalf("the server counted %d retries and %d denials, want 5 and 0", st.RetriesTotal, st.RetriesDeniedTotal)
+	}
+}
+
+// The same through the interceptor: a new client's first unary call that fails once with
+// UNAVAILABLE succeeds at its second attempt.
+func TestInterceptorTheFirstCallOfANewClientThatFailsOnceSucceeds(t *testing.T) {
+	s := startServer(t, policyText("first-grpc", 10, 0, 0, 30000))
+	c := newClient(t, s.target())
+	b := tenantOf(t, c, "first-grpc")
+	attempts := 0
+	invoker := func(ctx context.Context, method string, req, reply interface{}, cc *grpc.ClientConn,
+		opts ...grpc.CallOption) error {
+		attempts++
+		if attempts == 1 {
+			return errBackend
+		}
+		return nil
+	}
+	err := retrybudget.UnaryClientInterceptor(b)(context.Background(), "/echo.FlakyEcho/Echo", nil, nil, nil, invoker)
+	if err != nil || attempts != 2 {
+		t.Fatalf("the interceptor returned %v after %d attempts, want success at the second", err, attempts)
+	}
+	if st := b.Stats(); st.RetriesAllowed != 1 || st.RetriesDenied != 0 || st.Successes != 1 {
+		t.Fatalf("stats %+v", st)
 	}
 }
 
