@@ -382,12 +382,17 @@ absl::Status OwnershipManager::Shutdown() {
   const std::map<int, int64_t> owned = OwnedShards();
   SetOwned({});
   absl::Status result;
-  for (const auto& [shard, token] : owned) {
-    if (options_.before_release) options_.before_release(shard, token);
-    absl::StatusOr<etcd::TxnResult> released =
-        FencedTxn(shard, token, {etcd::Op::Delete(ShardOwnerKey(options_.prefix, shard))});
-    if (!released.ok() && !absl::IsFailedPrecondition(released.status()) && result.ok()) {
-      result = released.status();
+  if (options_.before_release_all) {
+    // All together; the revoke below frees their owner keys in one revision.
+    options_.before_release_all(owned);
+  } else {
+    for (const auto& [shard, token] : owned) {
+      if (options_.before_release) options_.before_release(shard, token);
+      absl::StatusOr<etcd::TxnResult> released =
+          FencedTxn(shard, token, {etcd::Op::Delete(ShardOwnerKey(options_.prefix, shard))});
+      if (!released.ok() && !absl::IsFailedPrecondition(released.status()) && result.ok()) {
+        result = released.status();
+      }
     }
   }
   MutexLock lock(&lease_mu_);

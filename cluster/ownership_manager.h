@@ -87,6 +87,11 @@ struct OwnershipOptions {
   // to write the shard's final state with FencedTxn(). Not called for shards lost to an expired
   // lease.
   std::function<void(int shard, int64_t token)> before_release = {};
+  // Shutdown's form of before_release, when set: called once with every shard Shutdown releases
+  // (shard -> token), from Shutdown's caller, after they left OwnedShards(), so that their final
+  // states can be written together (concurrently) rather than one after another. Shutdown then
+  // revokes the lease, which frees every owner key at once.
+  std::function<void(const std::map<int, int64_t>&)> before_release_all = {};
   // Called, from the reconciler thread, after the set of owned shards changed.
   std::function<void()> on_change = {};
 };
@@ -145,9 +150,12 @@ class OwnershipManager {
   absl::StatusOr<etcd::TxnResult> FencedTxn(int shard, int64_t token,
                                             const std::vector<etcd::Op>& ops);
 
-  // Stops the reconciler, releases every owned shard (before_release, then a fenced delete) and
-  // revokes the lease, which deletes the registration. Other servers take the shards over as
-  // soon as they see them free. Idempotent; the manager owns nothing afterwards.
+  // Stops the reconciler, releases every owned shard (before_release_all, or before_release and
+  // a fenced delete per shard) and revokes the lease, which deletes the registration and every
+  // owner key left. Other servers take the shards over as soon as they see them free.
+  // Idempotent; the manager owns nothing afterwards. Its time is the etcd calls': to bound it,
+  // EtcdClient::EndCallsBy() first (a shard whose release did not make it stays owned on etcd
+  // until the lease runs out, then is taken over as after a crash).
   absl::Status Shutdown();
 
   // Test hook standing in for SIGSTOP: while paused, the keep-alive and the reconciler do

@@ -187,12 +187,56 @@ class Endpoint {
 };
 
 // Which endpoint calls go to. Shared by the client and its background threads.
+// Deadlines of every unary call and keep-alive round, and the calls in flight, so that
+// EndCallsBy() can cut them all short for a bounded shutdown.
+class CallGate {
+ public:
+  // Sets `context`'s deadline (now + timeout, or the end set by EndCallsBy when sooner) and
+  // records it as in flight until Leave().
+  void Enter(grpc::ClientContext* context, absl::Duration timeout) {
+    MutexLock lock(&mu_);
+    context->set_deadline(absl::ToChronoTime(std::min(absl::Now() + timeout, end_)));
+    in_flight_.push_back(context);
+  }
+  void Leave(grpc::ClientContext* context) {
+    MutexLock lock(&mu_);
+    in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), context));
+  }
+  void EndBy(absl::Time deadline) {
+    MutexLock lock(&mu_);
+    end_ = std::min(end_, deadline);
+    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  }
+
+ private:
+  Mutex mu_;
+  absl::Time end_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::vector<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+// Enter() on construction, Leave() on destruction.
+class GatedCall {
+ public:
+  GatedCall(CallGate& gate, grpc::ClientContext* context, absl::Duration timeout)
+      : gate_(gate), context_(context) {
+    gate_.Enter(context_, timeout);
+  }
+  GatedCall(const GatedCall&) = delete;
+  GatedCall& operator=(const GatedCall&) = delete;
+  ~GatedCall() { gate_.Leave(context_); }
+
+ private:
+  CallGate& gate_;
+  grpc::ClientContext* const context_;
+};
+
 class EndpointRing {
  public:
   explicit EndpointRing(std::vector<std::unique_ptr<Endpoint>> endpoints)
       : endpoints_(std::move(endpoints)) {}
 
   size_t size() const { return endpoints_.size(); }
+  CallGate& gate() const { return gate_; }
   size_t current() const { return current_.load(std::memory_order_relaxed); }
   Endpoint& at(size_t index) const { return *endpoints_[index % endpoints_.size()]; }
 
@@ -206,6 +250,7 @@ class EndpointRing {
  private:
   const std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
+  mutable CallGate gate_;
 };
 
 class KeepAliveImpl : public KeepAlive {
@@ -273,7 +318,7 @@ class KeepAliveImpl : public KeepAlive {
   // One renewal on one short stream: the TTL etcd restarted (<= 0: no such lease).
   absl::StatusOr<absl::Duration> Renew(const Connection& endpoint) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + call_timeout_));
+    const GatedCall gated(ring_->gate(), &context, call_timeout_);
     auto stream = endpoint.lease->LeaseKeepAlive(&context);
     etcdserverpb::LeaseKeepAliveRequest request;
     request.set_id(lease_);
@@ -503,6 +548,8 @@ class EtcdClientImpl : public EtcdClient {
     return std::make_unique<KeepAliveImpl>(ring_, options_, grant, interval, std::move(on_answer));
   }
 
+  void EndCallsBy(absl::Time deadline) override { ring_->gate().EndBy(deadline); }
+
   absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(
       absl::string_view prefix, int64_t start_revision,
       std::function<void(const WatchBatch&)> on_batch) override {
@@ -531,8 +578,11 @@ class EtcdClientImpl : public EtcdClient {
       Endpoint& endpoint = ring_->at(index);
       const std::shared_ptr<const Connection> connection = endpoint.connection();
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.call_timeout));
-      const grpc::Status status = attempt(*connection, &context);
+      grpc::Status status;
+      {
+        const GatedCall gated(ring_->gate(), &context, options_.call_timeout);
+        status = attempt(*connection, &context);
+      }
       if (status.ok()) {
         endpoint.Succeeded(*connection);
         return absl::OkStatus();

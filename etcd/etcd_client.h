@@ -209,6 +209,13 @@ class EtcdClient {
       const LeaseGrant& grant, absl::Duration interval,
       std::function<void(const KeepAliveAnswer&)> on_answer = {}) = 0;
 
+  // Ends every call by `deadline`, for a bounded shutdown: the unary calls and keep-alive rounds
+  // in flight are cancelled now (CANCELLED; a write may or may not have been applied), later
+  // ones get `deadline` as their deadline when it is sooner than the call timeout
+  // (DEADLINE_EXCEEDED at once once it has passed). Watches are not affected. For good: a later
+  // call of it can only bring the end sooner.
+  virtual void EndCallsBy(absl::Time deadline) = 0;
+
   // Watches every key under `prefix` from `start_revision` (0: from now). `on_batch` is called
   // from the watch's thread, one batch at a time, in revision order.
   virtual absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(

@@ -1,12 +1,17 @@
 #include "server/cluster_mode.h"
 
+#include <algorithm>
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
+#include <optional>
 #include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/security/credentials.h"
+#include "server/log_rate_limit.h"
 
 namespace retrybudget {
 namespace {
@@ -80,12 +85,14 @@ ClusterMode::ClusterMode(ClusterFlags flags, std::unique_ptr<etcd::EtcdClient> e
 }
 
 ClusterMode::~ClusterMode() {
+  etcd_->EndCallsBy(absl::Now());  // a join in progress gives up at once
+  joiner_ = std::jthread();
   health_ = std::jthread();
   router_->Stop();
   ownership_.reset();  // without a Shutdown: as a crash (Leave() hands over)
 }
 
-absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Connect(
+absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Create(
     const ClusterFlags& flags, std::function<void(absl::string_view)> log) {
   if (auto s = ValidateClusterFlags(flags); !s.ok()) return s;
   etcd::EtcdClientOptions options{.endpoints = flags.etcd_endpoints};
@@ -106,16 +113,64 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Connect(
   }
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd = etcd::EtcdClient::Create(options);
   if (!etcd.ok()) return etcd.status();
-  absl::StatusOr<cluster::ShardMap> map =
-      cluster::ShardMap::Join(**etcd, flags.etcd_prefix, flags.shards);
-  if (!map.ok()) return map.status();
+  // The flag's number of shards; Join checks it against etcd's before anything is served.
   return std::unique_ptr<ClusterMode>(
-      new ClusterMode(flags, *std::move(etcd), *map, std::move(log)));
+      new ClusterMode(flags, *std::move(etcd), cluster::ShardMap(flags.shards), std::move(log)));
 }
 
-absl::Status ClusterMode::Join(BudgetCore* core, BudgetServer* server,
-                               const std::string& advertise) {
+absl::Status ClusterMode::Join(BudgetCore* core, BudgetServer* server, const std::string& advertise,
+                               std::function<void(const absl::Status&)> refused) {
   server->SetServing(false);
+  if (flags_.exit_if_etcd_unavailable) return TryJoin(core, server, advertise);
+  joiner_ = std::jthread([this, core, server, advertise,
+                          refused = std::move(refused)](std::stop_token stop) {
+    JoinUntilDone(stop, core, server, advertise, refused);
+  });
+  return absl::OkStatus();
+}
+
+void ClusterMode::JoinUntilDone(std::stop_token stop, BudgetCore* core, BudgetServer* server,
+                                const std::string& advertise,
+                                const std::function<void(const absl::Status&)>& refused) {
+  // etcd's failures are logged at most every 10 s (each line counts those held back).
+  LogRateLimiter limit(absl::Seconds(10));
+  absl::Duration backoff = absl::Milliseconds(200);
+  const absl::Time since = absl::Now();
+  for (int attempt = 1; !stop.stop_requested(); ++attempt) {
+    const absl::Status status = TryJoin(core, server, advertise);
+    if (status.ok()) {
+      if (attempt > 1 && log_) {
+        log_(absl::StrCat("etcd reached after ", attempt, " attempts in ",
+                          absl::FormatDuration(absl::Trunc(absl::Now() - since,
+                                                           absl::Milliseconds(1))),
+                          "; joined"));
+      }
+      return;
+    }
+    if (absl::IsFailedPrecondition(status) || absl::IsInvalidArgument(status)) {
+      if (refused) refused(status);
+      return;
+    }
+    if (std::optional<std::string> line = limit.Admit(absl::StrCat(
+            "cannot join the cluster yet (health NOT_SERVING, Syncs refused UNAVAILABLE; trying "
+            "etcd again): ",
+            status.message()));
+        line.has_value() && log_) {
+      log_(*line);
+    }
+    std::mutex mu;
+    std::condition_variable_any cv;
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, stop, absl::ToChronoNanoseconds(backoff), [] { return false; });
+    backoff = std::min(2 * backoff, absl::Seconds(2));
+  }
+}
+
+absl::Status ClusterMode::TryJoin(BudgetCore* core, BudgetServer* server,
+                                  const std::string& advertise) {
+  absl::StatusOr<cluster::ShardMap> map =
+      cluster::ShardMap::Join(*etcd_, flags_.etcd_prefix, flags_.shards);
+  if (!map.ok()) return map.status();
   absl::StatusOr<std::unique_ptr<cluster::OwnershipManager>> ownership =
       cluster::OwnershipManager::Start(
           etcd_.get(), map_,
@@ -124,10 +179,17 @@ absl::Status ClusterMode::Join(BudgetCore* core, BudgetServer* server,
            .advertise = advertise,
            .lease_ttl = flags_.lease_ttl,
            .before_release = router_->BeforeReleaseCallback(),
+           .before_release_all = router_->BeforeReleaseAllCallback(),
            .on_change = router_->OnChangeCallback()});
   if (!ownership.ok()) return ownership.status();
   ownership_ = *std::move(ownership);
   router_->Start(core, ownership_.get());
+  joined_.store(ownership_.get(), std::memory_order_release);
+  if (log_) {
+    log_(absl::StrCat("cluster mode: joined as ", advertise, " (", map_.shards(),
+                      " shards, lease TTL ", absl::FormatDuration(flags_.lease_ttl),
+                      ", etcd prefix ", flags_.etcd_prefix, ")"));
+  }
   health_ = std::jthread([this, server](std::stop_token stop) {
     bool serving = false;
     while (!stop.stop_requested()) {
@@ -149,7 +211,7 @@ absl::Status ClusterMode::Join(BudgetCore* core, BudgetServer* server,
 v1::ListShardsResponse ClusterMode::ListShards() const {
   v1::ListShardsResponse response;
   response.set_cluster_mode(true);
-  const cluster::OwnershipManager* ownership = ownership_.get();
+  const cluster::OwnershipManager* ownership = joined_.load(std::memory_order_acquire);
   for (int s = 0; s < map_.shards(); ++s) {
     v1::ShardInfo* info = response.add_shards();
     info->set_shard(s);
@@ -163,8 +225,14 @@ v1::ListShardsResponse ClusterMode::ListShards() const {
   return response;
 }
 
-void ClusterMode::Leave() {
+void ClusterMode::Leave(absl::Time deadline) {
+  // Whatever etcd does, nothing waits for it past the deadline: the background calls in flight
+  // (joining, reconciler, writer, keep-alive) are cancelled now, so that the final states go out
+  // at once.
+  etcd_->EndCallsBy(deadline);
+  joiner_ = std::jthread();  // if it had not joined yet, there is nothing to hand over
   health_ = std::jthread();
+  router_->Stop();  // no reservation is written any more: no Sync runs
   if (ownership_ != nullptr) {
     if (absl::Status s = ownership_->Shutdown(); !s.ok() && log_) {
       log_(absl::StrCat("leaving the cluster: ", s.message()));

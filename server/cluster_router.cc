@@ -1,6 +1,7 @@
 #include "server/cluster_router.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <utility>
 
@@ -42,6 +43,10 @@ std::function<void()> ClusterRouter::OnChangeCallback() {
 
 std::function<void(int, int64_t)> ClusterRouter::BeforeReleaseCallback() {
   return [this](int shard, int64_t token) { BeforeRelease(shard, token); };
+}
+
+std::function<void(const std::map<int, int64_t>&)> ClusterRouter::BeforeReleaseAllCallback() {
+  return [this](const std::map<int, int64_t>& shards) { ReleaseTogether(shards); };
 }
 
 std::optional<v1::BudgetPolicy> ClusterRouter::AdminPolicy(absl::string_view tenant) const {
@@ -289,6 +294,75 @@ void ClusterRouter::WriteFinalStateAndDrop(int shard, int64_t token) {
     Log(absl::StrCat("shard ", shard, ": final state not written: ", s.message()));
   }
   core->DropTenants(pick);
+}
+
+void ClusterRouter::ReleaseTogether(const std::map<int, int64_t>& shards) {
+  BudgetCore* core = core_.load(std::memory_order_acquire);
+  cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
+  if (core == nullptr || ownership == nullptr) return;
+  for (const auto& [shard, token] : shards) ready_[shard].store(0, std::memory_order_release);
+  MutexLock lock(&write_mu_);
+  struct Release {
+    int shard = 0;
+    int64_t token = 0;
+    std::vector<std::vector<etcd::Op>> txns;  // at most kMaxOps puts each
+    absl::Status status;
+  };
+  std::vector<Release> releases;
+  for (const auto& [shard, token] : shards) {
+    unserved_[shard].store(0, std::memory_order_release);
+    const int s = shard;
+    // Exported as in WriteFinalStateAndDrop: no grant follows, nothing is reserved ahead.
+    std::vector<v1::TenantState> states =
+        core->ExportTenants([&](absl::string_view name) { return map_.ShardOf(name) == s; });
+    Release& r = releases.emplace_back(
+        Release{.shard = shard, .token = token, .txns = {}, .status = absl::OkStatus()});
+    for (v1::TenantState& ts : states) {
+      ts.set_grant_limit(ts.granted_total());
+      if (r.txns.empty() || r.txns.back().size() >= kMaxOps) r.txns.emplace_back();
+      r.txns.back().push_back(etcd::Op::Put(TenantKey(shard, ts.tenant()), ts.SerializeAsString()));
+    }
+  }
+  // Together: with etcd slow or gone the release costs one etcd deadline (the one EndCallsBy
+  // set at shutdown), not one per shard.
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < releases.size(); i = next++) {
+      Release& r = releases[i];
+      for (const std::vector<etcd::Op>& ops : r.txns) {
+        const absl::Time start = absl::Now();
+        absl::StatusOr<etcd::TxnResult> t = ownership->FencedTxn(r.shard, r.token, ops);
+        if (latency_observer_) latency_observer_(absl::ToDoubleSeconds(absl::Now() - start));
+        etcd_writes_.fetch_add(1, std::memory_order_relaxed);
+        if (!t.ok()) {
+          etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+          r.status = t.status();
+          break;
+        }
+      }
+    }
+  };
+  {
+    std::vector<std::jthread> workers;
+    for (size_t i = 0; i < std::min<size_t>(releases.size(), 16); ++i) workers.emplace_back(work);
+  }
+  // A shard whose final state did not make it (refused, or not answered by the deadline) is left
+  // as after a crash: etcd keeps an earlier state of it, whose reservation its next owner counts
+  // as granted (AdoptTenants), so no token is created; what is lost is utilisation (the refill
+  // and credit since that write, the reservation not granted). A write not answered may still be
+  // applied later, and only while this server's token holds: it is the exact final state.
+  int failed = 0;
+  std::string first_error;
+  for (const Release& r : releases) {
+    if (r.status.ok()) continue;
+    if (failed++ == 0) first_error = absl::StrCat("shard ", r.shard, ": ", r.status.message());
+  }
+  if (failed > 0) {
+    Log(absl::StrFormat("final state of %d of %d shard(s) not written (%s): left to their next "
+                        "owner's takeover",
+                        failed, releases.size(), first_error));
+  }
+  core->DropTenants([&](absl::string_view name) { return shards.contains(map_.ShardOf(name)); });
 }
 
 std::string ClusterRouter::PolicyKey(absl::string_view tenant) const {

@@ -31,6 +31,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -75,10 +76,12 @@ class ClusterRouter : public TenantRouter {
   // The callbacks to give OwnershipOptions (they work before Start: they find nothing to do).
   std::function<void()> OnChangeCallback();
   std::function<void(int, int64_t)> BeforeReleaseCallback();
+  std::function<void(const std::map<int, int64_t>&)> BeforeReleaseAllCallback();
 
   // Starts the writer thread. `core` and `ownership` must outlive Stop().
   void Start(BudgetCore* core, cluster::OwnershipManager* ownership);
-  // Stops the writer thread (after OwnershipManager::Shutdown, which writes the final states).
+  // Stops the writer thread (before or after OwnershipManager::Shutdown, which writes the final
+  // states through the callbacks). Idempotent.
   void Stop();
 
   bool MayServe(absl::string_view tenant, absl::Time now) const override;
@@ -123,6 +126,10 @@ class ClusterRouter : public TenantRouter {
   // then its budgets dropped. Whatever comes first, the release's own call or the writer's next
   // pass, writes it; the other finds nothing left.
   void WriteFinalStateAndDrop(int shard, int64_t token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Shutdown's release: the final states of every shard in `shards` (shard -> token), exported
+  // as WriteFinalStateAndDrop does, written concurrently (each shard's transactions in order),
+  // then their budgets dropped.
+  void ReleaseTogether(const std::map<int, int64_t>& shards);
   // Writes `states` of `shard` under `token` (chunks of at most kMaxOps). False when a fence was
   // refused (the shard is lost) or etcd failed.
   absl::Status WriteStates(int shard, int64_t token, const std::vector<v1::TenantState>& states)

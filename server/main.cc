@@ -10,12 +10,22 @@
 // Signals: SIGINT/SIGTERM shut down cleanly (in-flight RPCs finish, then the final snapshot);
 // SIGHUP re-reads --policy (levels kept; an invalid file is refused and the old policy stays).
 //
-// Exit codes: 0 after a clean shutdown (SIGINT/SIGTERM), 1 when it cannot serve (address in use,
-// port file or data directory not writable, final snapshot failed), 2 for bad configuration
-// (flags, policy file, TLS files, plaintext on a non-loopback address) and for a damaged data
-// directory (a corrupt or truncated snapshot: the server does not start on it).
+// Exit codes: 0 after a clean shutdown (SIGINT/SIGTERM; in cluster mode also when etcd did not
+// take every shard's final state by the hand-over's deadline: those shards are taken over as
+// after a crash), 1 when it cannot serve (address in use, port file or data directory not
+// writable, final snapshot failed, a cluster-mode stop not done within --shutdown_grace + 2 s,
+// etcd unreachable at start with --exit_if_etcd_unavailable), 2 for bad configuration (flags,
+// policy file, TLS files, plaintext on a non-loopback address, another number of shards in
+// etcd) and for a damaged data directory (a corrupt or truncated snapshot: the server does not
+// start on it).
+#include <condition_variable>
 #include <csignal>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <stop_token>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -108,6 +118,10 @@ ABSL_FLAG(absl::Duration, etcd_reserve_ahead, absl::Seconds(1),
           "cluster mode: a busy tenant's grant reservations in etcd cover about this long of its "
           "grants (10ms..1m): longer costs fewer etcd writes (one per ~3/4 of it per busy "
           "tenant), shorter loses fewer grants when its owner dies (about this long of them)");
+ABSL_FLAG(bool, exit_if_etcd_unavailable, false,
+          "cluster mode: exit (code 1) when etcd cannot be reached or has no quorum at start. "
+          "Without it the server stays up, NOT_SERVING and refusing Syncs with UNAVAILABLE, "
+          "tries etcd again with backoff and serves as soon as it has joined");
 ABSL_FLAG(std::string, etcd_ca, "", "cluster mode: PEM CA that signs etcd's certificates (TLS)");
 ABSL_FLAG(std::string, etcd_cert, "", "cluster mode: PEM client certificate for etcd (mTLS)");
 ABSL_FLAG(std::string, etcd_key, "", "cluster mode: PEM key of --etcd_cert");
@@ -122,6 +136,11 @@ namespace {
 constexpr int kExitOk = 0;
 constexpr int kExitCannotServe = 1;
 constexpr int kExitBadConfig = 2;
+
+// Cluster mode, after SIGINT/SIGTERM and the RPCs' grace: the final states' writes and the
+// hand-over end within kHandOverTime whatever etcd does, and the process within kStopMargin.
+constexpr absl::Duration kHandOverTime = absl::Seconds(1);
+constexpr absl::Duration kStopMargin = absl::Seconds(2);
 
 // Everything the flags decide, checked. A new flag adds a field here and a line in
 // ConfigFromFlags(); Run() consumes the config.
@@ -156,6 +175,33 @@ absl::StatusOr<size_t> PositiveFlag(absl::string_view name, int64_t value) {
     return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, " must be > 0"));
   }
   return static_cast<size_t>(value);
+}
+
+// The cluster-mode part of ConfigFromFlags().
+absl::Status ClusterConfigFromFlags(ServerConfig& config) {
+  config.cluster = {.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
+                    .advertise = absl::GetFlag(FLAGS_advertise),
+                    .etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix),
+                    .shards = absl::GetFlag(FLAGS_shards),
+                    .lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl),
+                    .etcd_ca = absl::GetFlag(FLAGS_etcd_ca),
+                    .etcd_cert = absl::GetFlag(FLAGS_etcd_cert),
+                    .etcd_key = absl::GetFlag(FLAGS_etcd_key),
+                    .exit_if_etcd_unavailable = absl::GetFlag(FLAGS_exit_if_etcd_unavailable)};
+  if (auto s = ValidateClusterFlags(config.cluster); !s.ok()) return s;
+  const absl::Duration reserve_ahead = absl::GetFlag(FLAGS_etcd_reserve_ahead);
+  if (reserve_ahead < absl::Milliseconds(10) || reserve_ahead > absl::Minutes(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--etcd_reserve_ahead=",
+                                                   absl::FormatDuration(reserve_ahead),
+                                                   " must be between 10ms and 1m"));
+  }
+  config.core.cluster_reserve_ahead = reserve_ahead;
+  if (config.cluster.enabled() && !config.data_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--data_dir and --etcd_endpoints exclude each other: in cluster mode the budgets' state "
+        "is kept in etcd");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ServerConfig> ConfigFromFlags() {
@@ -236,27 +282,7 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   }
   config.metrics_max_tenants = static_cast<size_t>(metrics_max_tenants);
 
-  config.cluster = {.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
-                    .advertise = absl::GetFlag(FLAGS_advertise),
-                    .etcd_prefix = absl::GetFlag(FLAGS_etcd_prefix),
-                    .shards = absl::GetFlag(FLAGS_shards),
-                    .lease_ttl = absl::GetFlag(FLAGS_etcd_lease_ttl),
-                    .etcd_ca = absl::GetFlag(FLAGS_etcd_ca),
-                    .etcd_cert = absl::GetFlag(FLAGS_etcd_cert),
-                    .etcd_key = absl::GetFlag(FLAGS_etcd_key)};
-  if (auto s = ValidateClusterFlags(config.cluster); !s.ok()) return s;
-  const absl::Duration reserve_ahead = absl::GetFlag(FLAGS_etcd_reserve_ahead);
-  if (reserve_ahead < absl::Milliseconds(10) || reserve_ahead > absl::Minutes(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--etcd_reserve_ahead=",
-                                                   absl::FormatDuration(reserve_ahead),
-                                                   " must be between 10ms and 1m"));
-  }
-  config.core.cluster_reserve_ahead = reserve_ahead;
-  if (config.cluster.enabled() && !config.data_dir.empty()) {
-    return absl::InvalidArgumentError(
-        "--data_dir and --etcd_endpoints exclude each other: in cluster mode the budgets' state "
-        "is kept in etcd");
-  }
+  if (absl::Status s = ClusterConfigFromFlags(config); !s.ok()) return s;
   return config;
 }
 
@@ -326,6 +352,89 @@ void ReloadPolicy(const ServerConfig& config, BudgetCore& core, BearerAuthorizer
   spdlog::info("auth: {}", DescribeAuth(authorizer));
 }
 
+// Joins the cluster (ClusterMode::Join): waits for etcd in the background, or, with
+// --exit_if_etcd_unavailable, fails at once when etcd cannot be reached. The exit code when the
+// server must stop, nullopt when it goes on.
+std::optional<int> JoinCluster(const ServerConfig& config, ClusterMode& cluster, BudgetCore& core,
+                               BudgetServer& server) {
+  const std::string advertise =
+      !config.cluster.advertise.empty() ? config.cluster.advertise : server.address();
+  // Another number of shards in etcd than --shards, found after waiting for etcd: nothing is
+  // owned or served yet, so the process just ends, as it would have at start.
+  auto refused = [](const absl::Status& s) {
+    spdlog::error("cannot join the cluster: {}", std::string(s.message()));
+    spdlog::default_logger()->flush();
+    std::_Exit(kExitBadConfig);
+  };
+  absl::Status s = cluster.Join(&core, &server, advertise, refused);
+  if (s.ok()) {
+    if (!config.cluster.exit_if_etcd_unavailable) {
+      spdlog::info("cluster mode: joining as {} through etcd {} (health NOT_SERVING until "
+                   "joined)", advertise, config.cluster.etcd_endpoints);
+    }
+    return std::nullopt;
+  }
+  spdlog::error("cannot join the cluster on etcd {}: {}", config.cluster.etcd_endpoints,
+                std::string(s.message()));
+  server.Shutdown(absl::ZeroDuration());
+  return absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s) ? kExitBadConfig
+                                                                      : kExitCannotServe;
+}
+
+// Ends the process `margin` from now (exit code kExitCannotServe) unless destroyed first: the
+// cluster-mode stop's bound, should anything but etcd hang (etcd's calls are bounded already).
+class StopWatchdog {
+ public:
+  explicit StopWatchdog(absl::Duration margin)
+      : thread_([deadline = absl::Now() + margin](std::stop_token stop) {
+          std::mutex mu;
+          std::condition_variable_any cv;
+          std::unique_lock lock(mu);
+          if (cv.wait_until(lock, stop, absl::ToChronoTime(deadline), [] { return false; }) ||
+              stop.stop_requested()) {
+            return;
+          }
+          spdlog::error("not stopped within --shutdown_grace + {}: exiting now; the shards not "
+                        "handed over are taken over as after a crash",
+                        absl::FormatDuration(kStopMargin));
+          spdlog::default_logger()->flush();
+          std::_Exit(kExitCannotServe);
+        }) {}
+
+ private:
+  std::jthread thread_;
+};
+
+// SIGINT/SIGTERM: in-flight RPCs get --shutdown_grace; then, in cluster mode, the shards'
+// final states and the hand-over get kHandOverTime, whatever etcd does (a shard not written by
+// then is taken over as after a crash: ClusterRouter::ReleaseTogether); in single-server mode
+// the final snapshot is written.
+int StopServing(const ServerConfig& config, int signo, BudgetServer& server, ClusterMode* cluster,
+                Snapshotter* snapshotter) {
+  spdlog::info("{} received: refusing new RPCs, waiting up to {} for in-flight ones",
+               signo == SIGINT ? "SIGINT" : "SIGTERM",
+               absl::FormatDuration(config.shutdown_grace));
+  std::optional<StopWatchdog> watchdog;
+  if (cluster != nullptr) watchdog.emplace(config.shutdown_grace + kStopMargin);
+  server.Shutdown(config.shutdown_grace);
+  if (cluster != nullptr) {
+    cluster->Leave(absl::Now() + kHandOverTime);  // no Sync runs: the states written are final
+    spdlog::info("cluster mode: shards' state written and handed over");
+  }
+  // Only now, with no Sync running any more, is the final snapshot exact.
+  if (snapshotter != nullptr) {
+    if (absl::Status s = snapshotter->Stop(); !s.ok()) {
+      spdlog::error("final snapshot to {} failed: {} (the last periodic snapshot and the "
+                    "journal remain: the next start recovers as after a crash)",
+                    config.data_dir, std::string(s.message()));
+      return kExitCannotServe;
+    }
+    spdlog::info("final snapshot written to {}", config.data_dir);
+  }
+  spdlog::info("stopped");
+  return kExitOk;
+}
+
 int Run(ServerConfig config) {
   // Handlers first: a signal that arrives while starting up is then honoured, not fatal.
   absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = ShutdownSignals::Install();
@@ -357,17 +466,14 @@ int Run(ServerConfig config) {
 
   std::unique_ptr<ClusterMode> cluster;
   if (config.cluster.enabled()) {
-    absl::StatusOr<std::unique_ptr<ClusterMode>> connected = ClusterMode::Connect(
+    absl::StatusOr<std::unique_ptr<ClusterMode>> created = ClusterMode::Create(
         config.cluster, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
-    if (!connected.ok()) {
+    if (!created.ok()) {
       spdlog::error("cluster mode (--etcd_endpoints={}): {}", config.cluster.etcd_endpoints,
-                    std::string(connected.status().message()));
-      return absl::IsInvalidArgument(connected.status()) ||
-                     absl::IsFailedPrecondition(connected.status())
-                 ? kExitBadConfig
-                 : kExitCannotServe;
+                    std::string(created.status().message()));
+      return kExitBadConfig;
     }
-    cluster = *std::move(connected);
+    cluster = *std::move(created);
   }
 
   CoreOptions core_options = config.core;
@@ -473,43 +579,14 @@ int Run(ServerConfig config) {
   }
 
   if (cluster != nullptr) {
-    const std::string advertise =
-        !config.cluster.advertise.empty() ? config.cluster.advertise : (*server)->address();
-    if (absl::Status s = cluster->Join(core->get(), server->get(), advertise); !s.ok()) {
-      spdlog::error("cannot join the cluster on etcd {}: {}", config.cluster.etcd_endpoints,
-                    std::string(s.message()));
-      (*server)->Shutdown(absl::ZeroDuration());
-      return kExitCannotServe;
-    }
-    spdlog::info("cluster mode: joined as {} ({} shards, lease TTL {}, etcd prefix {})", advertise,
-                 cluster->map().shards(), absl::FormatDuration(config.cluster.lease_ttl),
-                 config.cluster.etcd_prefix);
+    if (std::optional<int> code = JoinCluster(config, *cluster, **core, **server)) return *code;
   }
 
   int signo = 0;
   while ((signo = (*signals)->Wait()) == SIGHUP) {
     ReloadPolicy(config, **core, **authorizer);
   }
-  spdlog::info("{} received: refusing new RPCs, waiting up to {} for in-flight ones",
-               signo == SIGINT ? "SIGINT" : "SIGTERM",
-               absl::FormatDuration(config.shutdown_grace));
-  (*server)->Shutdown(config.shutdown_grace);
-  if (cluster != nullptr) {
-    cluster->Leave();  // no Sync runs any more: the shards' state written is final
-    spdlog::info("cluster mode: shards' state written and handed over");
-  }
-  // Only now, with no Sync running any more, is the final snapshot exact.
-  if (snapshotter != nullptr) {
-    if (absl::Status s = snapshotter->Stop(); !s.ok()) {
-      spdlog::error("final snapshot to {} failed: {} (the last periodic snapshot and the "
-                    "journal remain: the next start recovers as after a crash)",
-                    config.data_dir, std::string(s.message()));
-      return kExitCannotServe;
-    }
-    spdlog::info("final snapshot written to {}", config.data_dir);
-  }
-  spdlog::info("stopped");
-  return kExitOk;
+  return StopServing(config, signo, **server, cluster.get(), snapshotter.get());
 }
 
 }  // namespace
