@@ -565,6 +565,114 @@ TEST(HostileAccountingTest, SuccessesCreditedLocallyOnlyLowerTheCreditAndAreChec
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
+// ---- refunds (TenantSync.retries_refunded, fallback_refunded) ----
+
+v1::SyncRequest WithRefunds(v1::SyncRequest r, uint64_t refunded, uint64_t fallback_spent = 0,
+                            uint64_t fallback_refunded = 0) {
+  r.mutable_tenants(0)->set_retries_refunded(refunded);
+  r.mutable_tenants(0)->set_fallback_spent(fallback_spent);
+  r.mutable_tenants(0)->set_fallback_refunded(fallback_refunded);
+  return r;
+}
+
+TEST(HostileAccountingTest, RefundsGiveBackOnlyWhatThisServerGrantedAndApplyOnce) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "t",
+                                            "capacity: 100 initial_tokens: 10 "
+                                            "refill_per_second: 0 success_credit: 0")});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  ASSERT_TRUE(c.Sync(SyncOf("i", 1, "t", 10), &r).ok());
+  ASSERT_EQ(r.tenants(0).granted(), 10u);
+  // Four retries spent, reported; then one of them refunded (never sent) and the other seven
+  // returned: the refunded token is back in the bucket with them, and only three were sent.
+  ASSERT_TRUE(c.Sync(SyncOf("i", 2, "t", 0, 10, 0, 4), &r).ok());
+  EXPECT_EQ(Budget(c, "t").retries_total(), 4u);
+  const v1::SyncRequest refund = WithRefunds(SyncOf("i", 3, "t", 0, 10, 7, 4), 1);
+  ASSERT_TRUE(c.Sync(refund, &r).ok());
+  v1::BudgetStatus b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 7) << b.ShortDebugString();
+  EXPECT_EQ(b.retries_total(), 3u);
+  EXPECT_EQ(b.refunded_total(), 1u);
+  // An exact replay, and the same counters under a new seq: nothing more.
+  ASSERT_TRUE(c.Sync(refund, &r).ok());
+  v1::SyncRequest again = refund;
+  again.set_seq(4);
+  ASSERT_TRUE(c.Sync(again, &r).ok());
+  b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 7);
+  EXPECT_EQ(b.refunded_total(), 1u);
+  // Lies refused, naming the field, nothing applied: more refunded than spent, refunds of
+  // lease tokens beyond the lease tokens spent, a fallback refund with no fallback spending,
+  // and counters going backwards.
+  for (const auto& [bad, field] : std::vector<std::pair<v1::SyncRequest, std::string>>{
+           {WithRefunds(SyncOf("i", 5, "t", 0, 10, 7, 4), 5), "retries_refunded = 5"},
+           {WithRefunds(SyncOf("i", 5, "t", 0, 10, 7, 4), 3, 2), "refunds of lease tokens"},
+           {WithRefunds(SyncOf("i", 5, "t", 0, 10, 7, 4), 2, 0, 1), "fallback_refunded = 1"},
+           {WithRefunds(SyncOf("i", 5, "t", 0, 10, 6, 4), 0), "never go backwards"},
+           {WithRefunds(SyncOf("i", 5, "t", 0, 10, 8, 4), 1), "exceed tokens_received"}}) {
+    const grpc::Status s = c.Sync(bad, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.ShortDebugString();
+    EXPECT_THAT(s.error_message(), HasSubstr(field)) << s.error_message();
+  }
+  b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 7);
+  EXPECT_EQ(b.retries_total(), 3u);
+  // Claiming every spent token refunded and then returning all ten: the bucket gets back the
+  // ten this server granted, never more (an honest client returning everything gets as much).
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("i", 5, "t", 0, 10, 7, 4), 4), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 7);
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("i", 6, "t", 0, 10, 10, 4), 4), &r).ok());
+  b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 10);
+  EXPECT_EQ(b.retries_total(), 0u);
+  // A baseline claiming spent, refunded and returned tokens of a previous life: nothing.
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("b", 1, "t", 0, 50, 0, 50), 40), &r).ok());
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("b", 2, "t", 0, 50, 50, 50), 50), &r).ok());
+  EXPECT_EQ(Budget(c, "t").tokens(), 10);
+  // Fallback refunds take nothing from the bucket and give nothing to it; they come off the
+  // fallback retries.
+  ASSERT_TRUE(c.Sync(SyncOf("f", 1, "t", 0), &r).ok());
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("f", 2, "t", 0, 0, 0, 3), 1, 3, 1), &r).ok());
+  b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 10);
+  EXPECT_EQ(b.fallback_retries_total(), 2u);
+  EXPECT_EQ(b.fallback_refunded_total(), 1u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
+TEST(HostileAccountingTest, ARefundAfterACleanRestartIsCreditedFromTheRestoredRecord) {
+  ScopedTempDir dir;
+  const std::string policy = PolicyFile(dir.path(), "t",
+                                        "capacity: 100 initial_tokens: 10 "
+                                        "refill_per_second: 0 success_credit: 0");
+  const std::vector<std::string> flags = {"--policy=" + policy,
+                                          "--data_dir=" + dir.path() + "/data"};
+  auto server = ServerProcess::Start(dir.path(), flags);
+  ASSERT_NE(server, nullptr);
+  {
+    ServerConnection c = server->Connect();
+    v1::SyncResponse r;
+    ASSERT_TRUE(c.Sync(SyncOf("i", 1, "t", 10), &r).ok());
+    ASSERT_EQ(r.tenants(0).granted(), 10u);
+    ASSERT_TRUE(c.Sync(SyncOf("i", 2, "t", 0, 10, 0, 4), &r).ok());
+  }
+  ASSERT_EQ(server->Stop(SIGTERM), 0);
+  server = ServerProcess::Start(dir.path(), flags);
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  // Two of the four refunded, everything unspent returned: 8 back, as before the restart.
+  ASSERT_TRUE(c.Sync(WithRefunds(SyncOf("i", 3, "t", 0, 10, 8, 4), 2), &r).ok());
+  v1::BudgetStatus b = Budget(c, "t");
+  EXPECT_EQ(b.tokens(), 8) << b.ShortDebugString();
+  EXPECT_EQ(b.retries_total(), 2u);
+  EXPECT_EQ(b.refunded_total(), 2u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
 // ---- 8. unparseable bytes ----
 
 grpc::Status SendRaw(const ServerProcess& server, const std::string& bytes,
