@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+import retrybudget
 from retrybudget import (AsyncBudgetClient, BudgetClient, ClientOptions, RetryCancelled,
                          RetryPolicy, async_call_with_retry, call_with_retry)
 
@@ -134,3 +135,37 @@ def test_a_token_refunded_then_spent_again_is_one_retry_sent(start_server):
     status = server.get_budget("t")
     assert (status.retries_total, status.refunded_total) == (1, 1), status
     assert status.tokens == pytest.approx(CAPACITY - 1), status
+
+
+def test_a_fallback_token_refunded_after_its_report_is_reported_as_a_fallback_refund(
+        start_server, proxy_to):
+    server = start_server('tenants { tenant: "t" policy { capacity: 20 refill_per_second: 0 '
+                          'success_credit: 0 lease_ttl_ms: 300 } }\n')
+    # Through a proxy that loses responses: the server applies every request while the client
+    # sees it unreachable and spends its fallback bucket.
+    proxy = proxy_to(server.target)
+    client = BudgetClient(ClientOptions(target=proxy.target, refresh_period=0.05,
+                                        sync_timeout=0.2))
+    budget = client.tenant("t")
+    wait_until(lambda: budget.stats().lease_active, what="a lease")
+    proxy.drop_next = 1_000_000
+    wait_until(lambda: budget.stats().mode == retrybudget.FALLBACK, what="the fallback")
+    assert budget.try_acquire()
+    assert budget.stats().fallback_allowed == 1
+
+    def seen(predicate):
+        return any(predicate(t) for r in list(proxy.requests) for t in r.tenants)
+
+    wait_until(lambda: seen(lambda t: t.fallback_spent == 1), what="the fallback spend reported")
+    budget.refund()
+    wait_until(lambda: seen(lambda t: t.fallback_refunded == 1), what="the refund reported")
+    proxy.drop_next = 0
+    wait_until(lambda: budget.stats().mode == retrybudget.LEASE, what="leases again")
+    final = client.close()
+    assert final is None, final
+    stats = budget.stats()
+    assert (stats.retries_allowed, stats.fallback_allowed, stats.refunds) == (0, 0, 1)
+    check_stats_add_up(stats)
+    status = server.get_budget("t")
+    assert (status.retries_total, status.fallback_retries_total) == (0, 0), status
+    assert (status.refunded_total, status.fallback_refunded_total) == (1, 1), status
