@@ -144,7 +144,8 @@ TEST(MetricsTest, ExposesEveryDesignedNameWithTheTenantLabel) {
         "retry_budget_retries_total", "retry_budget_retries_denied_total",
         "retry_budget_successes_total", "retry_budget_returned_tokens_total",
         "retry_budget_reclaimed_tokens_total", "retry_budget_fallback_retries_total",
-        "retry_budget_uncredited_tokens_total"}) {
+        "retry_budget_uncredited_tokens_total", "retry_budget_refunded_retries_total",
+        "retry_budget_fallback_refunded_retries_total"}) {
     EXPECT_TRUE(SampleValue(text, absl::StrCat(name, "{tenant=\"named\"}")).has_value()) << name;
   }
   EXPECT_EQ(SampleValue(text, "retry_budget_capacity{tenant=\"named\"}"), 10);
