@@ -57,8 +57,7 @@ def held_back(start_server, proxy_to):
 def test_a_new_clients_first_call_that_fails_once_gets_its_success(start_server):
     server = start_server(POLICY)
     with BudgetClient(ClientOptions(target=server.target)) as client:
-        budget = client.tenant("t")
-        assert not budget.is_ready()
+        budget = client.tenant("t")  # its first answer is a round trip away: the call is first
         fn, calls = fails_once()
         assert call_with_retry(budget, fn, policy=TINY, timeout=10) == "ok"
         assert calls == [1, 2]
