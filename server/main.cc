@@ -418,8 +418,10 @@ int StopServing(const ServerConfig& config, int signo, BudgetServer& server, Clu
   if (cluster != nullptr) watchdog.emplace(config.shutdown_grace + kStopMargin);
   server.Shutdown(config.shutdown_grace);
   if (cluster != nullptr) {
+    const bool joined = cluster->ownership() != nullptr;
     cluster->Leave(absl::Now() + kHandOverTime);  // no Sync runs: the states written are final
-    spdlog::info("cluster mode: shards' state written and handed over");
+    spdlog::info(joined ? "cluster mode: shards handed over"
+                        : "cluster mode: had not joined the cluster: nothing to hand over");
   }
   // Only now, with no Sync running any more, is the final snapshot exact.
   if (snapshotter != nullptr) {

@@ -7,6 +7,12 @@
 //    one deadline; before, each shard waited out its own 2 s etcd deadline, one after another),
 //    and when etcd is back and the other server has taken the shards over, no tenant has been
 //    granted more than its budget.
+//  * Start and wait: a server started while etcd is unreachable (every member killed) or without
+//    quorum (two of three killed) stays up, answers health NOT_SERVING and refuses its tenants'
+//    Syncs with UNAVAILABLE and no owner, logs its failed attempts at a bounded rate, and serves
+//    once etcd is back; with --exit_if_etcd_unavailable it exits with code 1 instead.
+//  * Quorum lost and regained while serving: NOT_SERVING and UNAVAILABLE within the lease TTL,
+//    serving and granting again once the members are back, every tenant within its budget.
 //
 // Every tenant has capacity 50 and refill 1/s with no success credit, so that a takeover that
 // started from a full bucket (a lost reservation) would overshoot `capacity + refill * elapsed`
@@ -15,6 +21,7 @@
 // stop (the stop times are printed).
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -32,9 +39,11 @@
 #include "cluster/cluster_keys.h"
 #include "cluster/shard_map.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/cluster/wait_for.h"
+#include "common/subprocess.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
@@ -242,6 +251,98 @@ class EtcdOutageTest : public ::testing::Test {
     ExpectWithinBudget(drainer, start);
   }
 
+  // The server's health (the whole server's status), nullopt when it does not answer.
+  std::optional<grpc::health::v1::HealthCheckResponse::ServingStatus> Health(int server) {
+    auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    grpc::health::v1::HealthCheckResponse response;
+    if (!stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok()) {
+      return std::nullopt;
+    }
+    return response.status();
+  }
+
+  // One Sync of `tenant` by a fresh instance to `server`: its entry's answer.
+  std::optional<v1::TenantGrant> SyncOnce(int server, const std::string& tenant) {
+    auto stub = v1::RetryBudgetService::NewStub(grpc::CreateChannel(
+        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
+    v1::SyncRequest request;
+    request.set_instance_id(absl::StrCat("probe-", ++probes_));
+    request.set_seq(1);
+    request.add_tenants()->set_tenant(tenant);
+    request.mutable_tenants(0)->set_want(1);
+    v1::SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+    if (!stub->Sync(&context, request, &response).ok() || response.tenants_size() != 1) {
+      return std::nullopt;
+    }
+    return response.tenants(0);
+  }
+
+  // For `d`: server 0 keeps running, NOT_SERVING, and refuses `tenant` with UNAVAILABLE and no
+  // owner, granting nothing.
+  void ExpectWaitingFor(absl::Duration d, const std::string& tenant) {
+    const absl::Time end = absl::Now() + d;
+    int checks = 0;
+    while (absl::Now() < end) {
+      ASSERT_TRUE(cluster_->server(0).running()) << cluster_->server(0).LogTail(30);
+      EXPECT_EQ(Health(0), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+      const std::optional<v1::TenantGrant> g = SyncOnce(0, tenant);
+      ASSERT_TRUE(g.has_value());
+      EXPECT_EQ(g->granted(), 0u);
+      EXPECT_EQ(g->error().code(), static_cast<int>(grpc::StatusCode::UNAVAILABLE));
+      EXPECT_EQ(g->error().owner(), "");
+      ++checks;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    EXPECT_GT(checks, 0);
+  }
+
+  // Polls until server 0 answers SERVING and grants `tenant`; the time it took.
+  absl::Duration WaitUntilServing(const std::string& tenant) {
+    const absl::Time back = absl::Now();
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          if (Health(0) != grpc::health::v1::HealthCheckResponse::SERVING) return false;
+          const std::optional<v1::TenantGrant> g = SyncOnce(0, tenant);
+          return g.has_value() && g->granted() > 0;
+        },
+        absl::Seconds(30)))
+        << cluster_->server(0).LogTail(30);
+    return absl::Now() - back;
+  }
+
+  // Server 0 of 1, restarted while etcd is gone (`take_etcd_away`), waits and then serves once
+  // etcd is back (`bring_etcd_back`).
+  template <typename Away, typename Back>
+  void StartWhileEtcdIsGone(Away take_etcd_away, Back bring_etcd_back, const char* how) {
+    ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+    WaitForShare(0, kShards);
+    ASSERT_TRUE(cluster_->KillServer(0).ok());
+    ASSERT_NO_FATAL_FAILURE(take_etcd_away());
+    // Before: the server exited with code 1 (and Restart() gave up after its timeout).
+    ASSERT_TRUE(cluster_->RestartServer(0).ok()) << cluster_->server(0).LogTail(30);
+    ASSERT_NO_FATAL_FAILURE(ExpectWaitingFor(absl::Seconds(4), "orders"));
+    // The failed attempts (every 200 ms to 2 s) are logged at most every 10 s.
+    const std::string log = cluster_->server(0).Log();
+    int lines = 0;
+    for (size_t at = log.find("cannot join the cluster yet"); at != std::string::npos;
+         at = log.find("cannot join the cluster yet", at + 1)) {
+      ++lines;
+    }
+    EXPECT_GE(lines, 1);
+    EXPECT_LE(lines, 1) << log;
+
+    ASSERT_NO_FATAL_FAILURE(bring_etcd_back());
+    const absl::Duration serving = WaitUntilServing("orders");
+    std::printf("started with etcd %s: serving %s after etcd was back\n", how,
+                absl::FormatDuration(serving).c_str());
+  }
+
+  int probes_ = 0;
   std::unique_ptr<ClusterUnderTest> cluster_;
 };
 
@@ -263,6 +364,74 @@ TEST_F(EtcdOutageTest, SigtermWithEtcdStoppedEndsWithinTheGraceAndCreatesNoToken
 TEST_F(EtcdOutageTest, SigtermWithEtcdUnreachableEndsWithinTheGraceAndCreatesNoToken) {
   StopWhileEtcdIsGone([&] { ASSERT_TRUE(cluster_->StopAllEtcd().ok()); },
                       [&] { ASSERT_TRUE(cluster_->StartAllEtcd().ok()); }, "killed (refused)");
+}
+
+TEST_F(EtcdOutageTest, StartWithEtcdUnreachableWaitsNotServingAndServesWhenItIsBack) {
+  StartWhileEtcdIsGone([&] { ASSERT_TRUE(cluster_->StopAllEtcd().ok()); },
+                       [&] { ASSERT_TRUE(cluster_->StartAllEtcd().ok()); }, "killed (refused)");
+}
+
+TEST_F(EtcdOutageTest, StartWithoutEtcdQuorumWaitsNotServingAndServesWhenItIsBack) {
+  StartWhileEtcdIsGone(
+      [&] {
+        ASSERT_TRUE(cluster_->etcd().KillEtcdNode(0).ok());
+        ASSERT_TRUE(cluster_->etcd().KillEtcdNode(1).ok());
+      },
+      [&] {
+        ASSERT_TRUE(cluster_->etcd().RestartEtcdNode(0).ok());
+        ASSERT_TRUE(cluster_->etcd().RestartEtcdNode(1).ok());
+      },
+      "without quorum (2 of 3 members killed)");
+}
+
+TEST_F(EtcdOutageTest, ExitIfEtcdUnavailableKeepsTheExitAtStart) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(0));
+  ASSERT_TRUE(cluster_->StopAllEtcd().ok());
+  absl::StatusOr<std::unique_ptr<Subprocess>> p = Subprocess::Spawn(
+      {RETRYBUDGET_SERVER_BIN, "--listen=127.0.0.1:0", "--metrics_listen=",
+       absl::StrCat("--etcd_endpoints=", cluster_->etcd().etcd_endpoints()),
+       "--exit_if_etcd_unavailable"},
+      {.output_file = "/dev/null"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> status = (*p)->Wait(absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+}
+
+TEST_F(EtcdOutageTest, QuorumLostAndRegainedWhileServing) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  WaitForShare(0, kShards);
+  const std::vector<std::string> tenants = {"orders", "billing", "search", "mail"};
+  const absl::Time start = absl::Now();
+  Drainer drainer(tenants);
+  drainer.RunFor(cluster_->server(0).address(), absl::Seconds(2));
+  ASSERT_GT(drainer.total(), 0u);
+
+  ASSERT_TRUE(cluster_->etcd().KillEtcdNode(0).ok());
+  ASSERT_TRUE(cluster_->etcd().KillEtcdNode(1).ok());
+  const absl::Time lost = absl::Now();
+  // Not sure of its lease within the TTL: NOT_SERVING, entries refused without an owner.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        drainer.Round(cluster_->server(0).address());
+        const std::optional<v1::TenantGrant> g = SyncOnce(0, "orders");
+        return Health(0) == grpc::health::v1::HealthCheckResponse::NOT_SERVING &&
+               g.has_value() && g->granted() == 0 &&
+               g->error().code() == static_cast<int>(grpc::StatusCode::UNAVAILABLE) &&
+               g->error().owner().empty();
+      },
+      kLeaseTtl + absl::Seconds(3)));
+  std::printf("quorum lost: NOT_SERVING after %s\n",
+              absl::FormatDuration(absl::Now() - lost).c_str());
+  drainer.RunFor(cluster_->server(0).address(), absl::Seconds(3));
+
+  ASSERT_TRUE(cluster_->etcd().RestartEtcdNode(0).ok());
+  ASSERT_TRUE(cluster_->etcd().RestartEtcdNode(1).ok());
+  const absl::Duration serving = WaitUntilServing("orders");
+  std::printf("quorum back: serving again after %s\n", absl::FormatDuration(serving).c_str());
+  drainer.RunFor(cluster_->server(0).address(), absl::Seconds(2));
+  EXPECT_TRUE(cluster_->server(0).running());
+  ExpectWithinBudget(drainer, start);
 }
 
 }  // namespace
