@@ -2,8 +2,11 @@
 // and the JSON lines. These are what make the fleet tests able to fail.
 #include "tools/fleet/fleet_report.h"
 
+#include <algorithm>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -82,14 +85,15 @@ TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
                              .initial_tokens = 10, .lease_ttl_ms = 1000};
   WorkerCounts totals;
   totals.timeline_slice_seconds = 0.5;  // 10 tokens of refill a slice
-  // Slice 0: a full bucket, 10 more of refill but capped at 10; demand 30 takes 10.
-  // Slice 1: no demand; 10 of refill and 20 successes (10 tokens) fill it to the cap again.
-  // Slice 2: demand 4 (2 sent, 2 denied) after 10 of refill, capped: 4.
-  // Slice 3: the 6 left + 10 of refill, capped at 10; demand 100 takes those 10.
+  // Slice 0: a full bucket and 10 of refill over the slice; demand 30 spread over it takes the
+  // 10 at once and each refilled token as it comes: 20, none left.
+  // Slice 1: no demand; 10 of refill and 20 successes (10 tokens) fill it to the cap.
+  // Slice 2: demand 4 (2 sent, 2 denied): 4, and the bucket full again by the slice's end.
+  // Slice 3: 10 + 10 of refill; demand 100 takes those 20.
   totals.retries_timeline = {20, 0, 2, 50};
   totals.denied_timeline = {10, 0, 2, 50};
   totals.successes_timeline = {0, 20, 0, 0};
-  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/2, totals), 10 + 0 + 4 + 10);
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/2, totals), 20 + 0 + 4 + 20);
   // No demand, nothing allowed, whatever the refill.
   EXPECT_DOUBLE_EQ(IdealAllowed(policy, 2, WorkerCounts{}), 0);
   // Refill outside the timeline counts (capped): 0.1 s before slice 0 of an empty bucket.
@@ -100,6 +104,78 @@ TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
   one.timeline_slice_seconds = 0.5;
   one.retries_timeline = {100};
   EXPECT_DOUBLE_EQ(IdealAllowed(empty, /*elapsed_seconds=*/0.6, one), 2 + 10);
+}
+
+// The case where the ideal allowed too little when a slice's deposits met the cap before its
+// demand took them: capacity 10, full at the start, refill 20/s, a retry asked every 25 ms for
+// one second (t = 0, 25, ..., 975 ms). Event by event, by hand: the bucket's 10 go to the first
+// demands, then every whole token refilled by the time of a demand: by 975 ms, 19.5 refilled,
+// so 10 + 19 = 29 allowed. In 100 ms slices (4 demands and 2 tokens of refill each), capping
+// each slice's deposits first read 28, below the central bucket; the replay reads 30 (the
+// fraction of the last token is the timeline's blur, on the generous side).
+TEST(IdealAllowedTest, IsNotBelowAnEventByEventCentralBucketWhenDepositsMeetTheCapacity) {
+  const PolicyView policy = {.capacity = 10, .refill_per_second = 20, .success_credit = 0,
+                             .initial_tokens = 10, .lease_ttl_ms = 1000};
+  WorkerCounts sliced;
+  sliced.timeline_slice_seconds = 0.1;
+  sliced.retries_timeline.assign(10, 2);
+  sliced.denied_timeline.assign(10, 2);
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/1.0, sliced), 30);
+}
+
+// A central bucket driven event by event (continuous refill, a success's credit when it happens,
+// a demand allowed when a whole token is there), for random runs; the replay of the same events
+// in slices never allows less, whatever the slice.
+TEST(IdealAllowedTest, IsAnUpperBoundOfAnEventByEventCentralBucketForRandomRuns) {
+  std::mt19937_64 rng(20261207);
+  for (int run = 0; run < 300; ++run) {
+    const PolicyView policy = {
+        .capacity = static_cast<double>(1 + rng() % 20),
+        .refill_per_second = static_cast<double>(rng() % 50),
+        .success_credit = static_cast<double>(rng() % 5) / 10,
+        .initial_tokens = static_cast<double>(rng() % 21),
+        .lease_ttl_ms = 1000};
+    const double slice = std::vector<double>{0.01, 0.1, 0.25, 1.0}[rng() % 4];
+    const int slices = static_cast<int>(2.0 / slice);
+    // Events at whole milliseconds over 2 s: a demand or a success.
+    struct Event {
+      int ms;
+      bool demand;
+    };
+    std::vector<Event> events;
+    const int n = static_cast<int>(rng() % 400);
+    for (int i = 0; i < n; ++i) {
+      events.push_back({static_cast<int>(rng() % 2000), rng() % 3 != 0});
+    }
+    std::sort(events.begin(), events.end(),
+              [](const Event& a, const Event& b) { return a.ms < b.ms; });
+    double level = std::min(policy.initial_tokens, policy.capacity);
+    double exact = 0;
+    int now_ms = 0;
+    WorkerCounts counts;
+    counts.timeline_slice_seconds = slice;
+    counts.retries_timeline.assign(slices, 0);
+    counts.denied_timeline.assign(slices, 0);
+    counts.successes_timeline.assign(slices, 0);
+    for (const Event& e : events) {
+      level = std::min(policy.capacity, level + policy.refill_per_second * (e.ms - now_ms) / 1e3);
+      now_ms = e.ms;
+      const size_t at = std::min<size_t>(slices - 1, static_cast<size_t>(e.ms / 1e3 / slice));
+      if (!e.demand) {
+        level = std::min(policy.capacity, level + policy.success_credit);
+        ++counts.successes_timeline[at];
+      } else if (level >= 1 - 1e-9) {
+        level -= 1;
+        exact += 1;
+        ++counts.retries_timeline[at];
+      } else {
+        ++counts.denied_timeline[at];
+      }
+    }
+    EXPECT_GE(IdealAllowed(policy, /*elapsed_seconds=*/2.0, counts), exact)
+        << "run " << run << ": slice " << slice << ", capacity " << policy.capacity
+        << ", refill " << policy.refill_per_second << ", credit " << policy.success_credit;
+  }
 }
 
 TEST(JudgeTest, UtilisationVsIdealIsRetriesAllowedOverTheIdealBucketsAllowance) {

@@ -209,11 +209,11 @@ double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
   const double outside = std::max(0.0, elapsed_seconds - slice * static_cast<double>(n));
   level = std::min(policy.capacity, level + policy.refill_per_second * outside);
   for (size_t i = 0; i < n; ++i) {
-    level = std::min(policy.capacity, level + policy.refill_per_second * slice +
-                                          policy.success_credit * at(totals.successes_timeline, i));
+    const double available = level + policy.refill_per_second * slice +
+                             policy.success_credit * at(totals.successes_timeline, i);
     const double demand = at(totals.retries_timeline, i) + at(totals.denied_timeline, i);
-    const double take = std::min(demand, std::floor(level + 1e-9));
-    level -= take;
+    const double take = std::min(demand, std::floor(available + 1e-9));
+    level = std::min(policy.capacity, available - take);
     allowed += take;
   }
   return allowed;

@@ -302,13 +302,19 @@ struct Verdict {
   std::vector<Verdict> tenants = {};
 };
 
-// The retries one ideal central bucket would have allowed the run's own demand: `initial`
-// tokens at the start, capped at `capacity`; per timeline slice (in order) it gains refill over
-// the slice and `success_credit` per success counted in it, then allows
-// min(retries sent + retries denied in the slice, whole tokens). No network and no split: no
-// distributed design can allow more of the same demand, except by the tokens clients hold in
-// leases that the server does not count against the capacity (docs/DESIGN.md), a few per
-// instance. The refill of `elapsed_seconds` outside the timeline is given at the start.
+// The most retries one ideal central bucket could have allowed the run's own demand: `initial`
+// tokens at the start, capped at `capacity`; per timeline slice (in order) it allows
+// min(retries sent + retries denied in the slice, whole tokens of level + the slice's refill +
+// `success_credit` per success counted in it), and keeps what is left, capped at `capacity`.
+// The timeline says how much happened in a slice, not in which order, so the slice is replayed
+// in the order that allows most: each deposit arrives just before a demand that takes it, and
+// only the surplus meets the cap. (Depositing the whole slice first and capping it, then taking,
+// loses every deposit beyond the capacity within one slice: with a small capacity and a busy
+// tenant that ideal allowed less than a real central bucket, and the fleet read above 1.) No
+// network and no split: no distributed design can allow more of the same demand, except by the
+// tokens clients hold in leases that the server does not count against the capacity
+// (docs/DESIGN.md), a few per instance. The refill of `elapsed_seconds` outside the timeline is
+// given at the start.
 double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
                     const WorkerCounts& totals);
 
