@@ -179,15 +179,16 @@ TEST(IdealAllowedTest, IsAnUpperBoundOfAnEventByEventCentralBucketForRandomRuns)
 }
 
 TEST(JudgeTest, UtilisationVsIdealIsRetriesAllowedOverTheIdealBucketsAllowance) {
-  FleetRun run = RunWith(/*retries_allowed=*/15, /*successes=*/0, /*elapsed=*/1.0);
+  FleetRun run = RunWith(/*retries_allowed=*/35, /*successes=*/0, /*elapsed=*/1.0);
   run.totals.timeline_slice_seconds = 1.0;
-  run.totals.retries_timeline = {15};
+  run.totals.retries_timeline = {35};
   run.totals.denied_timeline = {100};
   const Verdict v = Judge(run);
-  // The ideal bucket: 20 initial, refill capped at capacity 20: it would have allowed 20.
-  EXPECT_DOUBLE_EQ(v.ideal_allowed, 20);
-  EXPECT_DOUBLE_EQ(v.utilisation_vs_ideal, 0.75);
-  EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation_vs_ideal\":0.75"));
+  // The ideal bucket: 20 initial (the capacity) and 50 of refill over the second, each refilled
+  // token taken as it comes by a demand of 135: it would have allowed 70.
+  EXPECT_DOUBLE_EQ(v.ideal_allowed, 70);
+  EXPECT_DOUBLE_EQ(v.utilisation_vs_ideal, 0.5);
+  EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation_vs_ideal\":0.5"));
 }
 
 TEST(FleetReportJsonTest, IsOneLineWithTheDocumentedFields) {
