@@ -47,6 +47,8 @@ run_as server_load_1_in_flight server_load "$bin/bench_server_load" "${issue20[@
 run_as server_load_32_in_flight server_load "$bin/bench_server_load" "${issue20[@]}" \
   --channels=2 --in_flight=16
 run redis_peer "$bin/bench_redis_peer"
+# Issue 34: a new client's first lease and first retry, over 200 fresh clients.
+run first_lease "$bin/bench_first_lease" --clients=200
 run scaling "$bin/bench_scaling"
 run amplification "$bin/bench_amplification" --out_dir="$out" --fleet_sizes=2,8,32 --sweep_regimes=outage,degraded
 # 3 etcd members + 3 servers and a single server on the same box; about 1.5 minutes.

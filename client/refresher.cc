@@ -366,8 +366,16 @@ absl::Time Refresher::SyncDueLocked(const Route& route,
   if (route.pending.has_value()) return route.retry_at;
   if (tenants.empty()) return absl::InfiniteFuture();
   absl::Time due = absl::InfiniteFuture();
-  for (const TenantBudgetImpl* tenant : tenants) due = std::min(due, tenant->SyncDueAt());
+  bool first = false;
+  for (const TenantBudgetImpl* tenant : tenants) {
+    bool never_synced = false;
+    due = std::min(due, tenant->SyncDueAt(&never_synced));
+    first = first || never_synced;
+  }
   if (due == absl::InfiniteFuture()) return due;
+  // A new tenant's first Sync goes out at once, not after min_sync_interval: its workers are
+  // denied until it is answered. Once per tenant, at most kMaxTenantsPerClient times.
+  if (first) return due;
   return std::max(due, route.last_send + options_.policy.min_sync_interval);
 }
 

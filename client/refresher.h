@@ -69,7 +69,9 @@ struct RefresherOptions {
 //    back), those two mean refusing (deny), a response means answering.
 //  * A response marked `stale` is dropped. Grants of a response apply to the tenants of the
 //    request that produced it (same order), leases ending at that request's FIRST send + TTL.
-//  * Syncs are never closer than min_sync_interval.
+//  * Syncs are never closer than min_sync_interval, except the first Sync of a new tenant, which
+//    goes out as soon as the tenant is created (Tenant() wakes the refresher): workers are
+//    denied until it is answered.
 //  * A Sync never holds up the tenants' duties: its deadline is the earliest of sync_timeout,
 //    the next lease expiry, and the next fallback step or moment a route (or a parked tenant)
 //    turns down (at least kMinFallbackStepWindow away: a fallback token a few milliseconds late

@@ -94,15 +94,22 @@ std::string NewIdempotencyKey() {
   return absl::StrFormat("%016x%016x", hi, lo);
 }
 
-absl::Duration ComputeBackoff(const RetryPolicy& policy, int retry, double random) {
-  // ceiling = min(max, initial * multiplier^(retry-1)), computed in floating point first so a
-  // large exponent saturates at max_backoff instead of overflowing the Duration.
+namespace {
+
+// min(max_backoff, initial_backoff * multiplier^(retry-1)), computed in floating point first so
+// a large exponent saturates at max_backoff instead of overflowing the Duration.
+absl::Duration BackoffCeiling(const RetryPolicy& policy, int retry) {
   const double scale = std::pow(policy.multiplier, std::max(0, retry - 1));
   const double ceiling_s = absl::ToDoubleSeconds(policy.initial_backoff) * scale;
-  const absl::Duration ceiling =
-      (!std::isfinite(ceiling_s) || ceiling_s >= absl::ToDoubleSeconds(policy.max_backoff))
-          ? policy.max_backoff
-          : policy.initial_backoff * scale;
+  return (!std::isfinite(ceiling_s) || ceiling_s >= absl::ToDoubleSeconds(policy.max_backoff))
+             ? policy.max_backoff
+             : policy.initial_backoff * scale;
+}
+
+}  // namespace
+
+absl::Duration ComputeBackoff(const RetryPolicy& policy, int retry, double random) {
+  const absl::Duration ceiling = BackoffCeiling(policy, retry);
   // Full jitter (uniform in [0, ceiling)): spreads a fleet's retries out instead of
   // synchronising them into waves.
   // Duration arithmetic rounds, so keep the upper bound strict by hand.
@@ -173,6 +180,23 @@ absl::Status RunRetryLoop(TenantBudget& budget, const RetryPolicy& policy,
           "retry: a backoff of ", absl::FormatDuration(backoff), " after attempt ", number,
           " would end at or after the overall deadline (",
           absl::FormatDuration(deadline - now), " left)", LastError(last)));
+    }
+    // Before the tenant's first answer every TryAcquire() is denied (no lease yet): wait for it
+    // first, for at most this retry's backoff ceiling (or the backoff, when a pushback is
+    // longer), never past the deadline, cancelled by the stop. A ready budget returns at once.
+    const absl::Time wait_until =
+        std::min(deadline, now + std::max(backoff, BackoffCeiling(policy, number)));
+    if (absl::Status ready = budget.WaitReady(wait_until, control.stop); !ready.ok()) {
+      if (control.stop.stop_requested()) {
+        return absl::CancelledError(absl::StrCat(
+            "retry: cancelled during the backoff before attempt ", number + 1, LastError(last)));
+      }
+      if (clock.Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "retry: the overall deadline passed while waiting for the budget's first answer, "
+            "before attempt ", number + 1, LastError(last)));
+      }
+      // No answer within the wait: TryAcquire() decides (and denies).
     }
     if (!budget.TryAcquire()) return MarkBudgetExhausted(std::move(last), number);
     token_held = true;

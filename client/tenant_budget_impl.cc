@@ -27,12 +27,44 @@ BudgetMode PublicMode(LeaseMode mode) {
 
 }  // namespace
 
-TenantBudgetImpl::TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created,
-                                   FallbackConfig fallback)
+TenantBudgetImpl::TenantBudgetImpl(std::string tenant, SyncWaker* waker, Clock* clock,
+                                   absl::Time created, FallbackConfig fallback)
     : tenant_(std::move(tenant)),
       waker_(waker),
+      clock_(clock),
       fallback_config_(fallback),
       demand_(created) {}
+
+absl::Status TenantBudgetImpl::WaitReady(absl::Time deadline, std::stop_token stop) {
+  if (answered_.load(std::memory_order_acquire)) return absl::OkStatus();
+  // One stop source the answer and the caller's stop both end the sleep with: the Clock's sleep
+  // takes a single stop token.
+  std::stop_source wake;
+  std::stop_callback forward(stop, [&wake] { wake.request_stop(); });
+  {
+    MutexLock lock(&mu_);
+    if (answered_.load(std::memory_order_relaxed)) return absl::OkStatus();
+    ready_waiters_.push_back(&wake);
+  }
+  clock_->SleepUntil(deadline, wake.get_token());
+  {
+    MutexLock lock(&mu_);
+    ready_waiters_.erase(std::find(ready_waiters_.begin(), ready_waiters_.end(), &wake));
+  }
+  if (answered_.load(std::memory_order_acquire)) return absl::OkStatus();
+  if (stop.stop_requested()) {
+    return absl::CancelledError(
+        absl::StrCat("cancelled while waiting for the first answer for tenant \"", tenant_, "\""));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no answer for tenant \"", tenant_, "\" yet (the first Sync is on its way or failing)"));
+}
+
+void TenantBudgetImpl::NoteAnsweredLocked() {
+  if (mode_ == LeaseMode::kAwaitingLease || answered_.load(std::memory_order_relaxed)) return;
+  answered_.store(true, std::memory_order_release);
+  for (std::stop_source* waiter : ready_waiters_) waiter->request_stop();
+}
 
 bool TenantBudgetImpl::AcquireSlow() {
   slow_.denied.fetch_add(1, std::memory_order_relaxed);
@@ -64,8 +96,9 @@ LeaseMode TenantBudgetImpl::mode() const {
   return mode_;
 }
 
-absl::Time TenantBudgetImpl::SyncDueAt() const {
+absl::Time TenantBudgetImpl::SyncDueAt(bool* first) const {
   MutexLock lock(&mu_);
+  if (first != nullptr) *first = !synced_ && mode_ != LeaseMode::kShutdown;
   if (mode_ == LeaseMode::kShutdown) return absl::InfiniteFuture();
   if (sync_wanted_.value.load(std::memory_order_acquire)) {
     // A worker found the lease low or empty: sync now, unless the server told us the bucket is
@@ -92,6 +125,7 @@ absl::Time TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full
   if (fallback_config_.mode == FallbackMode::kDeny) {
     WithdrawAllLocked();
     mode_ = LeaseMode::kDenyFallback;
+    NoteAnsweredLocked();
     return absl::InfiniteFuture();
   }
   // The instance's share of the fleet's budget as the server last saw it (the smallest of the
@@ -109,6 +143,7 @@ absl::Time TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full
   ledger_.SwitchTo(TenantLedger::Source::kFallback);
   ledger_.FallbackDeposited(Lease::Capped(first));
   mode_ = LeaseMode::kFallback;
+  NoteAnsweredLocked();
   return RefillFallbackLocked(now);
 }
 
@@ -208,6 +243,7 @@ void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
 void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
                                 v1::TenantSync* out) {
   MutexLock lock(&mu_);
+  synced_ = true;
   const uint64_t held = lease_.Held();
   FillCounters(held, out);
   // Demand is what workers asked for, allowed or not: a starved tenant's denials count, so the
@@ -254,6 +290,7 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
   // policy allows (600 s) is read as that: a server cannot hand out a lease for ever.
   expiry_ = sent + absl::Milliseconds(std::clamp<int64_t>(grant.lease_ttl_ms(), 0, kMaxLeaseTtlMs));
   mode_ = LeaseMode::kLeased;
+  NoteAnsweredLocked();
   error_ = absl::OkStatus();
   const absl::Duration delay = NextSyncDelay(grant.next_sync_ms(), policy);
   next_due_ = received + delay;
@@ -270,6 +307,7 @@ void TenantBudgetImpl::ApplyRefusal(const v1::TenantError& error, absl::Time rec
     WithdrawAllLocked();
   }
   mode_ = LeaseMode::kRefused;
+  NoteAnsweredLocked();
   const auto code = static_cast<absl::StatusCode>(error.code());
   error_ = absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
                         absl::StrCat("budget server refused tenant \"", tenant_,
@@ -288,6 +326,7 @@ void TenantBudgetImpl::SyncAgainAt(absl::Time due) {
 void TenantBudgetImpl::FillFinal(v1::TenantSync* out) {
   MutexLock lock(&mu_);
   mode_ = LeaseMode::kShutdown;
+  NoteAnsweredLocked();
   WithdrawAllLocked();
   FillCounters(lease_.Held(), out);
   out->set_want(0);

@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <stop_token>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -20,6 +22,7 @@
 #include "client/refresh_policy.h"
 #include "client/tenant_ledger.h"
 #include "retrybudget/client.h"
+#include "retrybudget/clock.h"
 #include "retrybudget/v1/budget.pb.h"
 
 namespace retrybudget::client_internal {
@@ -70,8 +73,9 @@ struct FallbackConfig {
 // refresher is their only caller, and Stats() may run concurrently with them.
 class TenantBudgetImpl final : public TenantBudget {
  public:
-  // `waker` (not owned) must outlive this object. `created` starts the demand estimate.
-  TenantBudgetImpl(std::string tenant, SyncWaker* waker, absl::Time created,
+  // `waker` and `clock` (not owned) must outlive this object. `created` starts the demand
+  // estimate. WaitReady() waits through `clock`.
+  TenantBudgetImpl(std::string tenant, SyncWaker* waker, Clock* clock, absl::Time created,
                    FallbackConfig fallback = {});
 
   TenantBudgetImpl(const TenantBudgetImpl&) = delete;
@@ -103,12 +107,16 @@ class TenantBudgetImpl final : public TenantBudget {
 
   TenantStats Stats() const override;
 
+  // See TenantBudget. Ready once mode() has left kAwaitingLease.
+  absl::Status WaitReady(absl::Time deadline, std::stop_token stop) override;
+
   // ---- refresher side ----
 
   // When this tenant wants the next Sync: its scheduled time, or sooner when a worker found the
   // lease low or empty (then at once, unless the server said the bucket was dry: then not before
-  // the server's retry-after).
-  absl::Time SyncDueAt() const;
+  // the server's retry-after). `*first` (when not null) is set to whether no request has
+  // carried this tenant yet: its first Sync, which goes out at once.
+  absl::Time SyncDueAt(bool* first = nullptr) const;
 
   // One refresher step for this tenant at `now`, given what the last Sync attempt said of the
   // server: ends the lease if `now` reached its expiry; with no lease in force and the server
@@ -155,6 +163,8 @@ class TenantBudgetImpl final : public TenantBudget {
 
   // Empties the word (attributing its tokens to the current source) and closes it.
   void WithdrawAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Once mode_ has left kAwaitingLease: marks the tenant answered and wakes every WaitReady().
+  void NoteAnsweredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Enters fallback at `now` (kFallback or kDenyFallback as configured). In one exchange, takes
   // out whatever the word holds (leased tokens: returned) and puts the local bucket's first
   // tokens in, so workers never see a closed word in between.
@@ -195,6 +205,7 @@ class TenantBudgetImpl final : public TenantBudget {
 
   const std::string tenant_;
   SyncWaker* const waker_;
+  Clock* const clock_;
   const FallbackConfig fallback_config_;
 
   // Hot-path atomics, one cache line each.
@@ -205,6 +216,13 @@ class TenantBudgetImpl final : public TenantBudget {
 
   mutable Mutex mu_;
   LeaseMode mode_ ABSL_GUARDED_BY(mu_) = LeaseMode::kAwaitingLease;
+  // Set (under mu_, once, never cleared) when mode_ leaves kAwaitingLease; read without the
+  // lock by WaitReady()'s fast path.
+  std::atomic<bool> answered_{false};
+  // The WaitReady() calls in progress: each sleeps on its own stop source, stopped on answer.
+  std::vector<std::stop_source*> ready_waiters_ ABSL_GUARDED_BY(mu_);
+  // A request has carried this tenant (FillSync ran).
+  bool synced_ ABSL_GUARDED_BY(mu_) = false;
   TenantLedger ledger_ ABSL_GUARDED_BY(mu_);
   DemandEstimator demand_ ABSL_GUARDED_BY(mu_);
   absl::Time expiry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

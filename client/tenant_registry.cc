@@ -28,8 +28,8 @@ absl::StatusOr<TenantBudgetImpl*> TenantRegistry::GetOrCreate(absl::string_view 
                        by_name_.size() + 1, " of this client; at most ", kMaxTenantsPerClient,
                        " are allowed"));
     }
-    auto budget = std::make_unique<TenantBudgetImpl>(std::string(name), waker_, clock_->Now(),
-                                                     fallback_);
+    auto budget = std::make_unique<TenantBudgetImpl>(std::string(name), waker_, clock_,
+                                                     clock_->Now(), fallback_);
     created = budget.get();
     by_name_.emplace(std::string(name), std::move(budget));
     ordered_.push_back(created);

@@ -8,6 +8,10 @@
 //   if (call failed && budget->TryAcquire()) { retry(); } else { fail now; }
 //   if (call succeeded) budget->RecordSuccess();
 //
+// Tenant() sends the tenant's first Sync at once; until its answer (about one round trip on a
+// live server) TryAcquire() denies. A program whose first action may be a retry waits for it
+// with TenantBudget::WaitReady(); Retry() (retrybudget/retry.h) does so within its backoff.
+//
 // The hot path (TryAcquire, RecordSuccess) is local: one atomic operation, no RPC, no lock, no
 // allocation. A background refresher (one thread per BudgetClient, whatever the number of
 // tenants) leases tokens from the server with one Sync RPC for all tenants, reports successes,
@@ -23,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stop_token>
 #include <string>
 #include "absl/strings/string_view.h"
 
@@ -86,14 +91,20 @@ enum class FallbackMode {
   kDeny,
 };
 
-// Counters of one tenant in this process, cumulative since the client was created.
+// Counters of one tenant in this process, cumulative since the client was created. While every
+// token came from leases (fallback_allowed == 0, no fallback tokens held), they add up:
+//
+//     tokens_received = retries_allowed + tokens_returned + tokens_held
+//
+// A refunded token is back in the lease (tokens_held) and goes back to the server with the rest
+// (tokens_returned) when the lease is given back or expires, whichever Sync reported it spent.
 struct TenantStats {
   uint64_t successes = 0;
   uint64_t retries_allowed = 0;   // TryAcquire() returned true, minus Refund() (lease + fallback)
   uint64_t retries_denied = 0;    // TryAcquire() returned false
   uint64_t fallback_allowed = 0;  // of retries_allowed, from the local fallback bucket
   uint64_t tokens_received = 0;   // granted by the server and received
-  uint64_t tokens_returned = 0;   // given back unspent
+  uint64_t tokens_returned = 0;   // leased tokens given back unspent (refunded ones included)
   int64_t tokens_held = 0;        // in the lease right now
   uint64_t refunds = 0;           // Refund() calls (already deducted from retries_allowed)
   // Of successes, those whose credit this process's fallback buckets deposited locally
@@ -118,7 +129,10 @@ class TenantBudget {
   virtual bool TryAcquire() = 0;
 
   // Gives back a token taken by TryAcquire() for a retry that was then never sent (for example
-  // cancelled during backoff). Call at most once per successful TryAcquire().
+  // cancelled during backoff). Call at most once per successful TryAcquire(). The token may be
+  // taken again; if not, it goes back to the server's bucket with the rest of the lease, and the
+  // server does not count it as a retry (TenantSync.retries_refunded), whether or not a Sync
+  // had already reported it spent. Never blocks.
   virtual void Refund() = 0;
 
   // Records one successful logical call; it earns the budget `success_credit`.
@@ -128,6 +142,24 @@ class TenantBudget {
 
   // A snapshot of this process's counters for the tenant (not a hot-path call).
   virtual TenantStats Stats() const = 0;
+
+  // Waits for this tenant's first answer: a lease from the server, a refusal (Stats().error),
+  // or the client's verdict that the server cannot be reached, after which the configured
+  // fallback applies (ClientOptions::fallback: the local bucket, or deny; never fail open); or
+  // the client's shutdown. Before it TryAcquire() denies: no lease is in force yet. The first
+  // Sync goes out when Tenant() creates the handle, so on a live server the wait is about one
+  // round trip (a connection set-up the first time).
+  //
+  // Returns OK when that answer is in (at once, with one atomic load, once it is: call it
+  // freely), DEADLINE_EXCEEDED when `deadline` comes first, CANCELLED when `stop` is requested
+  // first. OK says nothing about whether a token is available: TryAcquire() decides. Blocks the
+  // calling thread through the client's Clock (ClientOptions::clock, whose time `deadline` is
+  // in); never performs I/O itself. Thread-safe. Retry() calls it within the backoff of its
+  // first retry. This default, for budgets with no server to wait for, returns OK at once.
+  // (Inline: the retry helper uses this interface without linking the client.)
+  virtual absl::Status WaitReady(absl::Time /*deadline*/, std::stop_token /*stop*/) {
+    return absl::OkStatus();
+  }
 };
 
 struct ClientOptions {
@@ -153,7 +185,8 @@ struct ClientOptions {
   std::string instance_id;
   // How often the refresher syncs when nothing wakes it earlier (the server may ask for less).
   absl::Duration refresh_period = absl::Milliseconds(200);
-  // Never sync more often than this, even when woken (protects the server from a hot loop).
+  // Never sync more often than this, even when woken (protects the server from a hot loop). A
+  // new tenant's first Sync is the exception: it goes out at once.
   absl::Duration min_sync_interval = absl::Milliseconds(5);
   // Deadline of one Sync RPC. A Sync in flight is cut short (and resent with the same seq)
   // when a lease ends or a fallback token is due before it: a blocked Sync never keeps a lease

@@ -15,9 +15,19 @@
 //    deadline). The budget decides every RETRY: one TenantBudget::TryAcquire() per retry.
 //  * After a failed attempt, in this order: cancelled? -> retryable? -> attempts left? ->
 //    backoff (server pushback or full-jitter exponential) -> would the backoff end at or after
-//    the overall deadline? (then DEADLINE_EXCEEDED now, no token taken) -> TryAcquire() (denied:
-//    the last error now, marked budget-exhausted) -> sleep through Clock::SleepUntil with the stop
-//    token (cancelled: the token is Refund()ed and CANCELLED returned at once) -> next attempt.
+//    the overall deadline? (then DEADLINE_EXCEEDED now, no token taken) -> the budget's first
+//    answer (TenantBudget::WaitReady(), see below) -> TryAcquire() (denied: the last error now,
+//    marked budget-exhausted) -> sleep through Clock::SleepUntil with the stop token (cancelled:
+//    the token is Refund()ed and CANCELLED returned at once) -> next attempt.
+//  * A new client has no lease until the server's first answer (about one round trip after
+//    Tenant()), so a retry then would be denied. Before taking a token the loop waits for that
+//    answer, for at most the retry's backoff ceiling (min(max_backoff, initial_backoff *
+//    multiplier^(k-1)); 50 ms for the first retry by default) or the pushback if longer, never
+//    past the overall deadline, cancelled by the stop (CANCELLED, no token taken). The wait runs
+//    inside the backoff: the retry starts at the later of its backoff and the answer. If no
+//    answer comes (the server unreachable and its fallback not decided yet), TryAcquire()
+//    decides. With a budget already answered this costs one atomic load. The wait goes through
+//    the budget's own Clock (ClientOptions::clock): give Retry() the same clock.
 //  * A call that succeeds, at any attempt, calls RecordSuccess() exactly once.
 //  * Every attempt of a call sees the same idempotency key (dedup key).
 //
@@ -160,8 +170,9 @@ struct IsStatusOr<absl::StatusOr<T>> : std::true_type {};
 //    retry", unchanged;
 //  * the last error marked IsBudgetExhausted() when the budget denied a retry;
 //  * CANCELLED when the stop was requested (before an attempt, or during an attempt or backoff);
-//  * DEADLINE_EXCEEDED when the overall deadline passed or a backoff would have crossed it (the
-//    message includes the last error);
+//  * DEADLINE_EXCEEDED when the overall deadline passed (before an attempt, or while waiting for
+//    the budget's first answer) or a backoff would have crossed it (the message includes the
+//    last error);
 //  * INVALID_ARGUMENT for an invalid policy (no attempt made).
 template <typename F>
 auto Retry(TenantBudget& budget, const RetryPolicy& policy, const CallControl& control,
