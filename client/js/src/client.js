@@ -43,6 +43,10 @@ export class BudgetClient {
     this._services = budgetServices(o.protoDir);
     this._credentials = o.channelCredentials ?? grpc.credentials.createInsecure();
     this._stub = new this._services.RetryBudgetService(o.target, this._credentials, channelOptions(o, true));
+    // Connect now, not at the first Sync: a tenant handle made later pays one round trip for
+    // its first lease, not the connection's set-up too. (An idle connection never keeps the
+    // process alive.)
+    this._stub.getChannel().getConnectivityState(true);
     this._owners = new Map(); // owner address -> stub (a channel of its own)
     this._metadataBase = new grpc.Metadata();
     if (o.bearerToken !== '') this._metadataBase.set('authorization', `Bearer ${o.bearerToken}`);

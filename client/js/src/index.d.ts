@@ -86,6 +86,13 @@ export class TenantBudget {
   /** Records one successful logical call. */
   recordSuccess(): void;
   readonly mode: BudgetMode;
+  /** True once the tenant's first Sync (sent when the handle was created) was answered, or
+   * failed and the fallback applies, or the client closed. */
+  readonly isReady: boolean;
+  /** Resolves with the mode once isReady (at once if it is); rejects with signal.reason when
+   * `signal` aborts first. Takes no token; callWithRetry and retryInterceptor wait for it
+   * themselves within the backoff of a new client's first retry. */
+  ready(signal?: AbortSignal | null): Promise<BudgetMode>;
   stats(): TenantStats;
   /** What this tenant's fallback buckets may have handed out up to `nowSeconds`
    * (BudgetClient.now()). */

@@ -12,17 +12,20 @@
 //    DEADLINE_EXCEEDED (the last only while the call's deadline has time left: an attempt's own
 //    timeout), while attempts are left, when the backoff (`grpc-retry-pushback-ms` from the
 //    trailers: >= 0 replaces it, negative or unparsable means do not retry; else full jitter)
-//    ends before the deadline, and only when budget.tryAcquire() allows. The caller gets the
+//    ends before the deadline, and only when budget.tryAcquire() allows, asked once the tenant
+//    had its first answer (a new client's first Sync: waited for as part of the backoff, up to
+//    the call's deadline). The caller gets the
 //    last attempt's status otherwise (denied by the budget: its details say so and trailer
 //    `retry-budget-exhausted` holds the attempts made).
 //  * Cancelling the call (call.cancel(), or an AbortSignal wired to it) cancels the attempt in
-//    flight, or ends the backoff at once and refund()s its token.
+//    flight, or ends the backoff at once and refund()s its token (or the wait for the first
+//    answer, no token taken yet).
 //  * A success calls budget.recordSuccess(). Streaming calls pass through untouched.
 // Channels must be built with 'grpc.enable_retries': 0: gRPC's own retries would be a second,
 // budget-blind retry layer.
 
 import * as grpc from '@grpc/grpc-js';
-import { RetryLoop, BudgetExhaustedError, RETRYABLE_GRPC_CODES, IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER, parseRetryPushback } from './retry.js';
+import { RetryLoop, RETRYABLE_GRPC_CODES, IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER, parseRetryPushback } from './retry.js';
 
 export const BUDGET_EXHAUSTED_TRAILER = 'retry-budget-exhausted';
 
@@ -46,7 +49,8 @@ export function retryInterceptor(budget, options = {}) {
     let haveMessage = false;
     let current = null; // the attempt's call in flight (after the first)
     let cancelled = false;
-    let sleeping = null; // {timer, done} during a backoff
+    let sleeping = null; // {timer} during a backoff
+    let waiting = null; // an AbortController while waiting for the budget's first answer
     let finished = false;
 
     const finish = (status, metadata, response, hasResponse) => {
@@ -95,22 +99,38 @@ export function retryInterceptor(budget, options = {}) {
           let backoff;
           try {
             backoff = loop.afterFailure(attempt, error, RETRYABLE_GRPC_CODES.includes(status.code));
-          } catch (ended) {
-            if (ended instanceof BudgetExhaustedError) {
+          } catch {
+            finish(status, md, undefined, false); // the last status unchanged
+            return;
+          }
+          const proceed = (waited) => {
+            waiting = null;
+            if (cancelled) return;
+            try {
+              loop.acquire();
+            } catch (ended) {
               const trailers = status.metadata.clone();
               trailers.set(BUDGET_EXHAUSTED_TRAILER, String(ended.attempts));
               finish({ ...status, details: `${status.details} (retry budget exhausted after ${ended.attempts} attempt(s))`, metadata: trailers }, md, undefined, false);
-            } else {
-              finish(status, md, undefined, false); // the last status unchanged
+              return;
             }
+            sleeping = {
+              timer: setTimeout(() => {
+                sleeping = null;
+                startRetry();
+              }, Math.max(0, backoff - waited)),
+            };
+          };
+          if (loop.budgetReady()) {
+            proceed(0);
             return;
           }
-          sleeping = {
-            timer: setTimeout(() => {
-              sleeping = null;
-              startRetry();
-            }, backoff),
-          };
+          // A new client's tenant: its first Sync is on the way; wait for it (no token held).
+          waiting = new AbortController();
+          loop.firstAnswer(waiting.signal).then(proceed, () => {
+            waiting = null;
+            if (!cancelled) finish(status, md, undefined, false); // the deadline came first
+          });
         },
       };
     };
@@ -161,6 +181,11 @@ export function retryInterceptor(budget, options = {}) {
       },
       cancel(next) {
         cancelled = true;
+        if (waiting !== null) {
+          waiting.abort();
+          waiting = null;
+          finish({ code: grpc.status.CANCELLED, details: 'Cancelled while waiting for the retry budget', metadata: new grpc.Metadata() }, null, undefined, false);
+        }
         if (sleeping !== null) {
           clearTimeout(sleeping.timer);
           sleeping = null;

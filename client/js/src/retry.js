@@ -11,10 +11,12 @@
 //    signal aborts, the overall deadline passes or the attempt's own timeout does.
 //  * After a failed attempt, in this order: aborted? (reject with signal.reason) -> retryable?
 //    -> attempts left? -> backoff (the server's pushback, or full jitter) -> would the backoff
-//    end at or after the deadline? (RetryDeadlineExceededError now, no token taken) ->
-//    tryAcquire() (denied: BudgetExhaustedError, the last error as `cause`) -> sleep, which
-//    rejects at once on abort with signal.reason, clears its timer and refund()s the token ->
-//    next attempt.
+//    end at or after the deadline? (RetryDeadlineExceededError now, no token taken) -> the
+//    tenant's first answer, when it has none yet (budget.ready(): the first Sync went out when
+//    the handle was created; the wait is part of the backoff, bounded by the deadline and
+//    ended by the signal like the sleep) -> tryAcquire() (denied: BudgetExhaustedError, the
+//    last error as `cause`) -> the rest of the backoff, a sleep which rejects at once on abort
+//    with signal.reason, clears its timer and refund()s the token -> next attempt.
 //  * A call that succeeds, at any attempt, calls recordSuccess() exactly once.
 //  * A BudgetExhaustedError thrown by an attempt (an inner retry layer's budget said no) is never
 //    retried: stacked retry layers must not multiply.
@@ -166,8 +168,8 @@ export class RetryLoop {
   }
 
   /** After attempt `attempt` failed with `error` (retryable per `retryable`): throws what ends
-   * the call (the error itself, RetryDeadlineExceededError, BudgetExhaustedError), or takes a
-   * token and returns the backoff (ms) before the next attempt. */
+   * the call (the error itself, RetryDeadlineExceededError), or returns the backoff (ms)
+   * before the next attempt. Takes no token: acquire() does, after firstAnswer(). */
   afterFailure(attempt, error, retryable) {
     this.lastError = error;
     if (error instanceof BudgetExhaustedError || !retryable) throw error;
@@ -181,8 +183,45 @@ export class RetryLoop {
     if (now + backoff >= this.deadline) {
       throw new RetryDeadlineExceededError(`retry: a backoff of ${backoff.toFixed(1)} ms after attempt ${this.number} would end at or after the overall deadline (${(this.deadline - now).toFixed(1)} ms left)`, error);
     }
-    if (!this.budget.tryAcquire()) throw new BudgetExhaustedError(error, this.number);
     return backoff;
+  }
+
+  /** False while the budget has not had its first answer (a TenantBudget's isReady; any
+   * other object with tryAcquire() is always ready). */
+  budgetReady() {
+    return this.budget.isReady !== false || typeof this.budget.ready !== 'function';
+  }
+
+  /** Waits for the budget's first answer: resolves with the milliseconds waited (0 when it
+   * already had one); rejects with signal.reason on abort, or RetryDeadlineExceededError when
+   * the deadline comes first. */
+  async firstAnswer(signal) {
+    if (this.budgetReady()) return 0;
+    const start = this.clock();
+    const left = this.deadline - start;
+    const bounded = new AbortController();
+    const onAbort = () => bounded.abort(signal.reason);
+    let timer = null;
+    if (signal !== null) {
+      if (signal.aborted) throw signal.reason;
+      signal.addEventListener('abort', onAbort, { once: true });
+    }
+    if (Number.isFinite(left)) {
+      timer = setTimeout(() => bounded.abort(new RetryDeadlineExceededError(`retry: the overall deadline passed while waiting for the budget's first answer after attempt ${this.number}`, this.lastError)), Math.max(0, left));
+    }
+    try {
+      await this.budget.ready(bounded.signal);
+    } finally {
+      clearTimeout(timer);
+      if (signal !== null) signal.removeEventListener('abort', onAbort);
+    }
+    return Math.max(0, this.clock() - start);
+  }
+
+  /** Takes the token for the next retry, or throws BudgetExhaustedError (the last error as
+   * its cause). */
+  acquire() {
+    if (!this.budget.tryAcquire()) throw new BudgetExhaustedError(this.lastError, this.number);
   }
 }
 
@@ -280,9 +319,11 @@ export async function callWithRetry(budget, fn, options = {}) {
       attempt.pushbackMs = error.pushbackMs;
     }
     const backoff = loop.afterFailure(attempt, error, loop.policy.isRetryable(error));
+    const waited = await loop.firstAnswer(signal); // no token held while waiting
+    loop.acquire();
     tokenHeld = true;
     try {
-      await abortableSleep(backoff, signal);
+      await abortableSleep(Math.max(0, backoff - waited), signal);
     } catch (reason) {
       budget.refund(); // the retry is never sent
       throw reason;

@@ -23,12 +23,13 @@
 //  * Grants apply to the tenants of the request that produced it (same order, same names:
 //    anything else is ignored and reclaimed by the server), leases ending at the request's
 //    FIRST send + lease_ttl_ms.
-//  * Syncs are never closer than minSyncInterval; an attempt's deadline is the earliest of
-//    syncTimeout, the next lease expiry, and the next fallback step or moment a route (or a
-//    parked tenant) turns down, so that a spent lease falls back on time while an attempt
-//    waits for the channel (>= 20 ms away); an attempt cut short by it, or cancelled by a wake
-//    while waiting for a connection, is "interrupted": no verdict, no backoff, the same
-//    request goes out again at once.
+//  * Syncs are never closer than minSyncInterval, except the first request carrying a new
+//    tenant (at most once per tenant: its first Sync goes out when its handle is created).
+//    An attempt's deadline is the earliest of syncTimeout, the next lease expiry, and the next
+//    fallback step or moment a route (or a parked tenant) turns down, so that a spent lease
+//    falls back on time while an attempt waits for the channel (>= 20 ms away); an attempt
+//    cut short by it, or cancelled by a wake while waiting for a connection, is
+//    "interrupted": no verdict, no backoff, the same request goes out again at once.
 //  * The first attempt after a success is fail-fast; later ones wait for the channel to
 //    connect (waitForReady).
 //
@@ -226,9 +227,15 @@ export class SyncEngine {
     if (route.pending !== null) return route.retryAt;
     if (tenants.length === 0) return INFINITE_FUTURE;
     let due = INFINITE_FUTURE;
-    for (const t of tenants) due = Math.min(due, t.syncDueAt());
+    let first = false;
+    for (const t of tenants) {
+      due = Math.min(due, t.syncDueAt());
+      if (!t.everRequested) first = true;
+    }
     if (due === INFINITE_FUTURE) return due;
-    return Math.max(due, route.lastSend + this.policy.minSyncInterval);
+    // A tenant never asked for yet goes out at once (its workers are denied until its first
+    // answer); at most once per tenant, so the Sync rate stays bounded.
+    return first ? due : Math.max(due, route.lastSend + this.policy.minSyncInterval);
   }
 
   /** Steps every tenant; the first attempt to send, or null. */

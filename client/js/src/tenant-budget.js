@@ -92,6 +92,9 @@ export class TenantBudget {
     this._successesInRequests = 0;
     this._successesConsidered = 0;
     this._successesCreditedLocally = 0;
+    // ready() callers waiting for the first answer: {resolve, reject, signal, onAbort}.
+    this._readyWaiters = [];
+    this._requested = false; // put in a request yet (its first Sync is exempt from minSyncInterval)
   }
 
   // ---- worker side (hot path) ----
@@ -127,6 +130,49 @@ export class TenantBudget {
     // the refresher; later ones see the flag set.
     this._syncWanted = true;
     this._waker();
+  }
+
+  /** True once the tenant's first Sync was answered (a lease, or a refusal), or the server
+   * could not be reached and the configured fallback applies, or the client closed. Until
+   * then tryAcquire() denies because nothing was asked yet, not because the budget is dry. */
+  get isReady() {
+    return this._mode !== AWAITING;
+  }
+
+  /** Resolves with the mode (see `mode`) once isReady is true: at once when it already is,
+   * else when the first Sync (sent when the handle was created) is answered or fails. Rejects
+   * with signal.reason when `signal` aborts first. Never takes a token. */
+  ready(signal = null) {
+    if (this._mode !== AWAITING) return Promise.resolve(publicMode(this._mode));
+    if (signal !== null && signal !== undefined) {
+      if (typeof signal !== 'object' || typeof signal.aborted !== 'boolean') {
+        return Promise.reject(new TypeError(`signal is ${String(signal)}; expected an AbortSignal`));
+      }
+      if (signal.aborted) return Promise.reject(signal.reason);
+    }
+    return new Promise((resolve, reject) => {
+      const waiter = { resolve, reject, signal: signal ?? null, onAbort: null };
+      if (waiter.signal !== null) {
+        waiter.onAbort = () => {
+          const i = this._readyWaiters.indexOf(waiter);
+          if (i >= 0) this._readyWaiters.splice(i, 1);
+          reject(waiter.signal.reason);
+        };
+        waiter.signal.addEventListener('abort', waiter.onAbort, { once: true });
+      }
+      this._readyWaiters.push(waiter);
+    });
+  }
+
+  _settleReady() {
+    if (this._readyWaiters.length === 0 || this._mode === AWAITING) return;
+    const waiters = this._readyWaiters;
+    this._readyWaiters = [];
+    const mode = publicMode(this._mode);
+    for (const w of waiters) {
+      if (w.signal !== null) w.signal.removeEventListener('abort', w.onAbort);
+      w.resolve(mode);
+    }
   }
 
   /** The public mode right now: 'no_lease', 'lease', 'fallback' or 'deny_fallback'. */
@@ -226,6 +272,7 @@ export class TenantBudget {
     if (this._fallbackMode === 'deny') {
       this._withdrawAll(now);
       this._mode = IN_DENY_FALLBACK;
+      this._settleReady();
       return;
     }
     const share = this._lastSafeShareAt === INFINITE_PAST ? null : this._safeShares.get(this._lastSafeShareAt);
@@ -238,6 +285,7 @@ export class TenantBudget {
     this._ledger.switchTo(ledgerMod.FALLBACK);
     this._ledger.fallbackDeposited(Math.min(first, MAX_LEASE_TOKENS));
     this._mode = IN_FALLBACK;
+    this._settleReady();
   }
 
   _creditableSuccesses() {
@@ -318,8 +366,14 @@ export class TenantBudget {
     return entry;
   }
 
+  /** False until the tenant was first put in a request. */
+  get everRequested() {
+    return this._requested;
+  }
+
   /** The TenantSync entry of a NEW request built at `now`. */
   fillSync(now, policy) {
+    this._requested = true;
     const held = this._held;
     const entry = this._counters(held);
     this._demand.observe(now, entry.retriesSpent + entry.retriesDenied);
@@ -361,6 +415,7 @@ export class TenantBudget {
     this._expiry = sent + (Number.isFinite(ttl) && ttl > 0 ? ttl : 0) / 1000;
     this._mode = LEASED;
     this._error = null;
+    this._settleReady();
     const nextMs = Number(grant.nextSyncMs);
     const delay = nextSyncDelay(Number.isFinite(nextMs) ? nextMs : 0, policy);
     this._nextDue = received + delay;
@@ -374,6 +429,7 @@ export class TenantBudget {
     if (this._mode === LEASED || this._mode === IN_FALLBACK || this._held > 0) this._withdrawAll(received);
     this._mode = REFUSED;
     this._error = `${codeName}: budget server refused tenant "${this.tenant}": ${message}`;
+    this._settleReady();
     this._nextDue = received + policy.refreshPeriod;
     this._dryUntil = this._nextDue;
   }
@@ -390,6 +446,7 @@ export class TenantBudget {
   fillFinal(now) {
     this._mode = SHUTDOWN;
     this._withdrawAll(now);
+    this._settleReady();
     return this._counters(this._held);
   }
 }

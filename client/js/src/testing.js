@@ -121,11 +121,13 @@ export class AdminClient {
   }
 }
 
-/** A TenantBudget with no server behind it whose lease holds `tokens` (never refilled): for
- * unit tests of code that takes a budget (callWithRetry, the interceptor). */
+/** A TenantBudget with no server behind it whose lease holds `tokens` (never refilled, never
+ * expiring; isReady): for unit tests of code that takes a budget (callWithRetry, the
+ * interceptor). */
 export async function localBudget(tokens, name = 'local') {
   const { TenantBudget } = await import('./tenant-budget.js');
   const budget = new TenantBudget(name, () => {}, 0, 'deny', { capacity: 0, refillPerSecond: 0 });
-  budget._deposit(tokens, 0);
+  budget.applyGrant({ granted: tokens, leaseTtlMs: Number.MAX_SAFE_INTEGER, nextSyncMs: 0, safeShare: null }, { want: 0 }, 0, 0, { refreshPeriod: 1, minSyncInterval: 0 });
+  budget._mark = 0; // never asks for more
   return budget;
 }

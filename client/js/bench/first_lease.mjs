@@ -1,0 +1,72 @@
+#!/usr/bin/env node
+// Time from creating a tenant handle to its first lease, on loopback against the real server
+// (started here on port 0 from a temporary directory), over N fresh clients:
+//
+//  * fresh: `new BudgetClient(...)` then at once `client.tenant(...)`: the handle's first Sync
+//    also opens the connection (what a CLI or an agent that starts, calls and retries sees).
+//  * live: a client already connected (another tenant leased), then a new tenant handle: one
+//    Sync round trip.
+//
+// Each time ends when `await budget.ready()` resolves; a sample counts only if the tenant then
+// holds a lease (tokens > 0), so a fallback or a denial is never timed as a lease.
+//
+//   node client/js/bench/first_lease.mjs [--server=BIN] [--clients=100]
+//
+// BIN defaults to $RETRY_BUDGET_SERVER_BIN. Prints one JSON line per mode (ms: median, p99,
+// max) and the number of samples that were not leases (must be 0).
+
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { BudgetClient } from '../src/index.js';
+import { ServerProcess } from '../src/testing.js';
+
+const arg = (name, dflt) => {
+  const hit = process.argv.find((a) => a.startsWith(`--${name}=`));
+  return hit === undefined ? dflt : hit.slice(name.length + 3);
+};
+const N = Number(arg('clients', '100'));
+const binary = arg('server', process.env.RETRY_BUDGET_SERVER_BIN ?? '');
+if (binary === '' || !(N >= 1)) {
+  console.error('usage: first_lease.mjs --server=BIN (or RETRY_BUDGET_SERVER_BIN) [--clients=N]');
+  process.exit(2);
+}
+
+const dir = mkdtempSync(path.join(os.tmpdir(), 'rb-first-lease-'));
+const policy = path.join(dir, 'policy.textproto');
+// Enough tokens that no sample is ever denied by the bucket.
+writeFileSync(policy, 'default_policy { capacity: 1000000 refill_per_second: 100000 success_credit: 0 initial_tokens: 1000000 lease_ttl_ms: 10000 }\n');
+const server = await new ServerProcess(binary, dir, [`--policy=${policy}`]).start();
+
+function summary(mode, samples, notLeased) {
+  const s = [...samples].sort((a, b) => a - b);
+  const at = (q) => s[Math.min(s.length - 1, Math.ceil(q * s.length) - 1)];
+  return { mode, clients: samples.length, median_ms: +at(0.5).toFixed(2), p99_ms: +at(0.99).toFixed(2), max_ms: +s[s.length - 1].toFixed(2), not_leased: notLeased };
+}
+
+try {
+  const fresh = [];
+  const live = [];
+  let freshMisses = 0;
+  let liveMisses = 0;
+  for (let i = 0; i < N; i++) {
+    const client = new BudgetClient({ target: server.target, logger: () => {} });
+    let t0 = performance.now();
+    const first = client.tenant(`fresh-${i}`);
+    await first.ready();
+    fresh.push(performance.now() - t0);
+    if (first.stats().tokensHeld === 0) freshMisses++;
+    t0 = performance.now();
+    const second = client.tenant(`live-${i}`);
+    await second.ready();
+    live.push(performance.now() - t0);
+    if (second.stats().tokensHeld === 0) liveMisses++;
+    await client.close();
+  }
+  console.log(JSON.stringify(summary('fresh', fresh, freshMisses)));
+  console.log(JSON.stringify(summary('live', live, liveMisses)));
+} finally {
+  await server.kill();
+  rmSync(dir, { recursive: true, force: true });
+}
