@@ -233,5 +233,35 @@ TEST(BudgetClientConcurrentTest, RefresherThreadSyncsWhenAWorkerRunsLow) {
   EXPECT_EQ(h.last_request().tenants(0).tokens_returned(), 12u);
 }
 
+// WaitReady() on threads blocked in the real clock: the refresher's first answer (a RunOnce()
+// on this thread) wakes every waiter at once, and a stop wakes its own waiter only. The
+// deadlines are far (a minute): a waiter that the answer did not wake returns DEADLINE_EXCEEDED
+// only after it, and the test fails on its status, not on a time.
+TEST(BudgetClientConcurrentTest, TheFirstAnswerWakesEveryWaitReadyAndAStopItsOwn) {
+  ClientOptions options = ClientHarness::DefaultOptions();
+  options.clock = Clock::Real();
+  ClientHarness h(options);
+  TenantBudget* budget = h.Tenant("payments");
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+
+  std::stop_source cancel;
+  absl::Status cancelled_status;
+  std::thread cancelled([&] { cancelled_status = budget->WaitReady(deadline, cancel.get_token()); });
+  cancel.request_stop();
+  cancelled.join();
+  EXPECT_EQ(cancelled_status.code(), absl::StatusCode::kCancelled) << cancelled_status;
+
+  std::vector<absl::Status> statuses(kThreads);
+  std::vector<std::thread> waiters;
+  for (int t = 0; t < kThreads; ++t) {
+    waiters.emplace_back([&, t] { statuses[t] = budget->WaitReady(deadline, {}); });
+  }
+  h.set_handler(Granting(kThreads));
+  h.client().RunOnce();
+  for (std::thread& waiter : waiters) waiter.join();
+  for (const absl::Status& status : statuses) EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(budget->TryAcquire());
+}
+
 }  // namespace
 }  // namespace retrybudget
