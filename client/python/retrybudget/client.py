@@ -37,6 +37,20 @@ def make_channel(o: ClientOptions, aio: bool = False, main: bool = True):
     return mod.secure_channel(o.target, o.channel_credentials, options=args)
 
 
+def start_connecting(channel) -> None:
+    """Starts connecting `channel` now, so that a tenant's first Sync finds the connection made
+    or under way. Through the channel core's try-to-connect check, which grpc's own
+    connectivity watcher uses; grpc.channel_ready_future would do it with a polling thread that
+    delays a first Sync made at once by about 0.3 ms. A channel without it (another grpc
+    version, a test's channel) connects at its first Sync as before."""
+    check = getattr(getattr(channel, "_channel", None), "check_connectivity_state", None)
+    if check is not None:
+        try:
+            check(True)
+        except Exception:  # noqa: BLE001 - an optimisation only
+            pass
+
+
 def make_metrics(o: ClientOptions):
     if o.metrics_registry is None:
         return None
@@ -72,8 +86,7 @@ class BudgetClient:
         self._owner_channels = {}
         self._owner_channel_factory = _owner_channel_factory
         self._stub = budget_pb2_grpc.RetryBudgetServiceStub(self._channel)
-        # Connect now, so that a tenant's first Sync finds the connection made or under way.
-        self._connecting = grpc.channel_ready_future(self._channel)
+        start_connecting(self._channel)
         self._tenants, self._engine = make_tenants_and_engine(o, self._wake)
         self._clock = o.clock
         self._wake_mu = threading.Lock()
@@ -206,7 +219,6 @@ class BudgetClient:
                 self._stopping = True
                 self._wake_event.set()
             self._thread.join()
-            self._connecting.cancel()
             self._tenants.close()
             self._final_status = self._final_sync()
             self._closed = True
