@@ -304,10 +304,10 @@ class TenantBudget:
         return fb.held - 1
 
     def _enter_fallback(self, now: float, start_full: bool = True) -> None:
-        self._mark_ready()  # the server cannot be reached: the fallback is the answer
         if self._fallback_mode == "deny":
             self._withdraw_all(now)
             self._mode = IN_DENY_FALLBACK
+            self._mark_ready()  # the server cannot be reached: the fallback is the answer
             return
         share = (None if self._last_safe_share_at == INFINITE_PAST
                  else self._safe_shares.get(self._last_safe_share_at))
@@ -321,6 +321,7 @@ class TenantBudget:
         self._ledger.switch_to(_ledger.FALLBACK)
         self._ledger.fallback_deposited(min(first, MAX_LEASE_TOKENS))
         self._mode = IN_FALLBACK
+        self._mark_ready()  # with the bucket's first tokens in the word
 
     def _creditable_successes(self) -> int:
         # Successes recorded since the last fallback step that no request built so far carries;
