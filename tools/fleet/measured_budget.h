@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <stop_token>
 #include <string>
+#include <utility>
 
 #include "retrybudget/client.h"
 #include "tools/fleet/fallback_monitor.h"
@@ -51,6 +53,9 @@ class MeasuredBudget final : public TenantBudget {
   void RecordSuccess() override { inner_.RecordSuccess(); }
   const std::string& tenant() const override { return inner_.tenant(); }
   TenantStats Stats() const override { return inner_.Stats(); }
+  absl::Status WaitReady(absl::Time deadline, std::stop_token stop) override {
+    return inner_.WaitReady(deadline, std::move(stop));
+  }
 
   FallbackPhase Phase() const {
     return monitor_ != nullptr ? monitor_->phase() : FallbackPhase::kBeforeFallback;
