@@ -40,6 +40,23 @@ TEST(ParseClusterChaosTest, RefusesWhatItCannotPlayNamingTheAction) {
   }
 }
 
+TEST(ParseClusterChaosTest, ReadsTheEtcdMemberAndQuorumActions) {
+  absl::StatusOr<std::vector<ClusterAction>> plan =
+      ParseClusterChaos("restart-etcd:2@4,stop-etcd:1@5+3,lose-quorum@7+10,stop-etcd@9", 3, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre(ClusterAction{Kind::kRestartEtcdMember, 2, 4, std::nullopt},
+                                 ClusterAction{Kind::kStopEtcdMember, 1, 5, 3},
+                                 ClusterAction{Kind::kLoseQuorum, -1, 7, 10},
+                                 ClusterAction{Kind::kStopEtcd, -1, 9, std::nullopt}));
+  for (const char* bad : {"restart-etcd:3@1", "restart-etcd@1", "restart-etcd:0@1+2",
+                          "stop-etcd:1@5", "stop-etcd:x@5+1", "lose-quorum@7",
+                          "lose-quorum:1@7+1"}) {
+    absl::StatusOr<std::vector<ClusterAction>> refused = ParseClusterChaos(bad, 3, 3);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr(bad)) << bad;
+  }
+}
+
 TEST(ParseClusterChaosTest, ReadsARollingRestartWithAndWithoutItsGap) {
   absl::StatusOr<std::vector<ClusterAction>> plan =
       ParseClusterChaos("rolling-restart@6+4,rolling-restart@20", 3);

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tools/fleet/subprocess.h"
 
@@ -116,6 +117,41 @@ TEST(FleetClusterTest, KillNineOfABusyOwnerKeepsEveryTenantWithinItsBudget) {
   // The killed server owned tenant 0 at least, and each of its tenants got a new owner.
   EXPECT_GE(loss.at("tenants").number_value(), 1);
   EXPECT_TRUE(loss.contains("new_owner_after_seconds")) << r.line;
+}
+
+// etcd's quorum lost for 10 s (2 of 3 members killed at 3 s, started again with their data at
+// 13 s): the servers stop granting within their etcd lease TTL (the clients spend their leases,
+// then their fallback shares), every tenant stays within its budget, and the servers serve
+// again: every worker is back on leases by the end.
+TEST(FleetClusterTest, QuorumLostForTenSecondsAndRegainedKeepsEveryTenantWithinItsBudget) {
+  FleetResult r = RunFleetTool(ClusterRun(20, {"--cluster-chaos=lose-quorum@3+10"}));
+  ExpectEveryTenantWithinBudget(r);
+  ASSERT_FALSE(HasFailure());
+  const std::string events = r.At("cluster").struct_value().fields().at("events").string_value();
+  EXPECT_THAT(events, ::testing::HasSubstr("(no quorum)")) << events;
+  EXPECT_THAT(events, ::testing::HasSubstr("quorum back")) << events;
+  EXPECT_THAT(events, ::testing::Not(::testing::HasSubstr("FAILED"))) << events;
+  const auto& fallback = r.At("fallback").struct_value().fields();
+  EXPECT_GT(fallback.at("entries").number_value(), 0) << r.line;
+  // Each of the 4 workers' 2 tenants (one per thread) went into fallback and came back.
+  EXPECT_EQ(fallback.at("workers_back_on_lease").number_value(), 8) << r.line;
+  // Every tenant granted again after its longest gap (the outage), soon after the members were
+  // started again at 13 s (a generous bound: the machine is noisy).
+  for (const Value& t : r.At("tenants").list_value().values()) {
+    const auto& f = t.struct_value().fields();
+    ASSERT_TRUE(f.contains("granted_again_at_seconds")) << r.line;
+    const double again = f.at("granted_again_at_seconds").number_value();
+    EXPECT_GT(again, 13) << f.at("tenant").string_value();
+    EXPECT_LT(again, 13 + 10) << f.at("tenant").string_value();
+    std::printf("%s: longest gap without a grant %.2f s, granted again %.2f s after the members "
+                "were started again\n",
+                f.at("tenant").string_value().c_str(),
+                f.at("ungranted_gap_max_seconds").number_value(), again - 13);
+  }
+  std::printf("quorum lost 10 s: %.0f fallback entries, %.1f s of fallback in all, utilisation "
+              "vs ideal %.3f\n",
+              fallback.at("entries").number_value(), fallback.at("seconds_total").number_value(),
+              r.Num("utilisation_vs_ideal"));
 }
 
 // The cluster run of docs/BENCHMARKS.md section 9: one tenant funded mostly by successes

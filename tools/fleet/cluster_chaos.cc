@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/subprocess.h"
@@ -35,7 +36,8 @@ struct Step {
 
 }  // namespace
 
-absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers) {
+absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers,
+                                                             int etcd_nodes) {
   std::vector<ClusterAction> plan;
   if (absl::StripAsciiWhitespace(spec).empty()) return plan;
   for (absl::string_view item : absl::StrSplit(spec, ',')) {
@@ -55,6 +57,8 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
         absl::StrSplit(what_when.first, absl::MaxSplits(':', 1));
     const absl::string_view verb = verb_server.first;
     const bool needs_server = verb == "kill" || verb == "stop" || verb == "restart";
+    const bool names_member =
+        verb == "restart-etcd" || (verb == "stop-etcd" && !verb_server.second.empty());
     if (verb == "kill") {
       a.kind = ClusterAction::Kind::kKill;
     } else if (verb == "stop") {
@@ -66,16 +70,30 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
     } else if (verb == "kill-etcd-leader") {
       a.kind = ClusterAction::Kind::kKillEtcdLeader;
       if (a.for_seconds) return Bad(item, "kill-etcd-leader takes no +SECONDS");
+    } else if (verb == "stop-etcd" && names_member) {
+      a.kind = ClusterAction::Kind::kStopEtcdMember;
+      if (!a.for_seconds) return Bad(item, "a stopped etcd member needs +SECONDS to return");
     } else if (verb == "stop-etcd") {
       a.kind = ClusterAction::Kind::kStopEtcd;
+    } else if (verb == "restart-etcd") {
+      a.kind = ClusterAction::Kind::kRestartEtcdMember;
+      if (a.for_seconds) return Bad(item, "restart-etcd takes no +SECONDS");
+    } else if (verb == "lose-quorum") {
+      a.kind = ClusterAction::Kind::kLoseQuorum;
+      if (!a.for_seconds) return Bad(item, "a lost quorum needs +SECONDS to return");
     } else if (verb == "rolling-restart") {
       a.kind = ClusterAction::Kind::kRollingRestart;
     } else {
       return Bad(item,
                  "unknown action (kill, stop, restart, kill-etcd-leader, stop-etcd, "
-                 "rolling-restart)");
+                 "restart-etcd, lose-quorum, rolling-restart)");
     }
-    if (needs_server) {
+    if (names_member) {
+      if (!absl::SimpleAtoi(verb_server.second, &a.server) || a.server < 0 ||
+          a.server >= etcd_nodes) {
+        return Bad(item, absl::StrCat("the etcd member must be an index below ", etcd_nodes));
+      }
+    } else if (needs_server) {
       if (verb_server.second == "owner") {
         a.server = -1;
       } else if (!absl::SimpleAtoi(verb_server.second, &a.server) || a.server < 0 ||
@@ -118,6 +136,7 @@ void ClusterChaos::Play(std::stop_token stop) {
                    [](const Step& a, const Step& b) { return a.at < b.at; });
   std::vector<int> hit(plan_.size(), -1);  // the server each action hit (0 for etcd), -1: none
   std::vector<bool> undone(plan_.size(), false);
+  std::vector<std::vector<int>> members(plan_.size());  // the etcd members each action killed
   std::mutex mu;
   std::condition_variable_any cv;
   auto sleep_until = [&](double seconds) {
@@ -144,6 +163,18 @@ void ClusterChaos::Play(std::stop_token stop) {
       case ClusterAction::Kind::kStopEtcd:
         st = cluster_.StartAllEtcd();
         what = "start all etcd";
+        break;
+      case ClusterAction::Kind::kStopEtcdMember:
+      case ClusterAction::Kind::kLoseQuorum:
+        what = absl::StrCat("start etcd member(s) ", absl::StrJoin(members[i], ","));
+        for (int m : members[i]) {
+          if (st.ok()) st = cluster_.etcd().RestartEtcdNode(m);
+        }
+        if (st.ok() && a.kind == ClusterAction::Kind::kLoseQuorum) {
+          absl::StatusOr<int> leader = cluster_.etcd().WaitForEtcdLeader(absl::Seconds(20));
+          st = leader.status();
+          if (leader.ok()) absl::StrAppend(&what, ", quorum back (leader member ", *leader, ")");
+        }
         break;
       default:
         return;
@@ -219,6 +250,26 @@ void ClusterChaos::Play(std::stop_token stop) {
         st = cluster_.StopAllEtcd();
         what = "kill -9 all etcd";
         break;
+      case ClusterAction::Kind::kRestartEtcdMember:
+        st = cluster_.etcd().KillEtcdNode(a.server);
+        if (st.ok()) st = cluster_.etcd().RestartEtcdNode(a.server);
+        what = absl::StrCat("kill -9 etcd member ", a.server, ", started again");
+        break;
+      case ClusterAction::Kind::kStopEtcdMember:
+        st = cluster_.etcd().KillEtcdNode(a.server);
+        members[step.index] = {a.server};
+        what = absl::StrCat("kill -9 etcd member ", a.server);
+        break;
+      case ClusterAction::Kind::kLoseQuorum: {
+        const int n = cluster_.etcd().etcd_node_count();
+        for (int m = 0; m <= n / 2 && st.ok(); ++m) {
+          st = cluster_.etcd().KillEtcdNode(m);
+          members[step.index].push_back(m);
+        }
+        what = absl::StrCat("kill -9 etcd members ", absl::StrJoin(members[step.index], ","),
+                            " of ", n, " (no quorum)");
+        break;
+      }
     }
     if (st.ok()) hit[step.index] = std::max(server, 0);  // etcd actions: 0, done
     Record(st.ok() ? what : absl::StrCat(what, " FAILED: ", st.message()));

@@ -8,6 +8,11 @@
 //   restart:S@T       start server S again (it must not be running)
 //   kill-etcd-leader@T   kill -9 of the etcd leader (the others elect anew)
 //   stop-etcd@T[+D]   kill -9 of every etcd member; with +D, all started again D seconds later
+//   restart-etcd:M@T  kill -9 of etcd member M, started again at once with its data
+//   stop-etcd:M@T+D   kill -9 of etcd member M, started again with its data D seconds later
+//   lose-quorum@T+D   kill -9 of a majority of the etcd members (members 0..n/2), so that etcd
+//                     has no quorum; started again with their data D seconds later, and the
+//                     action waits (up to 20 s) for a leader
 //   rolling-restart@T[+GAP]   from T, each server in turn: SIGTERM (it hands its shards over),
 //                     started again on the same port, joined; GAP seconds (default 2) before
 //                     the next
@@ -37,9 +42,21 @@
 namespace retrybudget::fleet {
 
 struct ClusterAction {
-  enum class Kind { kKill, kStop, kRestart, kKillEtcdLeader, kStopEtcd, kRollingRestart };
+  enum class Kind {
+    kKill,
+    kStop,
+    kRestart,
+    kKillEtcdLeader,
+    kStopEtcd,
+    kRollingRestart,
+    kRestartEtcdMember,
+    kStopEtcdMember,
+    kLoseQuorum
+  };
   Kind kind = Kind::kKill;
-  int server = -1;                         // the server's index; -1: the owner of the run's tenant
+  // The server's index (-1: the owner of the run's tenant); for restart-etcd:M and
+  // stop-etcd:M, the etcd member's.
+  int server = -1;
   double at = 0;                           // seconds from the run's start
   std::optional<double> for_seconds = {};  // the +D: undone that much later
 
@@ -47,9 +64,10 @@ struct ClusterAction {
 };
 
 // The actions of --cluster-chaos, in the order given. INVALID_ARGUMENT naming the action for an
-// unknown one, a bad server or time, a stop of a server without +D, or a server index not below
-// `servers`.
-absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers);
+// unknown one, a bad server or time, a stop of a server or an etcd member (or a lost quorum)
+// without +D, a server index not below `servers` or a member index not below `etcd_nodes`.
+absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view spec, int servers,
+                                                             int etcd_nodes = 3);
 
 // Not copyable. Finish() from the thread that created it; `cluster` must outlive it and must not
 // be used by anyone else until Finish() returned.

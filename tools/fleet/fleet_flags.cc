@@ -215,6 +215,9 @@ cluster's multi-address target):
       restart:S@T      start server S again
       kill-etcd-leader@T   kill -9 of the etcd leader
       stop-etcd@T[+D]  kill -9 of every etcd member; with +D all started again D seconds later
+      restart-etcd:M@T kill -9 of etcd member M, started again at once with its data
+      stop-etcd:M@T+D  kill -9 of etcd member M, started again with its data D seconds later
+      lose-quorum@T+D  kill -9 of a majority of the etcd members, started again D seconds later
       rolling-restart@T[+GAP]  from T, each server in turn: SIGTERM (it hands its shards
                        over), started again on its port, joined; GAP seconds (default 2)
                        before the next

@@ -359,7 +359,7 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
       return bad("--etcd-nodes", o.etcd_nodes, "must be 1-7");
     }
     if (absl::StatusOr<std::vector<ClusterAction>> plan =
-            ParseClusterChaos(o.cluster_chaos, o.cluster);
+            ParseClusterChaos(o.cluster_chaos, o.cluster, o.etcd_nodes);
         !plan.ok()) {
       return plan.status();
     }
@@ -515,7 +515,8 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   std::unique_ptr<ClusterChaos> cluster_chaos;
   if (cluster != nullptr) {
     cluster_chaos = std::make_unique<ClusterChaos>(
-        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster), tenant_names[0], t0);
+        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster, o.etcd_nodes), tenant_names[0],
+        t0);
   }
   // Who owns each tenant while the fleet runs (for the report's owner_losses).
   std::unique_ptr<OwnerWatch> owner_watch;
