@@ -627,3 +627,61 @@ test('an attempt waiting for the server is cut short when the server turns down'
   assert.ok(after >= 0.2, `in fallback ${after} s after the first failure`);
   assert.ok(after <= 0.25, `the spent lease fell back only when an attempt gave up (${after} s after the first failure)`);
 });
+
+test('a new tenant\'s first Sync goes out at once, even within minSyncInterval of the last one (once per tenant)', () => {
+  const r = rig({ policy: { refreshPeriod: 0.2, minSyncInterval: 0.05, leaseBurst: 2 } });
+  const a = r.add('a');
+  r.step((plan) => grants(plan));
+  assert.equal(a.mode, 'lease');
+  r.clock.t = 0.001;
+  a.tryAcquire();
+  a.tryAcquire(); // the lease runs dry: a wake, but within minSyncInterval
+  assert.equal(r.engine.beginStep(), null);
+  const b = r.add('b');
+  const plan = r.engine.nextPlan();
+  assert.notEqual(plan, null, 'the new tenant is sent at once');
+  assert.deepEqual(plan.request.tenants.map((e) => e.tenant), ['a', 'b']);
+  r.engine.endAttempt(plan, unavailable());
+  r.engine.endStep();
+  // Failed: the resend follows the retry backoff as any other; and once sent, b is not new.
+  assert.equal(b.everRequested, true);
+  r.clock.t = 0.3;
+  r.step((p) => grants(p));
+  r.clock.t = 0.301;
+  b.tryAcquire();
+  b.tryAcquire();
+  b.tryAcquire();
+  assert.equal(r.engine.beginStep(), null, 'minSyncInterval holds again for a tenant already asked for');
+});
+
+test('ready(): resolves at the first answer (lease, fallback, refusal, shutdown); aborts with the signal', async () => {
+  const r = rig();
+  const a = r.add('a');
+  const b = r.add('b');
+  const c = r.add('c');
+  assert.equal(a.isReady, false);
+  const reason = new Error('gone');
+  const controller = new AbortController();
+  const aborted = a.ready(controller.signal);
+  controller.abort(reason);
+  await assert.rejects(aborted, (e) => e === reason);
+  const waits = [a.ready(), b.ready(), c.ready()];
+  r.step((plan) => grants(plan, (e) => (e.tenant === 'b' ? { error: { code: Status.PERMISSION_DENIED, message: 'no' } } : {})));
+  assert.equal(a.isReady, true);
+  assert.equal(await waits[0], 'lease');
+  assert.equal(await waits[1], 'no_lease'); // refused: denied, and answered
+  assert.equal(await waits[2], 'lease');
+  // Unreachable: the fallback is the answer.
+  const f = rig();
+  const d = f.add('d');
+  const waitD = d.ready();
+  f.step(unavailable);
+  assert.equal(await waitD, 'fallback');
+  // Closed before any answer.
+  const g = rig();
+  const e = g.add('e');
+  const waitE = e.ready();
+  g.engine.beginFinal();
+  assert.equal(await waitE, 'no_lease');
+  assert.equal(await e.ready(), 'no_lease');
+});
