@@ -354,5 +354,45 @@ TEST(EtcdClientFailoverTest, ACallToAHungMemberEndsAtItsDeadlineAndTheNextGoElse
   ASSERT_TRUE((*cluster)->ResumeEtcdNode(0).ok());
 }
 
+
+// EndCallsBy (a bounded shutdown): with every member hung (SIGSTOP) and a call timeout of 20 s,
+// a call in flight ends (CANCELLED) as soon as EndCallsBy is called, and later calls end by its
+// deadline, then at once after it.
+TEST(EtcdClientFailoverTest, EndCallsByCancelsTheCallsInFlightAndCapsTheNextOnes) {
+  absl::StatusOr<std::unique_ptr<TestCluster>> cluster =
+      TestCluster::Start({.etcd_binary = RETRYBUDGET_ETCD_BIN});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> etcd = EtcdClient::Create(
+      {.endpoints = (*cluster)->etcd_endpoints(), .call_timeout = absl::Seconds(20)});
+  ASSERT_TRUE(etcd.ok());
+  ASSERT_TRUE((*etcd)->Put("/end", "1").ok());
+  for (int i = 0; i < (*cluster)->etcd_node_count(); ++i) {
+    ASSERT_TRUE((*cluster)->PauseEtcdNode(i).ok());
+  }
+  absl::Status in_flight;
+  absl::Time in_flight_ended;
+  std::thread call([&] {
+    in_flight = (*etcd)->Put("/end", "2").status();
+    in_flight_ended = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));  // the call is waiting on the hung member
+  const absl::Time ended_by = absl::Now();
+  (*etcd)->EndCallsBy(ended_by + absl::Seconds(1));
+  call.join();
+  EXPECT_EQ(in_flight.code(), absl::StatusCode::kCancelled) << in_flight;
+  // Generous bounds for a loaded machine; without EndCallsBy these take 20 s each.
+  EXPECT_LT(in_flight_ended - ended_by, absl::Seconds(5));
+  const absl::Status capped = (*etcd)->Put("/end", "3").status();
+  EXPECT_EQ(capped.code(), absl::StatusCode::kDeadlineExceeded) << capped;
+  EXPECT_LT(absl::Now() - ended_by, absl::Seconds(6));
+  const absl::Time after = absl::Now();
+  const absl::Status past = (*etcd)->Put("/end", "4").status();
+  EXPECT_EQ(past.code(), absl::StatusCode::kDeadlineExceeded) << past;
+  EXPECT_LT(absl::Now() - after, absl::Seconds(5));
+  for (int i = 0; i < (*cluster)->etcd_node_count(); ++i) {
+    ASSERT_TRUE((*cluster)->ResumeEtcdNode(i).ok());
+  }
+}
+
 }  // namespace
 }  // namespace retrybudget::etcd

@@ -10,7 +10,8 @@
 //  * Start and wait: a server started while etcd is unreachable (every member killed) or without
 //    quorum (two of three killed) stays up, answers health NOT_SERVING and refuses its tenants'
 //    Syncs with UNAVAILABLE and no owner, logs its failed attempts at a bounded rate, and serves
-//    once etcd is back; with --exit_if_etcd_unavailable it exits with code 1 instead.
+//    once etcd is back; with --exit_if_etcd_unavailable it exits with code 1 instead. SIGTERMed
+//    while it waits, it exits with code 0 at once.
 //  * Quorum lost and regained while serving: NOT_SERVING and UNAVAILABLE within the lease TTL,
 //    serving and granting again once the members are back, every tenant within its budget.
 //
@@ -396,6 +397,32 @@ TEST_F(EtcdOutageTest, ExitIfEtcdUnavailableKeepsTheExitAtStart) {
   absl::StatusOr<int> status = (*p)->Wait(absl::Now() + absl::Seconds(20));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+}
+
+// SIGTERM while still waiting for etcd (every member stopped: its calls hang): nothing to hand
+// over, the wait is cut short, exit code 0.
+TEST_F(EtcdOutageTest, SigtermWhileWaitingForEtcdEndsWithinTheGrace) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  WaitForShare(0, kShards);
+  ASSERT_TRUE(cluster_->KillServer(0).ok());
+  for (int i = 0; i < cluster_->etcd().etcd_node_count(); ++i) {
+    ASSERT_TRUE(cluster_->etcd().PauseEtcdNode(i).ok());
+  }
+  ASSERT_TRUE(cluster_->RestartServer(0).ok()) << cluster_->server(0).LogTail(30);
+  ASSERT_NO_FATAL_FAILURE(ExpectWaitingFor(absl::Seconds(1), "orders"));
+  const absl::Time term = absl::Now();
+  cluster_->server(0).Signal(SIGTERM);
+  const std::optional<int> code = cluster_->server(0).WaitForExit(absl::Seconds(30));
+  const absl::Duration stop = absl::Now() - term;
+  std::printf("SIGTERM while waiting for etcd: exited after %s\n",
+              absl::FormatDuration(stop).c_str());
+  ASSERT_TRUE(code.has_value()) << "still running after " << stop;
+  EXPECT_EQ(*code, 0) << cluster_->server(0).LogTail(30);
+  EXPECT_LE(stop, kGrace + absl::Seconds(5));
+  EXPECT_THAT(cluster_->server(0).Log(), ::testing::HasSubstr("nothing to hand over"));
+  for (int i = 0; i < cluster_->etcd().etcd_node_count(); ++i) {
+    ASSERT_TRUE(cluster_->etcd().ResumeEtcdNode(i).ok());
+  }
 }
 
 TEST_F(EtcdOutageTest, QuorumLostAndRegainedWhileServing) {
