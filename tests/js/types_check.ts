@@ -6,6 +6,10 @@ import {
   type BudgetMode, type ClientOptions, type TenantBudget, type TenantStats,
 } from '@retry-budget/client';
 import { localBudget, ServerProcess } from '@retry-budget/client/testing';
+import { pRetryWithBudget } from '@retry-budget/client/p-retry';
+import { budgetRetry } from '@retry-budget/client/cockatiel';
+import pRetry from 'p-retry';
+import { wrap, circuitBreaker, handleAll, handleType, ConsecutiveBreaker } from 'cockatiel';
 import { Registry } from 'prom-client';
 
 async function worker(signal: AbortSignal): Promise<number> {
@@ -25,6 +29,14 @@ async function worker(signal: AbortSignal): Promise<number> {
   } catch (e) {
     if (e instanceof BudgetExhaustedError) console.log(e.attempts, e.cause);
   }
+  const first: BudgetMode = await budget.ready(signal);
+  const answered: boolean = budget.isReady;
+  const viaPRetry: string = await pRetryWithBudget(pRetry, budget, async (n: number) => `attempt ${n}`, { retries: 3, signal, onFailedAttempt: () => {} });
+  const policy = wrap(budgetRetry(budget, { handle: handleType(TypeError), maxAttempts: 3 }), circuitBreaker(handleAll, { halfOpenAfter: 1000, breaker: new ConsecutiveBreaker(3) }));
+  const viaCockatiel: number = await policy.execute(({ attempt, signal: s }) => (s.aborted ? -1 : attempt), signal);
+  // @ts-expect-error: ready() takes an AbortSignal
+  await budget.ready(5);
+  void first; void answered; void viaPRetry; void viaCockatiel;
   const interceptor: grpc.Interceptor = retryInterceptor(budget, { maxAttempts: 2 });
   const status: string | null = await client.close();
   // @ts-expect-error: fallback is 'local_bucket' or 'deny'

@@ -198,22 +198,8 @@ export class RetryLoop {
   async firstAnswer(signal) {
     if (this.budgetReady()) return 0;
     const start = this.clock();
-    const left = this.deadline - start;
-    const bounded = new AbortController();
-    const onAbort = () => bounded.abort(signal.reason);
-    let timer = null;
-    if (signal !== null) {
-      if (signal.aborted) throw signal.reason;
-      signal.addEventListener('abort', onAbort, { once: true });
-    }
-    if (Number.isFinite(left)) {
-      timer = setTimeout(() => bounded.abort(new RetryDeadlineExceededError(`retry: the overall deadline passed while waiting for the budget's first answer after attempt ${this.number}`, this.lastError)), Math.max(0, left));
-    }
-    try {
-      await this.budget.ready(bounded.signal);
-    } finally {
-      clearTimeout(timer);
-      if (signal !== null) signal.removeEventListener('abort', onAbort);
+    if (!(await waitFirstAnswer(this.budget, signal, this.deadline - start))) {
+      throw new RetryDeadlineExceededError(`retry: the overall deadline passed while waiting for the budget's first answer after attempt ${this.number}`, this.lastError);
     }
     return Math.max(0, this.clock() - start);
   }
@@ -222,6 +208,30 @@ export class RetryLoop {
    * its cause). */
   acquire() {
     if (!this.budget.tryAcquire()) throw new BudgetExhaustedError(this.lastError, this.number);
+  }
+}
+
+/** Waits up to `ms` (Infinity: no bound) for `budget`'s first answer (budget.ready()):
+ * resolves true when it came (or the budget has no ready()), false when the time ran out;
+ * rejects with signal.reason when `signal` aborts first. Takes no token. */
+export async function waitFirstAnswer(budget, signal, ms) {
+  if (budget.isReady !== false || typeof budget.ready !== 'function') return true;
+  if (signal?.aborted) throw signal.reason;
+  const bounded = new AbortController();
+  const onAbort = () => bounded.abort(signal.reason);
+  const timedOut = {};
+  let timer = null;
+  signal?.addEventListener('abort', onAbort, { once: true });
+  if (Number.isFinite(ms)) timer = setTimeout(() => bounded.abort(timedOut), Math.max(0, ms));
+  try {
+    await budget.ready(bounded.signal);
+    return true;
+  } catch (reason) {
+    if (reason === timedOut) return false;
+    throw reason;
+  } finally {
+    clearTimeout(timer);
+    signal?.removeEventListener('abort', onAbort);
   }
 }
 
