@@ -24,6 +24,7 @@ if (action === 'copy') {
     // Only the .proto files (proto/ also holds the C++ build's CMakeLists.txt).
     cpSync(source, copy, {
       recursive: true,
+      dereference: true,
       filter: (from) => statSync(from).isDirectory() || from.endsWith('.proto'),
     });
   } else if (!existsSync(path.join(copy, CONTRACT))) {
