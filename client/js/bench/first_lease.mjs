@@ -6,15 +6,19 @@
 //    also opens the connection (what a CLI or an agent that starts, calls and retries sees).
 //  * live: a client already connected (another tenant leased), then a new tenant handle: one
 //    Sync round trip.
+//  * cold: a new Node process per sample (--processes of them) that imports the package,
+//    makes a client and at once a tenant handle: the handle -> lease time, and the time from
+//    the process's start to the lease (what a CLI that starts, calls and retries sees).
 //
 // Each time ends when `await budget.ready()` resolves; a sample counts only if the tenant then
 // holds a lease (tokens > 0), so a fallback or a denial is never timed as a lease.
 //
-//   node client/js/bench/first_lease.mjs [--server=BIN] [--clients=100]
+//   node client/js/bench/first_lease.mjs [--server=BIN] [--clients=100] [--processes=20]
 //
 // BIN defaults to $RETRY_BUDGET_SERVER_BIN. Prints one JSON line per mode (ms: median, p99,
 // max) and the number of samples that were not leases (must be 0).
 
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -27,6 +31,21 @@ const arg = (name, dflt) => {
   return hit === undefined ? dflt : hit.slice(name.length + 3);
 };
 const N = Number(arg('clients', '100'));
+const PROCESSES = Number(arg('processes', '20'));
+
+// One cold sample: run as `first_lease.mjs --cold=TARGET` in a process of its own.
+const coldTarget = arg('cold', '');
+if (coldTarget !== '') {
+  const { BudgetClient: Client } = await import('../src/index.js');
+  const client = new Client({ target: coldTarget, logger: () => {} });
+  const t0 = performance.now();
+  const budget = client.tenant('cold');
+  await budget.ready();
+  const t1 = performance.now();
+  console.log(JSON.stringify({ handle_ms: t1 - t0, start_ms: t1, leased: budget.stats().tokensHeld > 0 }));
+  await client.close();
+  process.exit(0);
+}
 const binary = arg('server', process.env.RETRY_BUDGET_SERVER_BIN ?? '');
 if (binary === '' || !(N >= 1)) {
   console.error('usage: first_lease.mjs --server=BIN (or RETRY_BUDGET_SERVER_BIN) [--clients=N]');
@@ -66,6 +85,19 @@ try {
   }
   console.log(JSON.stringify(summary('fresh', fresh, freshMisses)));
   console.log(JSON.stringify(summary('live', live, liveMisses)));
+  const handle = [];
+  const start = [];
+  let coldMisses = 0;
+  for (let i = 0; i < PROCESSES; i++) {
+    const r = JSON.parse(execFileSync(process.execPath, [import.meta.filename, `--cold=${server.target}`], { timeout: 60_000 }).toString());
+    handle.push(r.handle_ms);
+    start.push(r.start_ms);
+    if (!r.leased) coldMisses++;
+  }
+  if (PROCESSES > 0) {
+    console.log(JSON.stringify(summary('cold (handle -> lease)', handle, coldMisses)));
+    console.log(JSON.stringify(summary('cold (process start -> lease)', start, coldMisses)));
+  }
 } finally {
   await server.kill();
   rmSync(dir, { recursive: true, force: true });
