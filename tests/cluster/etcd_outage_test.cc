@@ -11,7 +11,8 @@
 //    quorum (two of three killed) stays up, answers health NOT_SERVING and refuses its tenants'
 //    Syncs with UNAVAILABLE and no owner, logs its failed attempts at a bounded rate, and serves
 //    once etcd is back; with --exit_if_etcd_unavailable it exits with code 1 instead. SIGTERMed
-//    while it waits, it exits with code 0 at once.
+//    while it waits, it exits with code 0 at once; when etcd, back, holds another number of
+//    shards than its --shards, it exits with code 2.
 //  * Quorum lost and regained while serving: NOT_SERVING and UNAVAILABLE within the lease TTL,
 //    serving and granting again once the members are back, every tenant within its budget.
 //
@@ -397,6 +398,26 @@ TEST_F(EtcdOutageTest, ExitIfEtcdUnavailableKeepsTheExitAtStart) {
   absl::StatusOr<int> status = (*p)->Wait(absl::Now() + absl::Seconds(20));
   ASSERT_TRUE(status.ok()) << status.status();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+}
+
+// A server whose --shards differs from etcd's, started while etcd is down, waits, then exits
+// with code 2 (bad configuration) once etcd answers; the others go on.
+TEST_F(EtcdOutageTest, AnotherNumberOfShardsFoundAfterWaitingForEtcdExitsWithCode2) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1));
+  WaitForShare(0, kShards);
+  ASSERT_TRUE(cluster_->StopAllEtcd().ok());
+  absl::StatusOr<std::unique_ptr<ServerUnderTest>> other = ServerUnderTest::Start(
+      {.binary = RETRYBUDGET_SERVER_BIN,
+       .flags = {absl::StrCat("--etcd_endpoints=", cluster_->etcd().etcd_endpoints()),
+                 absl::StrCat("--etcd_prefix=", kPrefix), "--shards=8"}});
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_FALSE((*other)->WaitForExit(absl::Seconds(1)).has_value()) << (*other)->LogTail(10);
+  ASSERT_TRUE(cluster_->StartAllEtcd().ok());
+  const std::optional<int> code = (*other)->WaitForExit(absl::Seconds(20));
+  ASSERT_TRUE(code.has_value()) << (*other)->LogTail(10);
+  EXPECT_EQ(*code, 2) << (*other)->LogTail(10);
+  EXPECT_THAT((*other)->Log(), ::testing::HasSubstr("cannot join the cluster:"));
+  EXPECT_TRUE(cluster_->server(0).running());
 }
 
 // SIGTERM while still waiting for etcd (every member stopped: its calls hang): nothing to hand
