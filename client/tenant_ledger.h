@@ -42,6 +42,13 @@ namespace retrybudget::client_internal {
 //
 // and all of `in`, `out`, `refunded` and `reported_spent` are monotonic.
 //
+// One case the books cannot tell apart: a token of the other source refunded while this
+// source's own tokens are still in the word (a fallback token refunded after the tenant went
+// back to a lease) reads as one of this source's tokens refunded. The lease books then report a
+// lease refund, and the token goes back to the server with the lease's. The other source's
+// books keep it spent, so the fleet's total is unchanged: one token moves from the fallback
+// allowance to the server's bucket, at most one per such refund, never a token more in all.
+//
 // Not thread-safe: the owner serialises calls.
 class TokenAccount {
  public:
