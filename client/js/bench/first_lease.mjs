@@ -13,6 +13,11 @@
 // Each time ends when `await budget.ready()` resolves; a sample counts only if the tenant then
 // holds a lease (tokens > 0), so a fallback or a denial is never timed as a lease.
 //
+// The baseline, in the same run: `cold bare grpc-js`, a new Node process per sample that loads
+// the same .proto with @grpc/proto-loader, makes a bare grpc-js stub and sends one Sync asking
+// for a token, timed from making the stub to the response (one connection set-up and one
+// Sync, with nothing of this package's), and the cold handle -> lease time as a ratio of it.
+//
 //   node client/js/bench/first_lease.mjs [--server=BIN] [--clients=100] [--processes=20]
 //
 // BIN defaults to $RETRY_BUDGET_SERVER_BIN. Prints one JSON line per mode (ms: median, p99,
@@ -44,6 +49,23 @@ if (coldTarget !== '') {
   const t1 = performance.now();
   console.log(JSON.stringify({ handle_ms: t1 - t0, start_ms: t1, leased: budget.stats().tokensHeld > 0 }));
   await client.close();
+  process.exit(0);
+}
+// One baseline sample: `first_lease.mjs --cold-bare=TARGET`, in a process of its own.
+const bareTarget = arg('cold-bare', '');
+if (bareTarget !== '') {
+  const grpc = await import('@grpc/grpc-js');
+  const { budgetServices } = await import('../src/proto.js');
+  const { RetryBudgetService } = budgetServices();
+  const t0 = performance.now();
+  const stub = new RetryBudgetService(bareTarget, grpc.credentials.createInsecure());
+  const request = { instanceId: `bare-${process.pid}`, seq: 1, tenants: [{ tenant: 'cold-bare', want: 1 }], final: false };
+  const response = await new Promise((resolve, reject) => {
+    stub.Sync(request, { deadline: Date.now() + 30_000 }, (err, r) => (err ? reject(err) : resolve(r)));
+  });
+  const t1 = performance.now();
+  console.log(JSON.stringify({ handle_ms: t1 - t0, start_ms: t1, leased: response.tenants[0].granted > 0 }));
+  stub.close();
   process.exit(0);
 }
 const binary = arg('server', process.env.RETRY_BUDGET_SERVER_BIN ?? '');
@@ -88,15 +110,25 @@ try {
   const handle = [];
   const start = [];
   let coldMisses = 0;
+  const bare = [];
+  let bareMisses = 0;
   for (let i = 0; i < PROCESSES; i++) {
     const r = JSON.parse(execFileSync(process.execPath, [import.meta.filename, `--cold=${server.target}`], { timeout: 60_000 }).toString());
     handle.push(r.handle_ms);
     start.push(r.start_ms);
     if (!r.leased) coldMisses++;
+    // The baseline's sample right after, in turns, so that neither side runs on a quieter box.
+    const b = JSON.parse(execFileSync(process.execPath, [import.meta.filename, `--cold-bare=${server.target}`], { timeout: 60_000 }).toString());
+    bare.push(b.handle_ms);
+    if (!b.leased) bareMisses++;
   }
   if (PROCESSES > 0) {
-    console.log(JSON.stringify(summary('cold (handle -> lease)', handle, coldMisses)));
+    const cold = summary('cold (handle -> lease)', handle, coldMisses);
+    const baseline = summary('cold bare grpc-js (stub -> Sync response)', bare, bareMisses);
+    console.log(JSON.stringify(cold));
     console.log(JSON.stringify(summary('cold (process start -> lease)', start, coldMisses)));
+    console.log(JSON.stringify(baseline));
+    console.log(JSON.stringify({ mode: 'cold ratio (median handle -> lease / median bare Sync)', ratio: +(cold.median_ms / baseline.median_ms).toFixed(2) }));
   }
 } finally {
   await server.kill();
