@@ -66,6 +66,19 @@ TEST(ParseClusterChaosTest, ReadsARollingRestartWithAndWithoutItsGap) {
   EXPECT_FALSE(ParseClusterChaos("rolling-restart:1@6", 3).ok());
 }
 
+TEST(ParseClusterChaosTest, ReadsASigtermOfAServerWithAndWithoutItsRestart) {
+  absl::StatusOr<std::vector<ClusterAction>> plan =
+      ParseClusterChaos("term:owner@3+2,term:1@8", 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(*plan, ElementsAre(ClusterAction{Kind::kTerm, -1, 3, 2},
+                                 ClusterAction{Kind::kTerm, 1, 8, std::nullopt}));
+  for (const char* bad : {"term@1", "term:3@1", "term:x@1", "term:0@1+y"}) {
+    absl::StatusOr<std::vector<ClusterAction>> refused = ParseClusterChaos(bad, 3);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(refused.status().message(), HasSubstr(bad)) << bad;
+  }
+}
+
 // Tenants 0 and 1 owned by server 0, tenant 2 by server 1; server 0 killed at 5.
 std::vector<OwnerSample> KillOfServerZero() {
   return {{.at = 0, .owners = {0, 0, 1}},

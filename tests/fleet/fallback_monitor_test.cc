@@ -31,7 +31,6 @@ class FallbackMonitorTest : public ::testing::Test {
   FallbackMonitor MakeMonitor() {
     return FallbackMonitor(budget_,
                            {.safe_share = [this] { return share_; },
-                            .syncs_ok = [this] { return syncs_ok_; },
                             .never_reached = {.capacity = 1, .refill_per_second = 0.1}},
                            &clock_);
   }
@@ -44,7 +43,6 @@ class FallbackMonitorTest : public ::testing::Test {
   FakeClock clock_;
   ModeBudget budget_;
   std::optional<SafeShareView> share_ = SafeShareView{.capacity = 5, .refill_per_second = 15};
-  uint64_t syncs_ok_ = 0;
 };
 
 TEST_F(FallbackMonitorTest, NoFallbackMeansNoAllowance) {
@@ -114,14 +112,25 @@ TEST_F(FallbackMonitorTest, AnEpisodeBetweenTwoPollsIsFoundFromFallbackSpending)
   EXPECT_DOUBLE_EQ(r.fallback_allowance, 5 + 15 * 0.005);
 }
 
-TEST_F(FallbackMonitorTest, AServerAnswerDuringAnEpisodeCountsAFreshBucket) {
+TEST_F(FallbackMonitorTest, AGrantDuringAnEpisodeCountsAFreshBucket) {
   FallbackMonitor m = MakeMonitor();
   Poll(m, BudgetMode::kFallback, absl::ZeroDuration());
-  syncs_ok_ = 1;  // the client may have left fallback and re-entered it between the polls
+  budget_.stats.tokens_received = 4;  // leased between the polls: it may have re-entered fallback
   Poll(m, BudgetMode::kFallback, absl::Seconds(1));
   const FallbackReport r = m.Finish();
   EXPECT_EQ(r.fallback_entries, 2u);
   EXPECT_GE(r.fallback_allowance, 2 * 5 + 15 * 1.0);
+}
+
+TEST_F(FallbackMonitorTest, AnswersWithoutAGrantKeepOneEpisode) {
+  // A cluster whose shard has no owner answers every Sync with the tenant UNAVAILABLE: the
+  // client stays in fallback on the same bucket, however many Syncs succeed.
+  FallbackMonitor m = MakeMonitor();
+  Poll(m, BudgetMode::kFallback, absl::ZeroDuration());
+  for (int i = 0; i < 50; ++i) Poll(m, BudgetMode::kFallback, absl::Milliseconds(200));
+  const FallbackReport r = m.Finish();
+  EXPECT_EQ(r.fallback_entries, 1u);
+  EXPECT_DOUBLE_EQ(r.fallback_allowance, 5 + 15 * 10.0);
 }
 
 TEST_F(FallbackMonitorTest, PollsOnItsOwnThreadUntilFinish) {

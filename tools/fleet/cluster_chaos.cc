@@ -15,6 +15,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/subprocess.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/impl/client_unary_call.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -25,6 +29,26 @@ absl::Status Bad(absl::string_view action, absl::string_view why) {
 
 bool ParseSeconds(absl::string_view text, double* out) {
   return absl::SimpleAtod(text, out) && std::isfinite(*out) && *out >= 0;
+}
+
+// grpc.health.v1.Health/Check of the whole server (an empty HealthCheckRequest), called raw:
+// the tool has no generated health stub. SERVING is field 1 = 1, i.e. the bytes 08 01.
+bool HealthServing(grpc::Channel& channel) {
+  static const grpc::internal::RpcMethod kCheck("/grpc.health.v1.Health/Check",
+                                                grpc::internal::RpcMethod::NORMAL_RPC);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  grpc::Slice empty;  // an empty HealthCheckRequest (service ""): one empty slice, a valid message
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  const grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      &channel, kCheck, &context, request, &response);
+  if (!status.ok()) return false;
+  grpc::Slice slice;
+  if (!response.TrySingleSlice(&slice).ok() && !response.DumpToSingleSlice(&slice).ok()) {
+    return false;
+  }
+  return slice.size() == 2 && slice.begin()[0] == 0x08 && slice.begin()[1] == 0x01;
 }
 
 // One step of the timeline: action `index` done (undo = false) or undone.
@@ -56,11 +80,14 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
     std::pair<absl::string_view, absl::string_view> verb_server =
         absl::StrSplit(what_when.first, absl::MaxSplits(':', 1));
     const absl::string_view verb = verb_server.first;
-    const bool needs_server = verb == "kill" || verb == "stop" || verb == "restart";
+    const bool needs_server =
+        verb == "kill" || verb == "stop" || verb == "restart" || verb == "term";
     const bool names_member =
         verb == "restart-etcd" || (verb == "stop-etcd" && !verb_server.second.empty());
     if (verb == "kill") {
       a.kind = ClusterAction::Kind::kKill;
+    } else if (verb == "term") {
+      a.kind = ClusterAction::Kind::kTerm;
     } else if (verb == "stop") {
       a.kind = ClusterAction::Kind::kStop;
       if (!a.for_seconds) return Bad(item, "a stopped server needs +SECONDS to resume");
@@ -85,7 +112,7 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
       a.kind = ClusterAction::Kind::kRollingRestart;
     } else {
       return Bad(item,
-                 "unknown action (kill, stop, restart, kill-etcd-leader, stop-etcd, "
+                 "unknown action (kill, stop, term, restart, kill-etcd-leader, stop-etcd, "
                  "restart-etcd, lose-quorum, rolling-restart)");
     }
     if (names_member) {
@@ -111,7 +138,53 @@ absl::StatusOr<std::vector<ClusterAction>> ParseClusterChaos(absl::string_view s
 ClusterChaos::ClusterChaos(testing::ClusterUnderTest& cluster, std::vector<ClusterAction> plan,
                            std::string tenant, std::chrono::steady_clock::time_point start)
     : cluster_(cluster), plan_(std::move(plan)), tenant_(std::move(tenant)), start_(start) {
+  for (int i = 0; i < cluster_.server_count(); ++i) {
+    addresses_.push_back(cluster_.server(i).address());
+  }
+  health_.resize(addresses_.size());
+  health_thread_ = std::jthread([this](std::stop_token stop) { WatchHealth(stop); });
   thread_ = std::jthread([this](std::stop_token stop) { Play(stop); });
+}
+
+void ClusterChaos::WatchHealth(std::stop_token stop) {
+  // A restarted server must be seen at once: reconnect backoff of 50-100 ms, not gRPC's 1-120 s.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (const std::string& address : addresses_) {
+    channels.push_back(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  std::mutex mu;
+  std::condition_variable_any cv;
+  while (!stop.stop_requested()) {
+    for (size_t i = 0; i < channels.size(); ++i) {
+      const double sent = Now();
+      health_[i].emplace_back(sent, HealthServing(*channels[i]));
+    }
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, stop, std::chrono::milliseconds(50), [] { return false; });
+  }
+}
+
+std::string ClusterChaos::Terminate(int server, const std::string& who) {
+  const double at = Now();
+  hits_.push_back({.at = at, .server = server, .what = absl::StrCat("SIGTERM ", who)});
+  absl::StatusOr<int> exited = cluster_.server(server).Stop(SIGTERM, absl::Seconds(10));
+  const double seconds = Now() - at;
+  const std::string how =
+      exited.ok() ? DescribeWaitStatus(*exited) : absl::StrCat("FAILED: ", exited.status().message());
+  stops_.push_back({.at = at, .server = server, .seconds = seconds, .exit = how});
+  return absl::StrFormat("SIGTERM %s (%s after %.3f s)", who, how, seconds);
+}
+
+absl::Status ClusterChaos::Restart(int server) {
+  restarts_.push_back({.at = Now(), .server = server});
+  absl::Status st = cluster_.RestartServer(server);
+  if (!st.ok()) restarts_.back().error = std::string(st.message());
+  return st;
 }
 
 ClusterChaos::~ClusterChaos() { Finish(); }
@@ -153,7 +226,8 @@ void ClusterChaos::Play(std::stop_token stop) {
     std::string what;
     switch (a.kind) {
       case ClusterAction::Kind::kKill:
-        st = cluster_.RestartServer(hit[i]);
+      case ClusterAction::Kind::kTerm:
+        st = Restart(hit[i]);
         what = absl::StrCat("restart server ", hit[i]);
         break;
       case ClusterAction::Kind::kStop:
@@ -192,7 +266,7 @@ void ClusterChaos::Play(std::stop_token stop) {
     std::string who = absl::StrCat("server ", server);
     if (server < 0 &&
         (a.kind == ClusterAction::Kind::kKill || a.kind == ClusterAction::Kind::kStop ||
-         a.kind == ClusterAction::Kind::kRestart)) {
+         a.kind == ClusterAction::Kind::kRestart || a.kind == ClusterAction::Kind::kTerm)) {
       absl::StatusOr<int> owner = cluster_.OwnerOf(tenant_);
       if (!owner.ok()) {
         Record(absl::StrCat("no owner of '", tenant_, "' to hit: ", owner.status().message()));
@@ -209,6 +283,9 @@ void ClusterChaos::Play(std::stop_token stop) {
         st = cluster_.KillServer(server);
         what = absl::StrCat("kill -9 ", who);
         break;
+      case ClusterAction::Kind::kTerm:
+        what = Terminate(server, who);
+        break;
       case ClusterAction::Kind::kStop:
         hits_.push_back({.at = Now(), .server = server, .what = absl::StrCat("SIGSTOP ", who)});
         st = cluster_.PauseServer(server);
@@ -219,13 +296,8 @@ void ClusterChaos::Play(std::stop_token stop) {
         bool stopped = false;
         for (int i = 0; i < cluster_.server_count() && !stopped; ++i) {
           const std::string name = absl::StrCat("server ", i);
-          hits_.push_back({.at = Now(), .server = i, .what = absl::StrCat("SIGTERM ", name)});
-          absl::StatusOr<int> exited = cluster_.server(i).Stop(SIGTERM, absl::Seconds(10));
-          Record(exited.ok() ? absl::StrCat("SIGTERM ", name, " (",
-                                            DescribeWaitStatus(*exited), ")")
-                             : absl::StrCat("SIGTERM ", name, " FAILED: ",
-                                            exited.status().message()));
-          absl::Status restarted = cluster_.RestartServer(i);
+          Record(Terminate(i, name));
+          absl::Status restarted = Restart(i);
           if (restarted.ok()) restarted = cluster_.WaitUntilJoined(i, absl::Seconds(10));
           Record(restarted.ok()
                      ? absl::StrCat("restart ", name, ", joined")
@@ -236,7 +308,7 @@ void ClusterChaos::Play(std::stop_token stop) {
         break;
       }
       case ClusterAction::Kind::kRestart:
-        st = cluster_.RestartServer(server);
+        st = Restart(server);
         what = absl::StrCat("restart ", who);
         break;
       case ClusterAction::Kind::kKillEtcdLeader: {
@@ -276,8 +348,8 @@ void ClusterChaos::Play(std::stop_token stop) {
   }
   // Undo what is still in force: the final Syncs need servers and etcd.
   for (size_t i = 0; i < plan_.size(); ++i) {
-    if (!undone[i] && plan_[i].kind != ClusterAction::Kind::kKill && hit[i] >= 0 &&
-        plan_[i].for_seconds) {
+    if (!undone[i] && plan_[i].kind != ClusterAction::Kind::kKill &&
+        plan_[i].kind != ClusterAction::Kind::kTerm && hit[i] >= 0 && plan_[i].for_seconds) {
       undo(i);
     }
   }
@@ -287,6 +359,22 @@ std::vector<std::string> ClusterChaos::Finish() {
   if (thread_.joinable()) {
     thread_.request_stop();
     thread_.join();
+  }
+  if (health_thread_.joinable()) {
+    health_thread_.request_stop();
+    health_thread_.join();
+    // Each start: the first poll sent after it that answered SERVING.
+    for (ServerRestart& r : restarts_) {
+      if (!r.error.empty() || r.server < 0 || r.server >= static_cast<int>(health_.size())) {
+        continue;
+      }
+      for (const auto& [sent, serving] : health_[r.server]) {
+        if (sent >= r.at && serving) {
+          r.serving_after = sent - r.at;
+          break;
+        }
+      }
+    }
   }
   return events_;
 }

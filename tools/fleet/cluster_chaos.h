@@ -5,6 +5,8 @@
 //
 //   kill:S@T[+D]      kill -9 of server S at T; with +D, restarted (same port) D seconds later
 //   stop:S@T+D        SIGSTOP of server S at T, SIGCONT D seconds later
+//   term:S@T[+D]      SIGTERM of server S at T (its bounded stop: it hands its shards over),
+//                     waited for (SIGKILL after 10 s); with +D, started again D seconds later
 //   restart:S@T       start server S again (it must not be running)
 //   kill-etcd-leader@T   kill -9 of the etcd leader (the others elect anew)
 //   stop-etcd@T[+D]   kill -9 of every etcd member; with +D, all started again D seconds later
@@ -20,6 +22,10 @@
 // S is a server index (0-based) or `owner`: the owner of the run's tenant (with several
 // tenants, tenant 0) when the action is due (read from etcd). Each action is recorded with its
 // time and what it hit; every kill -9, SIGSTOP and SIGTERM of a server is also a ServerHit.
+// Every SIGTERM (term, rolling-restart) is timed until the server exited (a ServerStop), and
+// every start of a server (restart, the +D of kill and term, rolling-restart) until its health
+// (grpc.health.v1, whole server) answered SERVING (a ServerRestart): a watch polls each server's
+// health every 50 ms while the chaos runs.
 //
 //   absl::StatusOr<std::vector<ClusterAction>> plan = ParseClusterChaos(flag);
 //   ClusterChaos chaos(*cluster, *plan, tenant, run_start);
@@ -32,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -51,7 +58,8 @@ struct ClusterAction {
     kRollingRestart,
     kRestartEtcdMember,
     kStopEtcdMember,
-    kLoseQuorum
+    kLoseQuorum,
+    kTerm
   };
   Kind kind = Kind::kKill;
   // The server's index (-1: the owner of the run's tenant); for restart-etcd:M and
@@ -83,11 +91,20 @@ class ClusterChaos {
   std::vector<std::string> Finish();
   // The servers hit (kill -9, SIGSTOP, SIGTERM), in order. After Finish().
   const std::vector<ServerHit>& hits() const { return hits_; }
+  // Each SIGTERM and how long the server took to exit, in order. After Finish().
+  const std::vector<ServerStop>& stops() const { return stops_; }
+  // Each start of a server and how long until its health answered SERVING. After Finish().
+  const std::vector<ServerRestart>& restarts() const { return restarts_; }
 
  private:
   void Play(std::stop_token stop);
   double Now() const;
   void Record(const std::string& what);
+  // SIGTERM of server `server` (`who` names it), waited for; recorded as a stop.
+  std::string Terminate(int server, const std::string& who);
+  // Starts server `server` again; recorded as a restart.
+  absl::Status Restart(int server);
+  void WatchHealth(std::stop_token stop);
 
   testing::ClusterUnderTest& cluster_;
   const std::vector<ClusterAction> plan_;
@@ -95,6 +112,13 @@ class ClusterChaos {
   const std::chrono::steady_clock::time_point start_;
   std::vector<std::string> events_;  // written by thread_ until it is joined
   std::vector<ServerHit> hits_;      // written by thread_ until it is joined
+  std::vector<ServerStop> stops_;    // written by thread_ until it is joined
+  std::vector<ServerRestart> restarts_;  // written by thread_; serving_after by Finish()
+  // Health polls: per server, (seconds the poll was sent, answered SERVING). Written by
+  // health_thread_ until it is joined.
+  std::vector<std::string> addresses_;
+  std::vector<std::vector<std::pair<double, bool>>> health_;
+  std::jthread health_thread_;
   std::jthread thread_;
 };
 

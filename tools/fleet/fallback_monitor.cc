@@ -61,7 +61,6 @@ void FallbackMonitor::CloseEpisodeLocked(absl::Time end) {
 
 void FallbackMonitor::Poll(absl::Time now) {
   const TenantStats stats = budget_.Stats();
-  const uint64_t syncs_ok = sources_.syncs_ok ? sources_.syncs_ok() : 0;
   MutexLock lock(&mu_);
   const bool in_fallback = stats.mode == BudgetMode::kFallback;
   // An episode may have begun right after the previous poll.
@@ -69,9 +68,10 @@ void FallbackMonitor::Poll(absl::Time now) {
   if (in_fallback) {
     if (!episode_start_.has_value()) {
       OpenEpisodeLocked(since);
-    } else if (syncs_ok > last_syncs_ok_) {
-      // The server answered during the episode: the client may have left fallback and entered it
-      // again with a full bucket in between. Count a new episode (the generous reading).
+    } else if (stats.tokens_received > last_tokens_received_) {
+      // The tenant was granted during the episode: the client may have left fallback for the
+      // lease and entered it again with a full bucket in between. Count a new episode (the
+      // generous reading).
       CloseEpisodeLocked(now);
       OpenEpisodeLocked(since);
     }
@@ -89,7 +89,7 @@ void FallbackMonitor::Poll(absl::Time now) {
   }
   last_poll_ = now;
   last_fallback_allowed_ = stats.fallback_allowed;
-  last_syncs_ok_ = syncs_ok;
+  last_tokens_received_ = stats.tokens_received;
   phase_.store(in_fallback                       ? FallbackPhase::kInFallback
                : report_.fallback_entries > 0    ? FallbackPhase::kAfterFallback
                                                  : FallbackPhase::kBeforeFallback,

@@ -14,8 +14,13 @@
 // the neighbouring polls (an episode is taken to start just after the last poll that did not
 // see it), so the allowance errs on the generous side by at most refill * period per episode;
 // an episode seen by neither poll is detected from TenantStats::fallback_allowed growing between
-// them; a successful Sync observed during an episode is counted as the end of one episode and
-// the start of another (the bucket may have been refilled to capacity).
+// them; a grant to this tenant observed during an episode (TenantStats::tokens_received grew) is
+// counted as the end of one episode and the start of another: the client left fallback for a
+// lease and may have entered it again with a full bucket. A Sync answered without a grant for
+// the tenant (in a cluster whose shard has no owner, e.g. while etcd has no quorum, every Sync
+// succeeds and each entry is UNAVAILABLE) leaves the client in fallback with the same bucket
+// (client/tenant_budget_impl.cc: a bucket is made only on entering fallback, and fallback is
+// left only for a lease), so it does not count as a new episode.
 //
 //   FallbackMonitor monitor(*budget, [&] { return observer->FallbackShare(tenant); });
 //   monitor.Start(absl::Milliseconds(5));
@@ -62,11 +67,10 @@ struct FallbackReport {
 };
 
 // What the monitor needs to know of the client besides its Stats(): the share its fallback bucket
-// gets from the SafeShares received (SyncObservingStub::FallbackShare) and the number of
-// successful Syncs so far. Called on the monitor's thread.
+// gets from the SafeShares received (SyncObservingStub::FallbackShare). Called on the monitor's
+// thread.
 struct FallbackSources {
   std::function<std::optional<SafeShareView>()> safe_share = nullptr;
-  std::function<uint64_t()> syncs_ok = nullptr;
   // The bucket of a client that never received a SafeShare (ClientOptions defaults).
   SafeShareView never_reached = {.capacity = 1, .refill_per_second = 0.1};
 };
@@ -102,7 +106,7 @@ class FallbackMonitor {
   FallbackReport report_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> last_poll_ ABSL_GUARDED_BY(mu_);
   uint64_t last_fallback_allowed_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t last_syncs_ok_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_tokens_received_ ABSL_GUARDED_BY(mu_) = 0;
   // The open episode: its start and the share it uses.
   std::optional<absl::Time> episode_start_ ABSL_GUARDED_BY(mu_);
   SafeShareView episode_share_ ABSL_GUARDED_BY(mu_);

@@ -55,12 +55,17 @@ ABSL_FLAG(std::string, cluster_chaos, "",
 ABSL_FLAG(absl::Duration, refresh_period, absl::ZeroDuration(),
           "client refresh period; 0 keeps the library default");
 ABSL_FLAG(uint64_t, lease_burst, 0, "client lease burst; 0 keeps the library default");
+ABSL_FLAG(bool, fallback_deny, false,
+          "the workers' clients deny every retry while the server is unreachable "
+          "(ClientOptions::fallback = kDeny) instead of a local bucket of their safe share");
 ABSL_FLAG(absl::Duration, sample_level, absl::Milliseconds(100),
           "how often to sample the bucket level during the run (diagnostic; 0: never)");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10),
           "how long the calls before the run wait for the server");
 ABSL_FLAG(absl::Duration, worker_grace, absl::Seconds(30),
           "how long past --duration a worker may take to report and exit");
+ABSL_FLAG(std::string, worker_lines, "",
+          "write every worker's JSON line (with its timelines) to this file");
 // Hidden: the worker side of the tool.
 ABSL_FLAG(bool, worker, false, "internal: run as one worker process");
 ABSL_FLAG(int32_t, worker_index, 0, "internal: index of this worker");
@@ -211,6 +216,7 @@ cluster's multi-address target):
       kill:S@T[+D]     kill -9 of server S (an index, or `owner`: the owner then of --tenant,
                        of tenant 0 (NAME-0) with --tenants);
                        with +D restarted D seconds later on the same port
+      term:S@T[+D]     SIGTERM of server S, timed until it exited; with +D started again
       stop:S@T+D       SIGSTOP of server S for D seconds
       restart:S@T      start server S again
       kill-etcd-leader@T   kill -9 of the etcd leader
@@ -226,11 +232,15 @@ cluster's multi-address target):
 
 Client tuning:
   --refresh-period=DURATION  --lease-burst=N   (0: library defaults)
+  --fallback-deny            no local fallback bucket: every retry denied while the server is
+                             unreachable (ClientOptions::fallback = kDeny; allowance 0)
   --monitor-period=DURATION  how often each worker polls its client's mode (default 5ms)
   --sample-level=DURATION    sample the bucket level this often during the run, for the
                              report's server.level_mean/level_max (default 100ms; 0: never)
   --connect-timeout=DURATION how long to wait for the server before the run (default 10s)
   --worker-grace=DURATION    time past --duration a worker may take to exit (default 30s)
+  --worker-lines=FILE        also write each worker's own JSON line (one per tenant it used,
+                             with tenant_index and its per-slice timelines) to FILE
 
 Output: one JSON line on stdout:
   {"tenant","strategy","workers","threads","failure_rate","duration_seconds","call_latency_ms",
@@ -296,7 +306,9 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   o.monitor_period = absl::GetFlag(FLAGS_monitor_period);
   o.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   o.lease_burst = absl::GetFlag(FLAGS_lease_burst);
+  o.fallback_deny = absl::GetFlag(FLAGS_fallback_deny);
   o.worker_grace = absl::GetFlag(FLAGS_worker_grace);
+  o.worker_lines = absl::GetFlag(FLAGS_worker_lines);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.sample_level = absl::GetFlag(FLAGS_sample_level);
   return o;
@@ -322,6 +334,7 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   w.monitor_period = absl::GetFlag(FLAGS_monitor_period);
   w.refresh_period = absl::GetFlag(FLAGS_refresh_period);
   w.lease_burst = absl::GetFlag(FLAGS_lease_burst);
+  w.fallback_deny = absl::GetFlag(FLAGS_fallback_deny);
   return w;
 }
 

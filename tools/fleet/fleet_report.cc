@@ -410,6 +410,39 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       cluster.Objects("owner_losses", losses)
           .Number("max_seconds_without_owner_key", run.cluster->max_seconds_without_owner_key);
     }
+    if (!run.cluster->stops.empty() || !run.cluster->restarts.empty()) {
+      std::vector<std::string> stops;
+      double max_stop = 0;
+      for (const ServerStop& st : run.cluster->stops) {
+        max_stop = std::max(max_stop, st.seconds);
+        JsonWriter one;
+        one.Number("at_seconds", st.at)
+            .Number("server", st.server)
+            .Number("seconds", st.seconds)
+            .String("exit", st.exit);
+        stops.push_back(one.Finish());
+      }
+      std::vector<std::string> restarts;
+      double max_serving = 0;
+      int never = 0;
+      for (const ServerRestart& r : run.cluster->restarts) {
+        JsonWriter one;
+        one.Number("at_seconds", r.at).Number("server", r.server);
+        if (r.serving_after.has_value()) {
+          max_serving = std::max(max_serving, *r.serving_after);
+          one.Number("serving_after_seconds", *r.serving_after);
+        } else {
+          ++never;
+        }
+        if (!r.error.empty()) one.String("error", r.error);
+        restarts.push_back(one.Finish());
+      }
+      cluster.Objects("stops", stops)
+          .Number("max_stop_seconds", max_stop)
+          .Objects("restarts", restarts)
+          .Number("max_restart_to_serving_seconds", max_serving)
+          .Number("restarts_not_serving", never);
+    }
     w.Object("cluster", cluster.Finish());
   }
   if (!run.tenants.empty()) {

@@ -232,6 +232,26 @@ struct OwnerLoss {
   std::optional<double> leases_back_after_owner_seconds = {};
 };
 
+// A SIGTERM of a cluster run's server (cluster_chaos.h): sent `at` (seconds from the run's
+// start), the server gone `seconds` later; `exit` as DescribeWaitStatus() says it, or why the
+// stop failed.
+struct ServerStop {
+  double at = 0;
+  int server = 0;
+  double seconds = 0;
+  std::string exit = {};
+};
+
+// A start of a cluster run's server (after kill -9 +D, term +D, restart:S, rolling-restart):
+// begun `at`, its health (grpc.health.v1) answered SERVING `serving_after` seconds later, as
+// polled every 50 ms (null: not while watched, or the start failed: `error`).
+struct ServerRestart {
+  double at = 0;
+  int server = 0;
+  std::optional<double> serving_after = {};
+  std::string error = {};
+};
+
 // The cluster of a --cluster run and what its chaos actions did (cluster_chaos.h).
 struct ClusterView {
   int servers = 0;
@@ -241,6 +261,8 @@ struct ClusterView {
   std::vector<OwnerLoss> owner_losses = {};
   // The longest any tenant had no owner key in etcd, as polled (owner_watch.h).
   double max_seconds_without_owner_key = 0;
+  std::vector<ServerStop> stops = {};
+  std::vector<ServerRestart> restarts = {};
 };
 
 // One tenant of a run with --tenants > 1.

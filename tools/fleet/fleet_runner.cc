@@ -153,6 +153,7 @@ std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std:
       absl::StrCat("--monitor-period=", absl::FormatDuration(o.monitor_period)),
       absl::StrCat("--refresh-period=", absl::FormatDuration(o.refresh_period)),
       absl::StrCat("--lease-burst=", o.lease_burst),
+      absl::StrCat("--fallback-deny=", o.fallback_deny ? "true" : "false"),
   };
   return argv;
 }
@@ -538,6 +539,7 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   const absl::Time end_deadline =
       absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
   std::vector<WorkerCounts> counts;
+  std::vector<std::string> raw_lines;
   for (size_t i = 0; i < workers.size(); ++i) {
     std::vector<absl::StatusOr<std::string>> lines;
     for (size_t k = 0; k < LinesOfWorker(o, static_cast<int>(i)); ++k) {
@@ -565,6 +567,14 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
             absl::StrCat("worker ", i, ": tenant_index ", parsed->tenant_index, " out of range"));
       }
       counts.push_back(*parsed);
+      raw_lines.push_back(*line);
+    }
+  }
+  if (!o.worker_lines.empty()) {
+    std::ofstream out(o.worker_lines);
+    for (const std::string& line : raw_lines) out << line << "\n";
+    if (!out.flush()) {
+      return absl::InternalError(absl::StrCat("cannot write --worker-lines ", o.worker_lines));
     }
   }
   const double elapsed =
@@ -576,9 +586,13 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   if (chaos != nullptr) chaos_view = chaos->Finish();
   std::vector<std::string> cluster_events;
   std::vector<ServerHit> server_hits;
+  std::vector<ServerStop> server_stops;
+  std::vector<ServerRestart> server_restarts;
   if (cluster_chaos != nullptr) {
     cluster_events = cluster_chaos->Finish();
     server_hits = cluster_chaos->hits();
+    server_stops = cluster_chaos->stops();
+    server_restarts = cluster_chaos->restarts();
   }
   std::vector<OwnerSample> owner_samples;
   if (owner_watch != nullptr) owner_samples = owner_watch->Finish();
@@ -621,7 +635,9 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
                               .owner_losses = OwnerLosses(owner_samples, server_hits,
                                                           grant_gaps),
                               .max_seconds_without_owner_key =
-                                  MaxSecondsWithoutOwnerKey(owner_samples, elapsed)};
+                                  MaxSecondsWithoutOwnerKey(owner_samples, elapsed),
+                              .stops = std::move(server_stops),
+                              .restarts = std::move(server_restarts)};
   }
   if (chaos_view.has_value()) {
     if (chaos_view->kill_at.has_value()) {

@@ -84,6 +84,10 @@ struct FleetOptions {
   absl::Duration connect_timeout = absl::Seconds(10);
   // How long past `duration_seconds` a worker may take to report and exit before the run fails.
   absl::Duration worker_grace = absl::Seconds(30);
+  // The workers' clients deny retries while the server is unreachable (FallbackMode::kDeny).
+  bool fallback_deny = false;
+  // When not empty: every worker's JSON line is also written to this file, one a line.
+  std::string worker_lines = {};
   // The binary started for each worker (with --worker).
   std::string worker_binary = "/proc/self/exe";
 };

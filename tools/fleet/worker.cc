@@ -81,6 +81,7 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       client_options.refresh_period = options.refresh_period;
     }
     if (options.lease_burst > 0) client_options.lease_burst = options.lease_burst;
+    if (options.fallback_deny) client_options.fallback = FallbackMode::kDeny;
     // The channel BudgetClient::Create() makes (insecure: the fleet runs on loopback), so the
     // worker reconnects after a server restart exactly as a library user's client does.
     absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = CreateBudgetChannel(client_options);
@@ -134,7 +135,6 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
         *budgets[i],
         FallbackSources{
             .safe_share = [observer, name = names[i]] { return observer->FallbackShare(name); },
-            .syncs_ok = [observer] { return observer->syncs_ok(); },
             .never_reached = {.capacity = defaults.fallback_capacity,
                               .refill_per_second = defaults.fallback_refill_per_second}});
     monitors[i]->Start(options.monitor_period);

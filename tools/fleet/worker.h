@@ -34,6 +34,7 @@ struct WorkerOptions {
   // Client tuning passed through to ClientOptions (zero keeps the library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;
+  bool fallback_deny = false;  // ClientOptions::fallback = FallbackMode::kDeny
   // How often the FallbackMonitor polls the client's mode (budgeted strategies).
   absl::Duration monitor_period = absl::Milliseconds(5);
   // Width of one slice of the calls/retries timelines.
