@@ -3,6 +3,9 @@
 #   make test   builds and runs the whole test suite
 #   make bench  builds the benchmarks in Release into build-bench/ and runs them all
 #               (bench/run_all.sh; results in build-bench/bench-results/, see docs/BENCHMARKS.md)
+#   make soak   a seeded random schedule of server, etcd and Sync faults over a fleet for
+#               SOAK_MINUTES (default 10; SOAK_SEED=N repeats a run), NOT part of `make test`
+#               (bench/soak.py; results in $(BUILD_DIR)/soak-SEED/, see docs/BENCHMARKS.md)
 # Both install the Debian packages they need when missing.
 
 BUILD_DIR ?= build
@@ -13,7 +16,7 @@ DATA_DIR ?= $(CURDIR)/data
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: deps configure build run test bench clean
+.PHONY: deps configure build run test bench soak clean
 
 deps:
 	@scripts/install-deps.sh
@@ -39,6 +42,16 @@ bench: deps
 	cmake -S . -B $(BENCH_DIR) -DCMAKE_BUILD_TYPE=Release -DRETRYBUDGET_BUILD_TESTS=OFF $(CMAKE_FLAGS)
 	cmake --build $(BENCH_DIR) -j$(JOBS) --target benchmarks
 	bench/run_all.sh $(BENCH_DIR)
+
+SOAK_MINUTES ?= 10
+SOAK_SEED ?=
+SOAK_FLAGS ?=
+
+soak: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server retry-budget-fleet \
+	    cluster-under-test retrybudget_python_stubs
+	bench/soak.py --build=$(BUILD_DIR) --minutes=$(SOAK_MINUTES) \
+	    $(if $(SOAK_SEED),--seed=$(SOAK_SEED)) $(SOAK_FLAGS)
 
 clean:
 	rm -rf $(BUILD_DIR)
