@@ -215,6 +215,7 @@ def plot_cluster(report, worker_lines_path, windows, out_dir, png):
         f.write("# t (a 5 s window's end)  fleet_retries_per_s  ideal_per_s (in the window)  then "
                 "per tenant: spent/ideal spent/lease (cumulative up to t)\n")
         prev_spent = prev_ideal = 0.0
+        first = True
         ends = list(range(step - 1, slices, step))
         if ends and slices - 1 - ends[-1] >= step / 2:
             ends.append(slices - 1)
@@ -228,6 +229,9 @@ def plot_cluster(report, worker_lines_path, windows, out_dir, png):
             for i in range(n):
                 row.append(cum_spent[i][k] / cum_ideal[i][k] if cum_ideal[i][k] > 0 else 0)
                 row.append(cum_spent[i][k] / cum_lease[i][k] if cum_lease[i][k] > 0 else 0)
+            if first:  # fsteps draws a window's rate over [previous t, t]: the first from 0
+                f.write(" ".join(f"{v:.4f}" for v in [0.0] + row[1:]) + "\n")
+                first = False
             f.write(" ".join(f"{v:.4f}" for v in row) + "\n")
     gp = os.path.join(out_dir, "soak_cluster.gp")
     with open(gp, "w") as f:
@@ -431,6 +435,21 @@ def main():
             print(f"  restarts: {len(restarts)}, serving after (health SERVING) max "
                   f"{fmt(c.get('max_restart_to_serving_seconds'))} s, not serving "
                   f"{c.get('restarts_not_serving', 0)}; " + ", ".join(f"{v:.2f}" for v in served))
+            # A start while etcd has no quorum serves only once it is back: told apart.
+            outages = [(a, b) for a, b, label in windows
+                       if label in ("stop-etcd", "lose-quorum", "lose-quorum-term")]
+            split = {"etcd up": [], "etcd without quorum": []}
+            for r in restarts:
+                if "serving_after_seconds" in r:
+                    down = any(a <= r["at_seconds"] <= b for a, b in outages)
+                    split["etcd without quorum" if down else "etcd up"].append(
+                        r["serving_after_seconds"])
+            for key, values in split.items():
+                if values:
+                    print(f"    started with {key}: {len(values)}, serving after "
+                          f"{min(values):.2f}-{max(values):.2f} s")
+            summary["restart_to_serving"] = split
+            summary["stop_seconds"] = [st["seconds"] for st in stops]
             print(f"  events: {c.get('events')}")
             summary["stop_seconds_max"] = c.get("max_stop_seconds")
             summary["restart_to_serving_seconds_max"] = c.get("max_restart_to_serving_seconds")
