@@ -64,7 +64,7 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_successes_total(tenant.totals.successes);
   // Retries sent: the refunded ones were never sent. (The gross totals stay monotonic for the
   // metrics, which add the refunds back.)
-  const BudgetTotals& totals = tenant.totals;
+  const BudgetTotals totals = tenant.totals;
   s.set_retries_total(totals.retries - std::min(totals.refunded, totals.retries));
   s.set_refunded_total(totals.refunded);
   s.set_fallback_refunded_total(totals.fallback_refunded);
