@@ -5,7 +5,7 @@
 #               (bench/run_all.sh; results in build-bench/bench-results/, see docs/BENCHMARKS.md)
 #   make soak   a seeded random schedule of server, etcd and Sync faults over a fleet for
 #               SOAK_MINUTES (default 10; SOAK_SEED=N repeats a run), NOT part of `make test`
-#               (bench/soak.py; results in $(BUILD_DIR)/soak-SEED/, see docs/BENCHMARKS.md)
+#               (bench/soak.py; results in $(BUILD_DIR)/soak-SEED/; docs/BENCHMARKS.md 9a)
 # Both install the Debian packages they need when missing.
 
 BUILD_DIR ?= build
