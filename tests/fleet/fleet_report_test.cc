@@ -229,6 +229,40 @@ TEST(FleetReportJsonTest, HasNoFaultsObjectWithoutFaultInjection) {
   EXPECT_THAT(FleetReportToJson(run, Judge(run)), ::testing::Not(HasSubstr("faults")));
 }
 
+TEST(FleetReportJsonTest, ClusterStopsAndRestartsWithTheirMaxima) {
+  FleetRun run = RunWith(1, 1, 1);
+  run.cluster = ClusterView{
+      .servers = 3,
+      .etcd_nodes = 3,
+      .stops = {{.at = 5, .server = 1, .seconds = 0.12, .exit = "exit code 0"},
+                {.at = 9, .server = 2, .seconds = 1.05, .exit = "exit code 0"}},
+      .restarts = {{.at = 6, .server = 1, .serving_after = 0.3},
+                   {.at = 10, .server = 2, .serving_after = 5.9},
+                   {.at = 12, .server = 0, .error = "exited before serving"}}};
+  google::protobuf::Struct s = ParseJson(FleetReportToJson(run, Judge(run)));
+  const auto& cluster = s.fields().at("cluster").struct_value().fields();
+  EXPECT_DOUBLE_EQ(cluster.at("max_stop_seconds").number_value(), 1.05);
+  EXPECT_DOUBLE_EQ(cluster.at("max_restart_to_serving_seconds").number_value(), 5.9);
+  EXPECT_EQ(cluster.at("restarts_not_serving").number_value(), 1);
+  const auto& stops = cluster.at("stops").list_value().values();
+  ASSERT_EQ(stops.size(), 2);
+  EXPECT_EQ(stops[1].struct_value().fields().at("server").number_value(), 2);
+  EXPECT_EQ(stops[1].struct_value().fields().at("exit").string_value(), "exit code 0");
+  const auto& restarts = cluster.at("restarts").list_value().values();
+  ASSERT_EQ(restarts.size(), 3);
+  EXPECT_DOUBLE_EQ(
+      restarts[0].struct_value().fields().at("serving_after_seconds").number_value(), 0.3);
+  EXPECT_FALSE(restarts[2].struct_value().fields().contains("serving_after_seconds"));
+  EXPECT_EQ(restarts[2].struct_value().fields().at("error").string_value(),
+            "exited before serving");
+}
+
+TEST(FleetReportJsonTest, ClusterWithoutStopsOrRestartsHasNoSuchFields) {
+  FleetRun run = RunWith(1, 1, 1);
+  run.cluster = ClusterView{.servers = 3, .etcd_nodes = 3};
+  EXPECT_THAT(FleetReportToJson(run, Judge(run)), ::testing::Not(HasSubstr("stops")));
+}
+
 TEST(WorkerCountsJsonTest, RoundTrips) {
   WorkerCounts c{.worker = 3, .calls = 1000, .attempts = 1500, .successes = 700,
                  .failures = 300, .retries_allowed = 500, .retries_denied = 250,
