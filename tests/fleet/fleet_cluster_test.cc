@@ -154,6 +154,37 @@ TEST(FleetClusterTest, QuorumLostForTenSecondsAndRegainedKeepsEveryTenantWithinI
               r.Num("utilisation_vs_ideal"));
 }
 
+// A server SIGTERMed while etcd has no quorum (2 of 3 members killed at 2 s, back at 8 s) and
+// started again at 5 s, inside the outage: the report's stop time is the server's bounded stop
+// (within --shutdown_grace, 5 s by default, plus 2 s, exit code 0 whatever etcd does), and its
+// restart serves (health SERVING) only once the quorum is back: the start waits for etcd.
+TEST(FleetClusterTest, ASigtermDuringALostQuorumIsTimedAndItsRestartServesOnceEtcdIsBack) {
+  FleetResult r =
+      RunFleetTool(ClusterRun(14, {"--cluster-chaos=lose-quorum@2+6,term:1@3+2"}));
+  ExpectEveryTenantWithinBudget(r);
+  ASSERT_FALSE(HasFailure());
+  const auto& cluster = r.At("cluster").struct_value().fields();
+  ASSERT_TRUE(cluster.contains("stops")) << r.line;
+  const auto& stops = cluster.at("stops").list_value().values();
+  ASSERT_EQ(stops.size(), 1u) << r.line;
+  const auto& stop = stops[0].struct_value().fields();
+  EXPECT_EQ(stop.at("server").number_value(), 1);
+  EXPECT_EQ(stop.at("exit").string_value(), "exit code 0") << r.line;
+  EXPECT_LT(stop.at("seconds").number_value(), 5 + 2) << r.line;
+  const auto& restarts = cluster.at("restarts").list_value().values();
+  ASSERT_EQ(restarts.size(), 1u) << r.line;
+  const auto& restart = restarts[0].struct_value().fields();
+  ASSERT_TRUE(restart.contains("serving_after_seconds")) << r.line;
+  const double started = restart.at("at_seconds").number_value();
+  const double serving = started + restart.at("serving_after_seconds").number_value();
+  // The members were started again at 8 s: never SERVING before (a 50 ms poll's slack).
+  EXPECT_GT(serving, 8 - 0.1) << r.line;
+  EXPECT_LT(serving, 8 + 10) << r.line;
+  std::printf("SIGTERM with no quorum: exited after %.3f s; started again at %.2f s, SERVING "
+              "%.2f s after the members were started again\n",
+              stop.at("seconds").number_value(), started, serving - 8);
+}
+
 // The cluster run of docs/BENCHMARKS.md section 9: one tenant funded mostly by successes
 // (capacity 50, refill 10/s, credit 0.1, half the attempts fail), 4 workers x 2 threads, lease
 // TTL 2 s, on 3 servers at the servers' default --etcd_lease_ttl (5 s); its owner is killed -9 at
