@@ -60,22 +60,23 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_tokens(tenant.bucket.tokens());
   s.set_leased_tokens(static_cast<double>(tenant.HeldSum()));
   s.set_active_instances(tenant.ActiveCount(absl::ToUnixNanos(now)));
-  s.set_granted_total(tenant.totals.granted);
-  s.set_successes_total(tenant.totals.successes);
+  // Copied under the lock (clang's analysis cannot follow a reference to a guarded member).
+  const BudgetTotals totals = tenant.totals;
+  s.set_granted_total(totals.granted);
+  s.set_successes_total(totals.successes);
   // Retries sent: the refunded ones were never sent. (The gross totals stay monotonic for the
   // metrics, which add the refunds back.)
-  const BudgetTotals totals = tenant.totals;
   s.set_retries_total(totals.retries - std::min(totals.refunded, totals.retries));
   s.set_refunded_total(totals.refunded);
   s.set_fallback_refunded_total(totals.fallback_refunded);
-  s.set_retries_denied_total(tenant.totals.retries_denied);
-  s.set_returned_total(tenant.totals.returned);
-  s.set_reclaimed_total(tenant.totals.reclaimed);
-  s.set_wanted_total(tenant.totals.wanted);
+  s.set_retries_denied_total(totals.retries_denied);
+  s.set_returned_total(totals.returned);
+  s.set_reclaimed_total(totals.reclaimed);
+  s.set_wanted_total(totals.wanted);
   s.set_explicit_policy(tenant.source() != v1::POLICY_SOURCE_DEFAULT);
   s.set_fallback_retries_total(totals.fallback_retries -
                                std::min(totals.fallback_refunded, totals.fallback_retries));
-  s.set_uncredited_total(tenant.totals.uncredited);
+  s.set_uncredited_total(totals.uncredited);
   return s;
 }
 

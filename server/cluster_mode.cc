@@ -1,9 +1,7 @@
 #include "server/cluster_mode.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <fstream>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpcpp/security/credentials.h"
+#include "retrybudget/clock.h"
 #include "server/log_rate_limit.h"
 
 namespace retrybudget {
@@ -158,10 +157,7 @@ void ClusterMode::JoinUntilDone(std::stop_token stop, BudgetCore* core, BudgetSe
         line.has_value() && log_) {
       log_(*line);
     }
-    std::mutex mu;
-    std::condition_variable_any cv;
-    std::unique_lock lock(mu);
-    cv.wait_for(lock, stop, absl::ToChronoNanoseconds(backoff), [] { return false; });
+    Clock::Real()->SleepUntil(absl::Now() + backoff, stop);
     backoff = std::min(2 * backoff, absl::Seconds(2));
   }
 }

@@ -18,10 +18,8 @@
 // policy file, TLS files, plaintext on a non-loopback address, another number of shards in
 // etcd) and for a damaged data directory (a corrupt or truncated snapshot: the server does not
 // start on it).
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
@@ -38,6 +36,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "retrybudget/clock.h"
 #include "server/budget_core.h"
 #include "server/bearer_authorizer.h"
 #include "server/budget_server.h"
@@ -387,13 +386,7 @@ class StopWatchdog {
  public:
   explicit StopWatchdog(absl::Duration margin)
       : thread_([deadline = absl::Now() + margin](std::stop_token stop) {
-          std::mutex mu;
-          std::condition_variable_any cv;
-          std::unique_lock lock(mu);
-          if (cv.wait_until(lock, stop, absl::ToChronoTime(deadline), [] { return false; }) ||
-              stop.stop_requested()) {
-            return;
-          }
+          if (!Clock::Real()->SleepUntil(deadline, stop)) return;  // stopped first
           spdlog::error("not stopped within --shutdown_grace + {}: exiting now; the shards not "
                         "handed over are taken over as after a crash",
                         absl::FormatDuration(kStopMargin));
