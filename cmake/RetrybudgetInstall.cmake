@@ -43,7 +43,7 @@ install(TARGETS ${_rb_exported}
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/common/include/retrybudget
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.h")
 if(TARGET retrybudget_client)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/include/retrybudget
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/cpp/include/retrybudget
     DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.h")
 endif()
 # retrybudget/client_testing.h includes retrybudget/v1/budget.grpc.pb.h.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "client/refresher.h"
+#include "client/cpp/refresher.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"

@@ -1,7 +1,7 @@
-#include "client/demand_estimator.h"
+#include "client/cpp/demand_estimator.h"
 
 #include "absl/time/time.h"
-#include "client/refresh_policy.h"
+#include "client/cpp/refresh_policy.h"
 #include "gtest/gtest.h"
 
 namespace retrybudget::client_internal {

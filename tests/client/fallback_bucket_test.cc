@@ -1,4 +1,4 @@
-#include "client/fallback_bucket.h"
+#include "client/cpp/fallback_bucket.h"
 
 #include <cmath>
 #include <cstdint>

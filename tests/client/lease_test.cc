@@ -1,4 +1,4 @@
-#include "client/lease.h"
+#include "client/cpp/lease.h"
 
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-#include "client/tenant_ledger.h"
+#include "client/cpp/tenant_ledger.h"
 
 #include <cstdint>
 #include <random>

@@ -1,6 +1,6 @@
 // The JS client's protocol logic without a server, on an injected clock (seconds) and scripted
 // Sync outcomes: the numbers of the C++ client's refresh_policy / demand_estimator /
-// fallback_bucket / tenant_ledger, and every rule of client/refresher.h's class comment,
+// fallback_bucket / tenant_ledger, and every rule of client/cpp/refresher.h's class comment,
 // including hostile responses. No real sleeps: time only moves when a test moves it.
 
 import { test } from 'node:test';

@@ -6,7 +6,7 @@
 namespace retrybudget::fleet {
 namespace {
 
-// The most a fresh fallback bucket of `share` holds (client/fallback_bucket.h).
+// The most a fresh fallback bucket of `share` holds (client/cpp/fallback_bucket.h).
 double EffectiveCapacity(const SafeShareView& share) {
   const double capacity = share.capacity > 0 ? share.capacity : 0;
   if (share.refill_per_second > 0 && capacity < 1) return 1;

@@ -6,7 +6,7 @@
 //    bucket starts full, so per episode
 //        allowance = capacity' + refill_per_second * episode_seconds
 //    where capacity' is the share's capacity, raised to 1 token when the share refills at all
-//    (client/fallback_bucket.h: a share below one token may grow to one whole token);
+//    (client/cpp/fallback_bucket.h: a share below one token may grow to one whole token);
 //  * a phase the worker's threads read without a lock, to count their own retries in and after
 //    fallback.
 //
@@ -19,7 +19,7 @@
 // lease and may have entered it again with a full bucket. A Sync answered without a grant for
 // the tenant (in a cluster whose shard has no owner, e.g. while etcd has no quorum, every Sync
 // succeeds and each entry is UNAVAILABLE) leaves the client in fallback with the same bucket
-// (client/tenant_budget_impl.cc: a bucket is made only on entering fallback, and fallback is
+// (client/cpp/tenant_budget_impl.cc: a bucket is made only on entering fallback, and fallback is
 // left only for a lease), so it does not count as a new episode.
 //
 //   FallbackMonitor monitor(*budget, [&] { return observer->FallbackShare(tenant); });

@@ -1,4 +1,4 @@
-#include "client/tenant_registry.h"
+#include "client/cpp/tenant_registry.h"
 
 #include "absl/strings/str_cat.h"
 #include "retrybudget/names.h"

@@ -14,7 +14,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
-#include "client/client_impl.h"
+#include "client/cpp/client_impl.h"
 #include "retrybudget/client_testing.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 

@@ -1,4 +1,4 @@
-#include "client/refresh_policy.h"
+#include "client/cpp/refresh_policy.h"
 
 #include <algorithm>
 #include <cmath>

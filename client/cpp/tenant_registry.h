@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "retrybudget/mutex.h"
-#include "client/tenant_budget_impl.h"
+#include "client/cpp/tenant_budget_impl.h"
 #include "retrybudget/clock.h"
 
 namespace retrybudget::client_internal {

@@ -1,4 +1,4 @@
-#include "client/prometheus_client_metrics.h"
+#include "client/cpp/prometheus_client_metrics.h"
 
 #include <algorithm>
 #include <array>

@@ -16,11 +16,11 @@
 #include "absl/time/time.h"
 #include <optional>
 
-#include "client/demand_estimator.h"
-#include "client/fallback_bucket.h"
-#include "client/lease.h"
-#include "client/refresh_policy.h"
-#include "client/tenant_ledger.h"
+#include "client/cpp/demand_estimator.h"
+#include "client/cpp/fallback_bucket.h"
+#include "client/cpp/lease.h"
+#include "client/cpp/refresh_policy.h"
+#include "client/cpp/tenant_ledger.h"
 #include "retrybudget/client.h"
 #include "retrybudget/clock.h"
 #include "retrybudget/v1/budget.pb.h"

@@ -1,9 +1,9 @@
-#include "client/fallback_bucket.h"
+#include "client/cpp/fallback_bucket.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "client/lease.h"
+#include "client/cpp/lease.h"
 
 namespace retrybudget::client_internal {
 namespace {

@@ -1,4 +1,4 @@
-#include "client/refresher.h"
+#include "client/cpp/refresher.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "client/client_impl.h"
+#include "client/cpp/client_impl.h"
 
 #include <cmath>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/prometheus_client_metrics.h"
+#include "client/cpp/prometheus_client_metrics.h"
 #include "retrybudget/names.h"
 
 namespace retrybudget::client_internal {

@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "client/client_metrics.h"
+#include "client/cpp/client_metrics.h"
 
 namespace prometheus {
 class Registry;

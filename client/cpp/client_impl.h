@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/refresher.h"
-#include "client/tenant_registry.h"
+#include "client/cpp/refresher.h"
+#include "client/cpp/tenant_registry.h"
 #include "retrybudget/client.h"
 #include "retrybudget/client_testing.h"
 

@@ -1,4 +1,4 @@
-#include "client/demand_estimator.h"
+#include "client/cpp/demand_estimator.h"
 
 #include <algorithm>
 #include <cmath>

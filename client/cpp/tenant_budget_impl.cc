@@ -1,4 +1,4 @@
-#include "client/tenant_budget_impl.h"
+#include "client/cpp/tenant_budget_impl.h"
 
 #include <algorithm>
 #include <utility>
