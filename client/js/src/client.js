@@ -7,7 +7,6 @@
 // answers again. The protocol itself is SyncEngine's (sync-engine.js).
 
 import * as grpc from '@grpc/grpc-js';
-import { FINAL_SYNC_ATTEMPTS, retryBackoff } from './math.js';
 import { SyncEngine } from './sync-engine.js';
 import { TenantBudget, checkTenantName } from './tenant-budget.js';
 import { channelOptions, validateOptions } from './options.js';
@@ -249,11 +248,12 @@ export class BudgetClient {
     for (const { address, request } of finals) {
       const wait = engine.finalWaitForReady(address);
       const stub = this._stubFor(address);
-      for (let attempt = 1; attempt <= FINAL_SYNC_ATTEMPTS; attempt++) {
+      for (let attempt = 1; ; attempt++) {
         const outcome = await this._callSync(stub, request, engine.syncTimeout, wait, false);
         engine.endFinal(outcome);
-        if (outcome.code === null || attempt === FINAL_SYNC_ATTEMPTS) break;
-        await new Promise((resolve) => setTimeout(resolve, retryBackoff(attempt, engine.policy) * 1000));
+        const delay = engine.finalRetryDelay(attempt, outcome);
+        if (delay === null) break;
+        await new Promise((resolve) => setTimeout(resolve, delay * 1000));
       }
       engine.finalRequestDone();
     }

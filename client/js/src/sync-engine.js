@@ -43,7 +43,8 @@
 // (address null).
 
 import {
-  INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS, retryBackoff,
+  FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS,
+  retryBackoff,
 } from './math.js';
 import { ANSWERING, DOWN, REFUSING, UNREACHABLE } from './tenant-budget.js';
 import { codeName, Status } from './codes.js';
@@ -543,6 +544,15 @@ export class SyncEngine {
       if (code !== null) this.metrics.syncFailed(code);
     }
     this.lastStatus = code === null ? null : `${codeName(code)}: Sync to the budget server failed: ${outcome.details ?? ''}`;
+  }
+
+  /** After attempt number `attempt` (from 1) of a final request ended with `outcome`: null
+   * when that request is done, else how long to wait (seconds) before sending it again (same
+   * seq), at most FINAL_SYNC_ATTEMPTS attempts in all. */
+  finalRetryDelay(attempt, outcome) {
+    const code = outcome.code ?? null;
+    if (code === null || attempt >= FINAL_SYNC_ATTEMPTS) return null;
+    return retryBackoff(attempt, this.policy);
   }
 
   /** After the last attempt of one final request: keeps the first failure. */

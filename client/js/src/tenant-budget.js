@@ -19,6 +19,8 @@ const REFUSED = 3;
 const IN_FALLBACK = 4;
 const IN_DENY_FALLBACK = 5;
 const SHUTDOWN = 6;
+// Their names, spelled alike in every client (client/conformance/README.md, `mode`).
+const LEASE_MODE_NAMES = Object.freeze(['awaiting_lease', 'leased', 'expired', 'refused', 'fallback', 'deny_fallback', 'shutdown']);
 
 /** Public modes (the `mode` label of the client metrics). */
 export const NO_LEASE = 'no_lease';
@@ -178,6 +180,12 @@ export class TenantBudget {
   /** The public mode right now: 'no_lease', 'lease', 'fallback' or 'deny_fallback'. */
   get mode() {
     return publicMode(this._mode);
+  }
+
+  /** The internal lease mode ('awaiting_lease', 'leased', 'expired', 'refused', 'fallback',
+   * 'deny_fallback' or 'shutdown'): finer than `mode`, for tests and the conformance corpus. */
+  get leaseMode() {
+    return LEASE_MODE_NAMES[this._mode];
   }
 
   /** A snapshot of this process's counters for the tenant (allocates; not a hot-path call). */
