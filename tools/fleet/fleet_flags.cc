@@ -66,6 +66,8 @@ ABSL_FLAG(absl::Duration, worker_grace, absl::Seconds(30),
           "how long past --duration a worker may take to report and exit");
 ABSL_FLAG(std::string, worker_lines, "",
           "write every worker's JSON line (with its timelines) to this file");
+ABSL_FLAG(std::string, foreign_workers, "",
+          "LANGUAGE:COUNT:COMMAND: COUNT workers of another language (repeatable)");
 // Hidden: the worker side of the tool.
 ABSL_FLAG(bool, worker, false, "internal: run as one worker process");
 ABSL_FLAG(int32_t, worker_index, 0, "internal: index of this worker");
@@ -121,6 +123,7 @@ absl::StatusOr<CommandLine> ParseFleetCommandLine(int argc, char** argv) {
     }
     out.set.insert(name);
     if (name == "server_arg") out.server_args.push_back(value);
+    if (name == "foreign_workers") out.foreign_workers.push_back(value);
   }
   out.worker_mode = absl::GetFlag(FLAGS_worker);
   return out;
@@ -242,6 +245,17 @@ Client tuning:
   --worker-lines=FILE        also write each worker's own JSON line (one per tenant it used,
                              with tenant_index and its per-slice timelines) to FILE
 
+Workers of other languages (the worker protocol of tools/fleet/README.md, on the same tenants,
+under the same faults, counted in the same bound; budget strategy and default fallback only):
+  --foreign-workers=LANGUAGE:COUNT:COMMAND   COUNT processes of COMMAND (split on spaces, its
+                             program a path: no PATH search) with --threads loops each; foreign
+                             worker k (over every kind, in order) uses tenant k % --tenants.
+                             Repeatable, e.g.
+                               --foreign-workers=go:4:build/client/go/bin/go_worker
+                               --foreign-workers=js:4:/usr/bin/node tools/fleet/js_worker/worker.mjs
+                               --foreign-workers=python:4:/usr/bin/python3 tools/fleet/mixed_fleet.py --worker
+                             The report gains "languages" (each language's part).
+
 Output: one JSON line on stdout:
   {"tenant","strategy","workers","threads","failure_rate","duration_seconds","call_latency_ms",
    "policy":{"capacity","refill_per_second","success_credit","initial_tokens","lease_ttl_ms"},
@@ -293,6 +307,11 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   o.spawn_server = absl::GetFlag(FLAGS_spawn_server);
   o.server_data_dir = absl::GetFlag(FLAGS_server_data_dir);
   o.server_args = command_line.server_args;
+  for (const std::string& spec : command_line.foreign_workers) {
+    absl::StatusOr<ForeignWorkerKind> kind = ParseForeignWorkerKind(spec);
+    if (!kind.ok()) return kind.status();
+    o.foreign_workers.push_back(*std::move(kind));
+  }
   if (given("kill_server_after")) o.chaos.kill_after = absl::GetFlag(FLAGS_kill_server_after);
   if (given("restart_after")) o.chaos.restart_after = absl::GetFlag(FLAGS_restart_after);
   if (given("stop_server_after")) o.chaos.stop_after = absl::GetFlag(FLAGS_stop_server_after);

@@ -19,6 +19,7 @@ struct CommandLine {
   bool worker_mode = false;            // the hidden --worker
   absl::flat_hash_set<std::string> set = {};  // names (with '_') of the flags given
   std::vector<std::string> server_args = {};  // every --server-arg, in order (repeatable)
+  std::vector<std::string> foreign_workers = {};  // every --foreign-workers, in order
 };
 
 // Parses argv into the flags. INVALID_ARGUMENT naming the argument for an unknown flag, a bad

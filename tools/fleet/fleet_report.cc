@@ -169,6 +169,77 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
   return c;
 }
 
+namespace {
+
+absl::Status ReadBool(const Struct& s, absl::string_view field, bool* out) {
+  auto it = s.fields().find(std::string(field));
+  if (it == s.fields().end() || it->second.kind_case() != Value::kBoolValue) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field '", field, "' must be true or false"));
+  }
+  *out = it->second.bool_value();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Struct> ParseObject(absl::string_view line) {
+  Struct s;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(line.data(), line.size()), &s);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line is not a JSON object (", parsed.ToString(), "): ",
+                     line.substr(0, 200)));
+  }
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line, int worker,
+                                                         int tenant_index, double slice_seconds) {
+  absl::StatusOr<Struct> parsed = ParseObject(line);
+  if (!parsed.ok()) return parsed.status();
+  const Struct& s = *parsed;
+  WorkerCounts c;
+  c.worker = worker;
+  c.tenant_index = tenant_index;
+  bool lease_after_fallback = false;
+  for (absl::Status status : {
+           ReadCount(s, "calls", &c.calls),
+           ReadCount(s, "attempts", &c.attempts),
+           ReadCount(s, "successes", &c.successes),
+           ReadCount(s, "failures", &c.failures),
+           ReadCount(s, "retries_allowed", &c.retries_allowed),
+           ReadCount(s, "retries_denied", &c.retries_denied),
+           ReadCount(s, "lib_retries_allowed", &c.lib_retries_allowed),
+           ReadCount(s, "lib_fallback_allowed", &c.lib_fallback_allowed),
+           ReadSigned(s, "lib_tokens_held", &c.lib_tokens_held),
+           ReadCount(s, "lib_successes_credited_locally", &c.lib_successes_credited_locally),
+           ReadDouble(s, "fallback_allowance", &c.fallback_allowance),
+           ReadBool(s, "lease_after_fallback", &lease_after_fallback),
+           ReadString(s, "shutdown_status", &c.shutdown_status),
+           ReadDouble(s, "max_try_acquire_ms", &c.max_try_acquire_ms),
+           ReadDouble(s, "timeline_slice_seconds", &c.timeline_slice_seconds),
+           ReadCountArray(s, "calls_timeline", &c.calls_timeline),
+           ReadCountArray(s, "retries_timeline", &c.retries_timeline),
+           ReadCountArray(s, "denied_timeline", &c.denied_timeline),
+           ReadCountArray(s, "successes_timeline", &c.successes_timeline),
+       }) {
+    if (!status.ok()) return status;
+  }
+  c.lease_after_fallback = lease_after_fallback ? 1 : 0;
+  if (!(c.fallback_allowance >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker line: field 'fallback_allowance' must be >= 0, got ", c.fallback_allowance));
+  }
+  if (std::fabs(c.timeline_slice_seconds - slice_seconds) > 1e-6 * slice_seconds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line: field 'timeline_slice_seconds' is ", c.timeline_slice_seconds,
+                     ", the fleet's slice is ", slice_seconds));
+  }
+  return c;
+}
+
 double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t successes) {
   return policy.initial_tokens + policy.refill_per_second * elapsed_seconds +
          policy.success_credit * static_cast<double>(successes);
@@ -269,6 +340,31 @@ int ExitCodeFor(const Verdict& verdict) {
   return verdict.within_budget ? kExitWithinBudget : kExitBudgetExceeded;
 }
 
+namespace {
+
+// {"<language>": {workers, calls, successes, retries_allowed, retries_denied,
+// fallback_allowance, lease_after_fallback, shutdown_status, max_try_acquire_ms}, ...}
+std::string LanguagesToJson(const std::vector<LanguageRun>& languages) {
+  JsonWriter all;
+  for (const LanguageRun& l : languages) {
+    JsonWriter one;
+    one.Number("workers", l.workers)
+        .Number("calls", l.totals.calls)
+        .Number("successes", l.totals.successes)
+        .Number("retries_allowed", l.totals.retries_allowed)
+        .Number("retries_denied", l.totals.retries_denied)
+        .Number("fallback_allowance", l.totals.fallback_allowance)
+        .Number("workers_back_on_lease", l.totals.lease_after_fallback)
+        .Number("tokens_held_at_exit", l.totals.lib_tokens_held)
+        .String("shutdown_status", l.totals.shutdown_status)
+        .Number("max_try_acquire_ms", l.totals.max_try_acquire_ms);
+    all.Object(l.language, one.Finish());
+  }
+  return all.Finish();
+}
+
+}  // namespace
+
 std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
   JsonWriter policy;
   policy.Number("capacity", run.policy.capacity)
@@ -335,6 +431,7 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("syncs_ok", t.syncs_ok)
       .Number("syncs_failed", t.syncs_failed);
   w.Object("fallback", fallback.Finish());
+  if (!run.languages.empty()) w.Object("languages", LanguagesToJson(run.languages));
   if (run.server.has_value()) {
     const ServerView& s = *run.server;
     JsonWriter server;

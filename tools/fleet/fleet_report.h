@@ -157,6 +157,18 @@ WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers);
 std::string WorkerCountsToJson(const WorkerCounts& counts);
 absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line);
 
+// The one JSON line of a worker of another language (the worker protocol of
+// tools/fleet/README.md, "The worker protocol") as the WorkerCounts of worker `worker` on tenant
+// `tenant_index`: calls, attempts, successes, failures, retries_allowed, retries_denied, the
+// lib_* counts it has, fallback_allowance, lease_after_fallback (a boolean: 1 or 0),
+// shutdown_status, max_try_acquire_ms and its timelines (timeline_slice_seconds, calls_timeline,
+// retries_timeline, denied_timeline, successes_timeline). What the protocol does not report
+// (time in fallback and its episodes, Syncs, the grant gap) stays 0. Other fields are ignored.
+// INVALID_ARGUMENT naming the field for a missing or malformed one, and for a timeline slice
+// other than `slice_seconds` (the fleet's timelines add up slice by slice).
+absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line, int worker,
+                                                         int tenant_index, double slice_seconds);
+
 // The tenant's policy as the run used it. `initial_tokens` is the bucket level the tool read at
 // the start of the run (not the policy field of that name).
 struct PolicyView {
@@ -272,6 +284,14 @@ struct TenantRun {
   WorkerCounts totals = {}; // the workers' lines for this tenant, summed
 };
 
+// The workers of one language in a run with workers of other languages (--foreign-workers):
+// "cpp" (the tool's own) or the kind's language, its workers' lines summed.
+struct LanguageRun {
+  std::string language = {};
+  int workers = 0;
+  WorkerCounts totals = {};
+};
+
 struct FleetRun {
   std::string tenant = {};
   std::string strategy = {};
@@ -292,6 +312,9 @@ struct FleetRun {
   // With --tenants > 1: each tenant (then `tenant` and `policy` are tenant 0's, and `totals`
   // the sum over every tenant). Empty with one tenant.
   std::vector<TenantRun> tenants = {};
+  // With --foreign-workers: each language's part (`totals` holds every language's lines; the
+  // tenants' totals too). Empty without.
+  std::vector<LanguageRun> languages = {};
 };
 
 // The name of tenant `index` of `count`: `base` itself for one tenant, else "<base>-<index>".

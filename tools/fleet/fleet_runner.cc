@@ -27,9 +27,11 @@
 #include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/cluster_chaos.h"
 #include "tools/fleet/fault_proxy.h"
+#include "tools/fleet/foreign_worker.h"
 #include "tools/fleet/owner_watch.h"
 #include "tools/fleet/server_supervisor.h"
 #include "tools/fleet/subprocess.h"
+#include "tools/fleet/worker.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -229,6 +231,7 @@ PolicyView PolicyViewOf(const v1::BudgetStatus& status) {
 
 // How many lines worker `w` prints: one per tenant its threads use.
 size_t LinesOfWorker(const FleetOptions& o, int w) {
+  if (w >= o.workers) return 1;  // a foreign worker: one tenant
   std::vector<int> used;
   for (int t = 0; t < o.threads; ++t) {
     used.push_back(FleetTenantOfThread(w, o.threads, t, o.tenants));
@@ -286,6 +289,37 @@ absl::StatusOr<std::unique_ptr<ServerSupervisor>> SpawnServer(const FleetOptions
     }
   }
   return ServerSupervisor::Start(std::move(s));
+}
+
+// The foreign workers of the run (foreign_worker.h), reaching the server at `target`.
+std::vector<ForeignWorker> PlanForeign(const FleetOptions& o, const std::string& target) {
+  return PlanForeignWorkers(
+      o.foreign_workers,
+      {.target = target,
+       .tenant = o.tenant,
+       .tenants = o.tenants,
+       .cpp_workers = o.workers,
+       .threads = o.threads,
+       .duration_seconds = o.duration_seconds,
+       .failure_rate = o.failure_rate,
+       .call_latency = o.call_latency,
+       .seed = o.seed,
+       .timeline_slice = WorkerTimelineSlice(absl::Seconds(o.duration_seconds))});
+}
+
+// Worker `i`'s argv: the tool itself as a worker, or the i-th foreign worker's command.
+std::vector<std::string> ArgvOfWorker(const FleetOptions& o, const std::vector<ForeignWorker>& f,
+                                      int i, const std::string& target) {
+  return i < o.workers ? WorkerArgv(o, i, target) : f[static_cast<size_t>(i - o.workers)].argv;
+}
+
+// One line of worker `i`: the tool's own format, or the worker protocol's.
+absl::StatusOr<WorkerCounts> ParseWorkerLine(const FleetOptions& o,
+                                             const std::vector<ForeignWorker>& f, int i,
+                                             absl::string_view line) {
+  if (i < o.workers) return WorkerCountsFromJson(line);
+  return ParseForeignWorkerLine(f[static_cast<size_t>(i - o.workers)], line,
+                                WorkerTimelineSlice(absl::Seconds(o.duration_seconds)));
 }
 
 // Calls and retries in the timeline slices wholly inside [from, to), and retries from `to` on.
@@ -376,6 +410,11 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
     for (const std::string& arg : o.server_args) {
       if (arg.empty()) return absl::InvalidArgumentError("--server-arg: empty argument");
     }
+  }
+  if (!o.foreign_workers.empty() && (o.strategy != RetryStrategy::kBudget || o.fallback_deny)) {
+    return absl::InvalidArgumentError(
+        "--foreign-workers: the worker protocol has the budget strategy and the default "
+        "fallback only (no --strategy other than budget, no --fallback-deny)");
   }
   if (o.monitor_period <= absl::ZeroDuration()) {
     return bad("--monitor-period", absl::FormatDuration(o.monitor_period), "must be > 0");
@@ -470,10 +509,11 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   // Start every worker and wait until each has loaded and parsed its flags: process start-up
   // is outside the measured run. A worker creates its client only after "go", so no token
   // leaves the bucket before the level is read.
+  const std::vector<ForeignWorker> foreign = PlanForeign(o, target);
   std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < o.workers; ++i) {
+  for (int i = 0; i < o.workers + static_cast<int>(foreign.size()); ++i) {
     absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(
-        WorkerArgv(o, i, target), {.pipe_stdin = true, .pipe_stdout = true});
+        ArgvOfWorker(o, foreign, i, target), {.pipe_stdin = true, .pipe_stdout = true});
     if (!child.ok()) return child.status();
     workers.push_back(*std::move(child));
   }
@@ -558,7 +598,8 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
         return absl::InternalError(
             absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
       }
-      absl::StatusOr<WorkerCounts> parsed = WorkerCountsFromJson(*line);
+      absl::StatusOr<WorkerCounts> parsed =
+          ParseWorkerLine(o, foreign, static_cast<int>(i), *line);
       if (!parsed.ok()) {
         return absl::InternalError(absl::StrCat("worker ", i, ": ", parsed.status().message()));
       }
@@ -567,7 +608,7 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
             absl::StrCat("worker ", i, ": tenant_index ", parsed->tenant_index, " out of range"));
       }
       counts.push_back(*parsed);
-      raw_lines.push_back(*line);
+      raw_lines.push_back(WorkerCountsToJson(*parsed));
     }
   }
   if (!o.worker_lines.empty()) {
@@ -608,7 +649,8 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   run.policy = PolicyViewOf(*start_status);
   run.elapsed_seconds = elapsed;
   run.totals = SumWorkers(counts);
-  run.totals.worker = o.workers;
+  run.totals.worker = static_cast<int>(workers.size());
+  if (!foreign.empty()) run.languages = SumByLanguage(counts, o.workers, foreign);
   std::vector<GrantGapView> grant_gaps(tenant_names.size());
   if (o.tenants > 1) {
     for (int i = 0; i < o.tenants; ++i) {

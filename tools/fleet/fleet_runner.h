@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/fleet_report.h"
+#include "tools/fleet/foreign_worker.h"
 #include "tools/fleet/worker_loop.h"
 
 namespace retrybudget::fleet {
@@ -90,6 +91,9 @@ struct FleetOptions {
   std::string worker_lines = {};
   // The binary started for each worker (with --worker).
   std::string worker_binary = "/proc/self/exe";
+  // Workers of other languages beside the `workers` C++ ones (foreign_worker.h), each with
+  // `threads` loops, on the same tenants, judged in the same bound.
+  std::vector<ForeignWorkerKind> foreign_workers = {};
 };
 
 // INVALID_ARGUMENT naming the option and value when `options` cannot run.

@@ -62,15 +62,26 @@ def run_worker(args) -> int:
     totals = {"calls": 0, "attempts": 0, "successes": 0, "failures": 0, "retries_allowed": 0,
               "retries_denied": 0}
     max_try_acquire = [0.0]
-    end = time.monotonic() + args.duration
+    begin = time.monotonic()
+    end = begin + args.duration
     done = threading.Event()
+    # Per slice of --timeline-slice seconds from `go`, by the call's start: calls, retries sent,
+    # retries denied, successes (the fleet tool's timelines).
+    slices = int(args.duration / args.timeline_slice) + 2
+    timelines = {k: [0] * slices for k in ("calls", "retries", "denied", "successes")}
 
     def thread_main(seed):
         rng = random.Random(seed)
         counts = dict.fromkeys(totals, 0)
+        mine = {k: [0] * slices for k in timelines}
         longest = 0.0
-        while time.monotonic() < end:
+        while True:
+            now = time.monotonic()
+            if now >= end:
+                break
+            i = min(int((now - begin) / args.timeline_slice), slices - 1)
             counts["calls"] += 1
+            mine["calls"][i] += 1
             while True:
                 counts["attempts"] += 1
                 if args.call_latency > 0:
@@ -78,6 +89,7 @@ def run_worker(args) -> int:
                 if rng.random() >= args.failure_rate:
                     budget.record_success()
                     counts["successes"] += 1
+                    mine["successes"][i] += 1
                     break
                 start = time.perf_counter()
                 allowed = budget.try_acquire()
@@ -85,11 +97,15 @@ def run_worker(args) -> int:
                 if not allowed:
                     counts["retries_denied"] += 1
                     counts["failures"] += 1
+                    mine["denied"][i] += 1
                     break
                 counts["retries_allowed"] += 1
+                mine["retries"][i] += 1
         with lock:
             for k, v in counts.items():
                 totals[k] += v
+            for k, v in mine.items():
+                timelines[k] = [a + b for a, b in zip(timelines[k], v)]
             max_try_acquire[0] = max(max_try_acquire[0], longest)
 
     # Lease -> fallback -> lease, as seen by polling the mode.
@@ -127,6 +143,11 @@ def run_worker(args) -> int:
         "shutdown_status": "OK" if status is None else status,
         "max_try_acquire_ms": max_try_acquire[0] * 1000,
     })
+    while slices > 0 and timelines["calls"][slices - 1] == 0:  # the empty tail
+        slices -= 1
+    line["timeline_slice_seconds"] = args.timeline_slice
+    for k, v in timelines.items():
+        line[f"{k}_timeline"] = v[:slices]
     print(json.dumps(line), flush=True)
     return 0
 
@@ -396,6 +417,7 @@ def main() -> int:
     parser.add_argument(_WORKER_ROLE, action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
+    parser.add_argument("--timeline-slice", type=float, default=0.1, help=argparse.SUPPRESS)
     parser.add_argument("--server-bin", help="retry-budget-server binary")
     parser.add_argument("--fleet-bin", help="retry-budget-fleet binary (the C++ workers)")
     parser.add_argument("--tenant", default="mixed")

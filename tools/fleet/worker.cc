@@ -34,8 +34,6 @@ uint64_t ThreadSeed(uint64_t seed, int worker, int thread) {
   return z ^ (z >> 31);
 }
 
-// Most slices of a timeline, whatever the duration: the worker's line stays short.
-constexpr int64_t kMaxTimelineSlices = 2000;
 
 // What one thread counted beyond CallCounts.
 struct ThreadExtras {
@@ -50,6 +48,10 @@ struct ThreadExtras {
 };
 
 }  // namespace
+
+absl::Duration WorkerTimelineSlice(absl::Duration duration, absl::Duration base) {
+  return std::max(base, duration / 2000);
+}
 
 absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options) {
   // The tenants this worker's threads use, each once, in increasing index.
@@ -140,9 +142,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
     monitors[i]->Start(options.monitor_period);
   }
 
-  const auto slice = std::max<std::chrono::steady_clock::duration>(
-      absl::ToChronoNanoseconds(options.timeline_slice),
-      absl::ToChronoNanoseconds(options.duration) / kMaxTimelineSlices);
+  const auto slice = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      absl::ToChronoNanoseconds(WorkerTimelineSlice(options.duration, options.timeline_slice)));
   const size_t slices =
       static_cast<size_t>(absl::ToChronoNanoseconds(options.duration) / slice) + 2;
 

@@ -37,9 +37,15 @@ struct WorkerOptions {
   bool fallback_deny = false;  // ClientOptions::fallback = FallbackMode::kDeny
   // How often the FallbackMonitor polls the client's mode (budgeted strategies).
   absl::Duration monitor_period = absl::Milliseconds(5);
-  // Width of one slice of the calls/retries timelines.
+  // Width of one slice of the calls/retries timelines, widened by WorkerTimelineSlice().
   absl::Duration timeline_slice = absl::Milliseconds(100);
 };
+
+// The width of one slice of a worker's timelines for a run of `duration`: `base`, or wider so
+// that the run has at most 2000 slices (the worker's line stays short). Every worker of a run
+// uses the same, so the fleet's timelines add up slice by slice.
+absl::Duration WorkerTimelineSlice(absl::Duration duration,
+                                   absl::Duration base = absl::Milliseconds(100));
 
 // Runs the load now and returns what this worker counted, one WorkerCounts per tenant its
 // threads use, in increasing tenant_index (one with a single tenant); the client-wide counts

@@ -4,6 +4,7 @@
 //
 //   node tools/fleet/js_worker/worker.mjs --server=TARGET --tenant=T --threads=N
 //        --duration=SECONDS --failure-rate=F --call-latency=SECONDS --seed=K
+//        [--timeline-slice=SECONDS]
 //
 //  1. prints `ready` once loaded and waits for the line `go` on stdin (anything else: exit 3);
 //  2. then creates its client (TARGET, default options) and the tenant's handle, and runs N
@@ -11,7 +12,8 @@
 //     (sleep CALL_LATENCY, fail with probability F); a failed attempt is retried only when
 //     tryAcquire() allows; a denied retry ends the call as failed; a success calls
 //     recordSuccess(). A monitor polls the tenant's mode every 10 ms;
-//  3. closes the client (the final Sync) and prints ONE JSON line (fields as run_worker's),
+//  3. closes the client (the final Sync) and prints ONE JSON line (fields as run_worker's, with
+//     the timelines: calls, retries, denied retries and successes per --timeline-slice),
 //     then exits 0 (bad arguments: 2).
 
 import { createInterface } from 'node:readline';
@@ -20,8 +22,8 @@ import { setTimeout as sleep, setImmediate as yieldNow } from 'node:timers/promi
 import { BudgetClient } from '../../../client/js/src/index.js';
 
 function parseArgs(argv) {
-  const want = { server: 'string', tenant: 'string', threads: 'int', duration: 'float', 'failure-rate': 'float', 'call-latency': 'float', seed: 'int' };
-  const args = { threads: 1, duration: 1, 'failure-rate': 0, 'call-latency': 0, seed: 1 };
+  const want = { server: 'string', tenant: 'string', threads: 'int', duration: 'float', 'failure-rate': 'float', 'call-latency': 'float', seed: 'int', 'timeline-slice': 'float' };
+  const args = { threads: 1, duration: 1, 'failure-rate': 0, 'call-latency': 0, seed: 1, 'timeline-slice': 0.1 };
   for (const a of argv) {
     const m = /^--([a-z-]+)=(.*)$/.exec(a);
     if (!m || !(m[1] in want)) throw new Error(`unknown argument ${JSON.stringify(a)}`);
@@ -31,6 +33,7 @@ function parseArgs(argv) {
   }
   for (const k of ['server', 'tenant']) if (typeof args[k] !== 'string' || args[k] === '') throw new Error(`--${k} is required`);
   if (args.threads < 1) throw new Error(`--threads is ${args.threads}; it must be >= 1`);
+  if (!(args['timeline-slice'] > 0)) throw new Error(`--timeline-slice is ${args['timeline-slice']}; it must be > 0`);
   return args;
 }
 
@@ -71,14 +74,23 @@ async function main() {
   const budget = client.tenant(args.tenant);
   const totals = { calls: 0, attempts: 0, successes: 0, failures: 0, retries_allowed: 0, retries_denied: 0 };
   let maxTryAcquire = 0;
-  const end = performance.now() + args.duration * 1000;
+  const begin = performance.now();
+  const end = begin + args.duration * 1000;
+  // Per slice of --timeline-slice seconds from `go`, by the call's start.
+  const sliceMs = args['timeline-slice'] * 1000;
+  const slices = Math.floor(args.duration / args['timeline-slice']) + 2;
+  const timelines = { calls: new Array(slices).fill(0), retries: new Array(slices).fill(0), denied: new Array(slices).fill(0), successes: new Array(slices).fill(0) };
   const latencyMs = args['call-latency'] * 1000;
   const failureRate = args['failure-rate'];
 
   const loop = async (seed) => {
     const random = rng(seed);
-    while (performance.now() < end) {
+    for (;;) {
+      const now = performance.now();
+      if (now >= end) break;
+      const slice = Math.min(Math.floor((now - begin) / sliceMs), slices - 1);
       totals.calls++;
+      timelines.calls[slice]++;
       for (;;) {
         totals.attempts++;
         if (latencyMs > 0) await sleep(latencyMs);
@@ -86,6 +98,7 @@ async function main() {
         if (random() >= failureRate) {
           budget.recordSuccess();
           totals.successes++;
+          timelines.successes[slice]++;
           break;
         }
         const start = performance.now();
@@ -95,9 +108,11 @@ async function main() {
         if (!allowed) {
           totals.retries_denied++;
           totals.failures++;
+          timelines.denied[slice]++;
           break;
         }
         totals.retries_allowed++;
+        timelines.retries[slice]++;
       }
     }
   };
@@ -125,6 +140,10 @@ async function main() {
     shutdown_status: status === null ? 'OK' : status,
     max_try_acquire_ms: maxTryAcquire,
   };
+  let used = slices;
+  while (used > 0 && timelines.calls[used - 1] === 0) used--; // the empty tail
+  line.timeline_slice_seconds = args['timeline-slice'];
+  for (const [k, v] of Object.entries(timelines)) line[`${k}_timeline`] = v.slice(0, used);
   process.stdout.write(`${JSON.stringify(line)}\n`);
   return 0;
 }
