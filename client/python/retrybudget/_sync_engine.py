@@ -8,6 +8,10 @@ the task of AsyncBudgetClient drive it and only do the I/O:
         plan = engine.next_plan()
     next_time = engine.end_step()     # steps the tenants again with the outcomes
 
+and at shutdown, for each (address, request) of engine.begin_final(): send it until
+engine.end_final(outcome, attempt) says None (else sleep the delay it returns), then
+engine.final_request_done(); at last engine.finish_final().
+
 Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
  * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
    instance, across every route). A failed request (any error, deadline included) is resent
@@ -43,7 +47,7 @@ from typing import List, Optional
 
 import grpc
 
-from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST,
+from ._bucket_math import (FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST,
                            MIN_FALLBACK_STEP_WINDOW, RefreshPolicy, retry_backoff)
 from ._proto import budget_pb2
 from .tenant_budget import ANSWERING, DOWN, REFUSING, UNREACHABLE
@@ -461,12 +465,18 @@ class SyncEngine:
         # With the server known unreachable, fail fast rather than hold close() 3 x timeout.
         return self._final_states.get(address, ANSWERING) != UNREACHABLE
 
-    def end_final(self, outcome: Outcome) -> None:
+    def end_final(self, outcome: Outcome, attempt: int) -> Optional[float]:
+        """Takes the outcome of attempt number `attempt` (from 1) of one final request; returns
+        how long to wait before sending it again (same seq), or None when it is done: answered,
+        or FINAL_SYNC_ATTEMPTS attempts made."""
         if self._metrics is not None:
             self._metrics.sync_attempted(outcome.code is None)
         self.last_status = (None if outcome.code is None
                             else f"{outcome.code.name}: Sync to the budget server failed: "
                                  f"{outcome.details}")
+        if outcome.code is None or attempt >= FINAL_SYNC_ATTEMPTS:
+            return None
+        return retry_backoff(attempt, self.policy)
 
     def final_request_done(self) -> None:
         """After the last attempt of one final request: keeps the first failure."""

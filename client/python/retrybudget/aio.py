@@ -15,7 +15,6 @@ from typing import Optional
 
 import grpc
 
-from ._bucket_math import FINAL_SYNC_ATTEMPTS, retry_backoff
 from ._proto import budget_pb2_grpc
 from ._sync_engine import Outcome
 from .client import make_channel, make_tenants_and_engine
@@ -174,12 +173,14 @@ class AsyncBudgetClient:
         for address, request in finals:
             wait = engine.final_wait_for_ready(address)
             stub = self._stub_for(address)
-            for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
+            attempt = 1
+            while True:
                 outcome = await self._call_sync(request, engine.sync_timeout, wait, False, stub)
-                engine.end_final(outcome)
-                if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
+                delay = engine.end_final(outcome, attempt)
+                if delay is None:
                     break
-                await asyncio.sleep(retry_backoff(attempt, engine.policy))
+                await asyncio.sleep(delay)
+                attempt += 1
             engine.final_request_done()
         engine.finish_final()
         return engine.last_status

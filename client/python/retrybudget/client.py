@@ -17,7 +17,7 @@ from typing import Optional
 
 import grpc
 
-from ._bucket_math import BucketShape, FINAL_SYNC_ATTEMPTS, RefreshPolicy, retry_backoff
+from ._bucket_math import BucketShape, RefreshPolicy
 from ._proto import budget_pb2_grpc
 from ._registry import TenantRegistry
 from ._sync_engine import Outcome, SyncEngine
@@ -237,12 +237,14 @@ class BudgetClient:
             for address, request in finals:
                 wait = engine.final_wait_for_ready(address)
                 stub = self._stub_for(address)
-                for attempt in range(1, FINAL_SYNC_ATTEMPTS + 1):
+                attempt = 1
+                while True:
                     outcome = self._call_sync(request, engine.sync_timeout, wait, False, stub)
-                    engine.end_final(outcome)
-                    if outcome.code is None or attempt == FINAL_SYNC_ATTEMPTS:
+                    delay = engine.end_final(outcome, attempt)
+                    if delay is None:
                         break
-                    threading.Event().wait(retry_backoff(attempt, engine.policy))
+                    threading.Event().wait(delay)
+                    attempt += 1
                 engine.final_request_done()
             engine.finish_final()
             return engine.last_status

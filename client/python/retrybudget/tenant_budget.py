@@ -224,6 +224,14 @@ class TenantBudget:
                 mode=_PUBLIC_MODE.get(self._mode, NO_LEASE),
                 error=self._error)
 
+    @property
+    def lease_mode(self) -> str:
+        """The internal lease mode (AWAITING ... SHUTDOWN above: "awaiting_lease", "leased",
+        "expired", "refused", "fallback", "deny_fallback", "shutdown"), as the conformance
+        corpus spells it. Read-only; not a hot-path call."""
+        with self._mu:
+            return self._mode
+
     def fallback_allowance(self, now: float) -> float:
         """What this tenant's fallback buckets may have handed out so far: the sum over its
         fallback episodes of capacity (at least 1 when refilling) + refill * seconds. For fleet
