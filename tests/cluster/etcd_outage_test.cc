@@ -13,6 +13,8 @@
 //    once etcd is back; with --exit_if_etcd_unavailable it exits with code 1 instead. SIGTERMed
 //    while it waits, it exits with code 0 at once; when etcd, back, holds another number of
 //    shards than its --shards, it exits with code 2.
+//  * The stop's watchdog: a stop that overruns --shutdown_grace + 2 s anyway (a Sync held in
+//    flight) ends the process then, with code 1.
 //  * Quorum lost and regained while serving: NOT_SERVING and UNAVAILABLE within the lease TTL,
 //    serving and granting again once the members are back, every tenant within its budget.
 //
@@ -444,6 +446,44 @@ TEST_F(EtcdOutageTest, SigtermWhileWaitingForEtcdEndsWithinTheGrace) {
   for (int i = 0; i < cluster_->etcd().etcd_node_count(); ++i) {
     ASSERT_TRUE(cluster_->etcd().ResumeEtcdNode(i).ok());
   }
+}
+
+// The stop's watchdog: a cluster-mode stop that overruns --shutdown_grace + 2 s (here a Sync
+// whose response the server holds 60 s, --testonly_sync_response_delay: the RPC server's
+// shutdown waits for it) ends the process with code 1 (server/main.cc's exit codes) once the
+// grace and the margin have run out, not when the Sync would have finished.
+TEST_F(EtcdOutageTest, StopWatchdogEndsAnOverrunningStopWithCode1) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster(1, {"--testonly_sync_response_delay=60s"}));
+  WaitForShare(0, kShards);
+  std::thread held([&] {
+    auto stub = v1::RetryBudgetService::NewStub(grpc::CreateChannel(
+        cluster_->server(0).address(), grpc::InsecureChannelCredentials()));
+    v1::SyncRequest request;
+    request.set_instance_id("held");
+    request.set_seq(1);
+    request.add_tenants()->set_tenant("orders");
+    v1::SyncResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(90)));
+    stub->Sync(&context, request, &response);  // ends when the server does
+  });
+  // Let the Sync reach the server before the signal (as health_reflection_test does); had it
+  // not, the stop would end cleanly with code 0 and the test fail, never pass wrongly.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const absl::Time term = absl::Now();
+  cluster_->server(0).Signal(SIGTERM);
+  const std::optional<int> code = cluster_->server(0).WaitForExit(absl::Seconds(30));
+  const absl::Duration stop = absl::Now() - term;
+  held.join();
+  std::printf("a stop held by a 60 s Sync: exited after %s (grace %s + margin 2s)\n",
+              absl::FormatDuration(stop).c_str(), absl::FormatDuration(kGrace).c_str());
+  ASSERT_TRUE(code.has_value()) << "still running after " << stop;
+  EXPECT_EQ(*code, 1) << cluster_->server(0).LogTail(30);
+  EXPECT_THAT(cluster_->server(0).Log(),
+              ::testing::HasSubstr("not stopped within --shutdown_grace + 2s"));
+  // The watchdog, not the Sync, ended it: after the grace and margin, far before 60 s.
+  EXPECT_GE(stop, kGrace + absl::Seconds(2) - absl::Milliseconds(100));
+  EXPECT_LE(stop, kGrace + absl::Seconds(2) + absl::Seconds(5));
 }
 
 TEST_F(EtcdOutageTest, QuorumLostAndRegainedWhileServing) {
