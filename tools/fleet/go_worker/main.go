@@ -2,14 +2,15 @@
 // language's worker follows (mixed_fleet.py's run_worker is the reference):
 //
 //	go_worker --server=TARGET --tenant=T --threads=N --duration=SECONDS --failure-rate=F
-//	          --call-latency=SECONDS --seed=K
+//	          --call-latency=SECONDS --seed=K [--timeline-slice=SECONDS]
 //
 // It prints "ready", waits for the line "go" on stdin (anything else: exit 3), then creates
 // its client (default options), runs N concurrent loops for DURATION (a logical call is
 // attempts to a simulated backend that sleeps CALL_LATENCY and fails with probability F; a
 // failed attempt is retried only when TryAcquire allows; a denied retry ends the call as
 // failed; a success calls RecordSuccess), polls the tenant's mode every 10 ms, closes the
-// client (the final Sync) and prints one JSON line of counts; exit 0.
+// client (the final Sync) and prints one JSON line of counts (with its timelines: calls,
+// retries, denied retries and successes per --timeline-slice, default 0.1 s); exit 0.
 package main
 
 import (
@@ -48,6 +49,40 @@ type report struct {
 	LeaseAfterFallback          bool    `json:"lease_after_fallback"`
 	ShutdownStatus              string  `json:"shutdown_status"`
 	MaxTryAcquireMs             float64 `json:"max_try_acquire_ms"`
+	// Per slice of --timeline-slice seconds from "go", by the call's start.
+	TimelineSliceSeconds float64 `json:"timeline_slice_seconds"`
+	CallsTimeline        []int64 `json:"calls_timeline"`
+	RetriesTimeline      []int64 `json:"retries_timeline"`
+	DeniedTimeline       []int64 `json:"denied_timeline"`
+	SuccessesTimeline    []int64 `json:"successes_timeline"`
+}
+
+// timelines counts calls, retries sent, retries denied and successes per slice.
+type timelines struct {
+	calls, retries, denied, successes []int64
+}
+
+func newTimelines(slices int) timelines {
+	return timelines{make([]int64, slices), make([]int64, slices), make([]int64, slices),
+		make([]int64, slices)}
+}
+
+func (t *timelines) add(o timelines) {
+	for i := range t.calls {
+		t.calls[i] += o.calls[i]
+		t.retries[i] += o.retries[i]
+		t.denied[i] += o.denied[i]
+		t.successes[i] += o.successes[i]
+	}
+}
+
+// trimmed drops the slices past the last call.
+func (t timelines) trimmed() timelines {
+	n := len(t.calls)
+	for n > 0 && t.calls[n-1] == 0 {
+		n--
+	}
+	return timelines{t.calls[:n], t.retries[:n], t.denied[:n], t.successes[:n]}
 }
 
 func main() {
@@ -58,11 +93,16 @@ func main() {
 	failureRate := flag.Float64("failure-rate", 0.5, "probability that an attempt fails")
 	callLatency := flag.Float64("call-latency", 0.001, "seconds per attempt")
 	seed := flag.Int64("seed", 1, "random seed")
+	slice := flag.Float64("timeline-slice", 0.1, "seconds per slice of the timelines")
 	flag.Parse()
-	os.Exit(run(*server, *tenant, *threads, *duration, *failureRate, *callLatency, *seed))
+	if *slice <= 0 {
+		fmt.Fprintf(os.Stderr, "go_worker: --timeline-slice is %g; it must be > 0\n", *slice)
+		os.Exit(2)
+	}
+	os.Exit(run(*server, *tenant, *threads, *duration, *failureRate, *callLatency, *seed, *slice))
 }
 
-func run(server, tenant string, threads int, duration, failureRate, callLatency float64, seed int64) int {
+func run(server, tenant string, threads int, duration, failureRate, callLatency float64, seed int64, slice float64) int {
 	fmt.Println("ready")
 	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
 	if strings.TrimSpace(line) != "go" {
@@ -82,8 +122,12 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 	}
 	// The fallback allowance is on the client's clock (the real one here).
 	clock := retrybudget.RealClock()
-	end := time.Now().Add(time.Duration(duration * float64(time.Second)))
+	begin := time.Now()
+	end := begin.Add(time.Duration(duration * float64(time.Second)))
 	latency := time.Duration(callLatency * float64(time.Second))
+	slices := int(duration/slice) + 2
+	sliceWidth := time.Duration(slice * float64(time.Second))
+	all := newTimelines(slices)
 
 	var mu sync.Mutex
 	var total counts
@@ -96,8 +140,18 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 			rng := rand.New(rand.NewSource(seed))
 			var c counts
 			var longest time.Duration
-			for time.Now().Before(end) {
+			mine := newTimelines(slices)
+			for {
+				now := time.Now()
+				if !now.Before(end) {
+					break
+				}
+				i := int(now.Sub(begin) / sliceWidth)
+				if i >= slices {
+					i = slices - 1
+				}
 				c.Calls++
+				mine.calls[i]++
 				for {
 					c.Attempts++
 					if latency > 0 {
@@ -106,6 +160,7 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 					if rng.Float64() >= failureRate {
 						budget.RecordSuccess()
 						c.Successes++
+						mine.successes[i]++
 						break
 					}
 					start := time.Now()
@@ -116,12 +171,15 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 					if !allowed {
 						c.RetriesDenied++
 						c.Failures++
+						mine.denied[i]++
 						break
 					}
 					c.RetriesAllowed++
+					mine.retries[i]++
 				}
 			}
 			mu.Lock()
+			all.add(mine)
 			total.Calls += c.Calls
 			total.Attempts += c.Attempts
 			total.Successes += c.Successes
@@ -168,6 +226,7 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		shutdown = err.Error()
 	}
 	stats := budget.Stats()
+	t := all.trimmed()
 	out, _ := json.Marshal(report{
 		counts:                      total,
 		LibRetriesAllowed:           stats.RetriesAllowed,
@@ -179,6 +238,11 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		LeaseAfterFallback:          leaseAfter,
 		ShutdownStatus:              shutdown,
 		MaxTryAcquireMs:             float64(maxTry) / float64(time.Millisecond),
+		TimelineSliceSeconds:        slice,
+		CallsTimeline:               t.calls,
+		RetriesTimeline:             t.retries,
+		DeniedTimeline:              t.denied,
+		SuccessesTimeline:           t.successes,
 	})
 	fmt.Println(string(out))
 	return 0
