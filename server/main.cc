@@ -141,8 +141,8 @@ constexpr int kExitBadConfig = 2;
 constexpr absl::Duration kHandOverTime = absl::Seconds(1);
 constexpr absl::Duration kStopMargin = absl::Seconds(2);
 
-// Everything the flags decide, checked. A new flag adds a field here and a line in
-// ConfigFromFlags(); Run() consumes the config.
+// Everything the flags decide, checked. A new flag adds a field here and a line in the
+// ...ConfigFromFlags() function of its group; Run() consumes the config.
 struct ServerConfig {
   ServerOptions server;
   v1::PolicyConfig policy;
@@ -176,7 +176,8 @@ absl::StatusOr<size_t> PositiveFlag(absl::string_view name, int64_t value) {
   return static_cast<size_t>(value);
 }
 
-// The cluster-mode part of ConfigFromFlags().
+// The cluster-mode flags (--etcd_*, --advertise, --shards, --exit_if_etcd_unavailable); they
+// exclude --data_dir, read before.
 absl::Status ClusterConfigFromFlags(ServerConfig& config) {
   config.cluster = {.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints),
                     .advertise = absl::GetFlag(FLAGS_advertise),
@@ -203,9 +204,10 @@ absl::Status ClusterConfigFromFlags(ServerConfig& config) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ServerConfig> ConfigFromFlags() {
-  ServerConfig config;
+// The gRPC endpoint: --listen, --port_file, --max_message_bytes (and the test-only delay).
+absl::Status ListenConfigFromFlags(ServerConfig& config) {
   config.server.listen = absl::GetFlag(FLAGS_listen);
+  config.port_file = absl::GetFlag(FLAGS_port_file);
   config.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (config.server.max_message_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -213,24 +215,31 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   }
   config.server.service.testonly_sync_response_delay =
       absl::GetFlag(FLAGS_testonly_sync_response_delay);
+  return absl::OkStatus();
+}
 
-  const std::string policy_path = absl::GetFlag(FLAGS_policy);
-  if (policy_path.empty()) {
+// --policy (loaded and validated now, so a bad file stops the start) and --strict.
+absl::Status PolicyConfigFromFlags(ServerConfig& config) {
+  config.policy_path = absl::GetFlag(FLAGS_policy);
+  if (config.policy_path.empty()) {
     config.policy_source = "built-in default policy";
   } else {
-    absl::StatusOr<v1::PolicyConfig> loaded = LoadPolicyFile(policy_path);
+    absl::StatusOr<v1::PolicyConfig> loaded = LoadPolicyFile(config.policy_path);
     if (!loaded.ok()) {
       // LoadPolicyFile's message names the file, the line (text format) and the field.
       return absl::InvalidArgumentError(
           absl::StrCat("--policy: ", loaded.status().message()));
     }
     config.policy = *std::move(loaded);
-    config.policy_source = policy_path;
+    config.policy_source = config.policy_path;
   }
-  config.policy_path = policy_path;
   config.strict_flag = absl::GetFlag(FLAGS_strict);
   if (config.strict_flag) config.policy.set_strict(true);
+  return absl::OkStatus();
+}
 
+// The core's limits: --max_tenants, --max_instances, --max_tenants_per_request.
+absl::Status LimitsConfigFromFlags(ServerConfig& config) {
   for (auto [name, value, field] :
        {std::tuple{"max_tenants", absl::GetFlag(FLAGS_max_tenants), &config.core.max_tenants},
         std::tuple{"max_instances", absl::GetFlag(FLAGS_max_instances),
@@ -241,14 +250,23 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
     if (!v.ok()) return v.status();
     *field = *v;
   }
+  return absl::OkStatus();
+}
 
+// --data_dir and --snapshot_interval.
+absl::Status DataDirConfigFromFlags(ServerConfig& config) {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.snapshot_interval = absl::GetFlag(FLAGS_snapshot_interval);
   if (config.snapshot_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--snapshot_interval=", absl::FormatDuration(config.snapshot_interval), " must be > 0"));
   }
+  return absl::OkStatus();
+}
 
+// --tls_cert, --tls_key, --tls_client_ca (the files are read now), and the refusal of plaintext
+// on a network address unless --allow_insecure_non_loopback. Reads config.server.listen.
+absl::Status TlsConfigFromFlags(ServerConfig& config) {
   config.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
                 .key_file = absl::GetFlag(FLAGS_tls_key),
                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
@@ -265,13 +283,21 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
         "budgets and bearer tokens in plaintext on the network. Set up TLS, or pass "
         "--allow_insecure_non_loopback if the network is trusted"));
   }
+  return absl::OkStatus();
+}
 
-  config.port_file = absl::GetFlag(FLAGS_port_file);
+// --shutdown_grace.
+absl::Status ShutdownConfigFromFlags(ServerConfig& config) {
   config.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   if (config.shutdown_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shutdown_grace=", absl::FormatDuration(config.shutdown_grace), " must be >= 0"));
   }
+  return absl::OkStatus();
+}
+
+// --metrics_listen, --metrics_port_file, --metrics_max_tenants.
+absl::Status MetricsConfigFromFlags(ServerConfig& config) {
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   config.metrics_port_file = absl::GetFlag(FLAGS_metrics_port_file);
   const int32_t metrics_max_tenants = absl::GetFlag(FLAGS_metrics_max_tenants);
@@ -280,8 +306,22 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
         absl::StrCat("--metrics_max_tenants=", metrics_max_tenants, " must be >= 1"));
   }
   config.metrics_max_tenants = static_cast<size_t>(metrics_max_tenants);
+  return absl::OkStatus();
+}
 
-  if (absl::Status s = ClusterConfigFromFlags(config); !s.ok()) return s;
+// Every flag, checked: the first bad one's INVALID_ARGUMENT (naming it and its value).
+absl::StatusOr<ServerConfig> ConfigFromFlags() {
+  // In this order: the TLS check reads --listen and the cluster check --data_dir; when several
+  // flags are wrong, the first in this order is the one reported.
+  using ConfigStep = absl::Status (*)(ServerConfig&);
+  static constexpr ConfigStep kSteps[] = {
+      ListenConfigFromFlags, PolicyConfigFromFlags,   LimitsConfigFromFlags,
+      DataDirConfigFromFlags, TlsConfigFromFlags,     ShutdownConfigFromFlags,
+      MetricsConfigFromFlags, ClusterConfigFromFlags};
+  ServerConfig config;
+  for (ConfigStep step : kSteps) {
+    if (absl::Status s = step(config); !s.ok()) return s;
+  }
   return config;
 }
 
@@ -430,14 +470,40 @@ int StopServing(const ServerConfig& config, int signo, BudgetServer& server, Clu
   return kExitOk;
 }
 
-int Run(ServerConfig config) {
-  // Handlers first: a signal that arrives while starting up is then honoured, not fatal.
+// What Run() starts, in the order it starts it. Members are destroyed in reverse: the gRPC
+// server stops before the metrics endpoint, the endpoint before the metrics and the core they
+// read, the core before the cluster mode and the store it writes to.
+struct ServerProcess {
+  // First: a signal that arrives while starting up is then honoured, not fatal.
+  std::unique_ptr<ShutdownSignals> signals;
+  std::unique_ptr<BearerAuthorizer> authorizer;
+  std::unique_ptr<DurableStore> store;   // with --data_dir
+  std::unique_ptr<ClusterMode> cluster;  // with --etcd_endpoints
+  std::unique_ptr<BudgetCore> core;
+  std::unique_ptr<Snapshotter> snapshotter;  // with --data_dir
+  // What the metrics endpoint reads: it holds them by weak pointer only.
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables;
+  RpcMetrics* rpc_metrics = nullptr;  // one of `collectables`; null while metrics are off
+  std::unique_ptr<prometheus::Exposer> metrics_endpoint;  // null while metrics are off
+  std::unique_ptr<BudgetServer> server;
+};
+
+// A step of Run()'s start: the exit code when the server must not go on (the step has logged
+// why), nullopt when it goes on.
+using StartStep = std::optional<int> (*)(const ServerConfig&, ServerProcess&);
+
+std::optional<int> InstallSignals(const ServerConfig&, ServerProcess& p) {
   absl::StatusOr<std::unique_ptr<ShutdownSignals>> signals = ShutdownSignals::Install();
   if (!signals.ok()) {
     spdlog::error("{}", std::string(signals.status().message()));
     return kExitCannotServe;
   }
+  p.signals = *std::move(signals);
+  return std::nullopt;
+}
 
+// The bearer credentials of the policy.
+std::optional<int> CreateAuthorizer(const ServerConfig& config, ServerProcess& p) {
   absl::StatusOr<std::unique_ptr<BearerAuthorizer>> authorizer =
       BearerAuthorizer::Create(config.policy, {.log = [](absl::string_view line) {
                                  spdlog::warn("{}", std::string(line));
@@ -447,141 +513,213 @@ int Run(ServerConfig config) {
                   std::string(authorizer.status().message()));
     return kExitBadConfig;
   }
-  config.server.service.authorizer = authorizer->get();
+  p.authorizer = *std::move(authorizer);
+  return std::nullopt;
+}
 
-  std::unique_ptr<DurableStore> store;
-  if (!config.data_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<DurableStore>> opened = DurableStore::Open(config.data_dir);
-    if (!opened.ok()) {
-      spdlog::error("--data_dir={}: {}", config.data_dir, std::string(opened.status().message()));
-      return kExitCannotServe;
-    }
-    store = *std::move(opened);
+// --data_dir: opens (creates) the directory; its state is read by RecoverState().
+std::optional<int> OpenDataDir(const ServerConfig& config, ServerProcess& p) {
+  if (config.data_dir.empty()) return std::nullopt;
+  absl::StatusOr<std::unique_ptr<DurableStore>> opened = DurableStore::Open(config.data_dir);
+  if (!opened.ok()) {
+    spdlog::error("--data_dir={}: {}", config.data_dir, std::string(opened.status().message()));
+    return kExitCannotServe;
   }
+  p.store = *std::move(opened);
+  return std::nullopt;
+}
 
-  std::unique_ptr<ClusterMode> cluster;
-  if (config.cluster.enabled()) {
-    absl::StatusOr<std::unique_ptr<ClusterMode>> created = ClusterMode::Create(
-        config.cluster, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
-    if (!created.ok()) {
-      spdlog::error("cluster mode (--etcd_endpoints={}): {}", config.cluster.etcd_endpoints,
-                    std::string(created.status().message()));
-      return kExitBadConfig;
-    }
-    cluster = *std::move(created);
-  }
-
-  CoreOptions core_options = config.core;
-  core_options.router = cluster != nullptr ? cluster->router() : nullptr;
-  core_options.policy = config.policy;
-  core_options.clock = Clock::Real();
-  core_options.store = store.get();
-  core_options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
-  absl::StatusOr<std::unique_ptr<BudgetCore>> core = BudgetCore::Create(std::move(core_options));
-  if (!core.ok()) {
-    spdlog::error("invalid policy ({}): {}", config.policy_source, std::string(core.status().message()));
+// --etcd_endpoints: the cluster mode, not joined yet (JoinClusterOnceServing() joins).
+std::optional<int> CreateClusterMode(const ServerConfig& config, ServerProcess& p) {
+  if (!config.cluster.enabled()) return std::nullopt;
+  absl::StatusOr<std::unique_ptr<ClusterMode>> created = ClusterMode::Create(
+      config.cluster, [](absl::string_view line) { spdlog::info("{}", std::string(line)); });
+  if (!created.ok()) {
+    spdlog::error("cluster mode (--etcd_endpoints={}): {}", config.cluster.etcd_endpoints,
+                  std::string(created.status().message()));
     return kExitBadConfig;
   }
-  config.server.service.core = core->get();
-  if (cluster != nullptr) {
-    config.server.service.list_shards = [c = cluster.get()] { return c->ListShards(); };
-    config.server.service.put_policy = [c = cluster.get()](absl::string_view tenant,
-                                                           const v1::BudgetPolicy& policy) {
+  p.cluster = *std::move(created);
+  return std::nullopt;
+}
+
+// The budgets, routed through the cluster mode or kept in the store when there is one.
+std::optional<int> CreateCore(const ServerConfig& config, ServerProcess& p) {
+  CoreOptions options = config.core;
+  options.router = p.cluster != nullptr ? p.cluster->router() : nullptr;
+  options.policy = config.policy;
+  options.clock = Clock::Real();
+  options.store = p.store.get();
+  options.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
+  absl::StatusOr<std::unique_ptr<BudgetCore>> core = BudgetCore::Create(std::move(options));
+  if (!core.ok()) {
+    spdlog::error("invalid policy ({}): {}", config.policy_source,
+                  std::string(core.status().message()));
+    return kExitBadConfig;
+  }
+  p.core = *std::move(core);
+  return std::nullopt;
+}
+
+// --data_dir: restores the budgets and starts the periodic snapshots. Before the port opens, so
+// that no RPC sees the state half restored.
+std::optional<int> RecoverState(const ServerConfig& config, ServerProcess& p) {
+  if (p.store == nullptr) {
+    if (p.cluster == nullptr) {
+      spdlog::warn("no --data_dir: budgets are kept in memory only and a restart loses them");
+    }
+    return std::nullopt;
+  }
+  absl::StatusOr<std::unique_ptr<Snapshotter>> started =
+      Snapshotter::Start(p.core.get(), p.store.get(), config.snapshot_interval,
+                         [](absl::string_view line) { spdlog::warn("{}", std::string(line)); });
+  if (!started.ok()) {
+    if (absl::IsDataLoss(started.status())) {
+      spdlog::error("--data_dir={} is damaged, refusing to start on it: {}. Move the named "
+                    "file away to start without its state (budgets restart at their "
+                    "initial level).",
+                    config.data_dir, std::string(started.status().message()));
+      return kExitBadConfig;
+    }
+    spdlog::error("--data_dir={}: cannot recover or snapshot: {}", config.data_dir,
+                  std::string(started.status().message()));
+    return kExitCannotServe;
+  }
+  p.snapshotter = *std::move(started);
+  spdlog::info("data dir {}: {} budget(s) recovered; snapshot every {} and at shutdown",
+               config.data_dir, p.core->tenant_count(),
+               absl::FormatDuration(config.snapshot_interval));
+  return std::nullopt;
+}
+
+// The Prometheus endpoint (unless --metrics_listen is empty): per-RPC counters through the
+// service hook, budgets read from the core at scrape time, etcd latencies in cluster mode.
+std::optional<int> StartMetrics(const ServerConfig& config, ServerProcess& p) {
+  if (config.metrics_listen.empty()) {
+    spdlog::info("metrics disabled (--metrics_listen is empty)");
+    return std::nullopt;
+  }
+  auto rpc_metrics = std::make_shared<RpcMetrics>();
+  p.collectables = {rpc_metrics, std::make_shared<BudgetMetrics>(BudgetMetricsOptions{
+                                     .core = p.core.get(),
+                                     .snapshotter = p.snapshotter.get(),
+                                     .max_tenants = config.metrics_max_tenants})};
+  if (p.cluster != nullptr) {
+    auto cluster_metrics = std::make_shared<ClusterMetrics>(p.cluster.get());
+    p.cluster->set_latency_observer([m = cluster_metrics.get()](double s) { m->Observe(s); });
+    p.collectables.push_back(std::move(cluster_metrics));
+  }
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> endpoint =
+      StartMetricsEndpoint(config.metrics_listen, p.collectables);
+  if (!endpoint.ok()) {
+    spdlog::error("--metrics_listen: {}", std::string(endpoint.status().message()));
+    return absl::IsInvalidArgument(endpoint.status()) ? kExitBadConfig : kExitCannotServe;
+  }
+  p.metrics_endpoint = *std::move(endpoint);
+  const int metrics_port = MetricsEndpointPort(*p.metrics_endpoint);
+  spdlog::info("metrics on http://{}:{}/metrics (at most {} tenant label values)",
+               config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), metrics_port,
+               config.metrics_max_tenants);
+  if (!config.metrics_port_file.empty()) {
+    if (absl::Status s = WritePortFile(config.metrics_port_file, metrics_port); !s.ok()) {
+      spdlog::error("--metrics_port_file: {}", std::string(s.message()));
+      return kExitCannotServe;
+    }
+  }
+  p.rpc_metrics = rpc_metrics.get();
+  return std::nullopt;
+}
+
+// The gRPC services' hooks into what the earlier steps started.
+ServiceOptions ServiceOptionsOf(const ServerConfig& config, const ServerProcess& p) {
+  ServiceOptions service = config.server.service;
+  service.core = p.core.get();
+  service.authorizer = p.authorizer.get();
+  service.metrics = p.rpc_metrics;
+  service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
+  if (p.cluster != nullptr) {
+    service.list_shards = [c = p.cluster.get()] { return c->ListShards(); };
+    service.put_policy = [c = p.cluster.get()](absl::string_view tenant,
+                                               const v1::BudgetPolicy& policy) {
       return c->PutPolicy(tenant, policy);
     };
   }
-  config.server.service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
+  return service;
+}
 
-  // Recovery happens before the port is opened: no RPC sees the state half restored.
-  std::unique_ptr<Snapshotter> snapshotter;
-  if (store != nullptr) {
-    absl::StatusOr<std::unique_ptr<Snapshotter>> started =
-        Snapshotter::Start(core->get(), store.get(), config.snapshot_interval,
-                           [](absl::string_view line) { spdlog::warn("{}", std::string(line)); });
-    if (!started.ok()) {
-      if (absl::IsDataLoss(started.status())) {
-        spdlog::error("--data_dir={} is damaged, refusing to start on it: {}. Move the named "
-                      "file away to start without its state (budgets restart at their "
-                      "initial level).",
-                      config.data_dir, std::string(started.status().message()));
-        return kExitBadConfig;
-      }
-      spdlog::error("--data_dir={}: cannot recover or snapshot: {}", config.data_dir,
-                    std::string(started.status().message()));
-      return kExitCannotServe;
-    }
-    snapshotter = *std::move(started);
-    spdlog::info("data dir {}: {} budget(s) recovered; snapshot every {} and at shutdown",
-                 config.data_dir, (*core)->tenant_count(),
-                 absl::FormatDuration(config.snapshot_interval));
-  } else if (cluster == nullptr) {
-    spdlog::warn("no --data_dir: budgets are kept in memory only and a restart loses them");
-  }
-
-  // Metrics: per-RPC counters through the service hook, budgets read from the core at scrape
-  // time. Declared after the core and snapshotter, so the endpoint stops before they go.
-  auto rpc_metrics = std::make_shared<RpcMetrics>();
-  auto budget_metrics = std::make_shared<BudgetMetrics>(
-      BudgetMetricsOptions{.core = core->get(),
-                           .snapshotter = snapshotter.get(),
-                           .max_tenants = config.metrics_max_tenants});
-  std::vector<std::shared_ptr<prometheus::Collectable>> collectables = {rpc_metrics,
-                                                                         budget_metrics};
-  if (cluster != nullptr) {
-    auto cluster_metrics = std::make_shared<ClusterMetrics>(cluster.get());
-    cluster->set_latency_observer([m = cluster_metrics.get()](double s) { m->Observe(s); });
-    collectables.push_back(std::move(cluster_metrics));
-  }
-  std::unique_ptr<prometheus::Exposer> metrics_endpoint;
-  if (!config.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> endpoint =
-        StartMetricsEndpoint(config.metrics_listen, collectables);
-    if (!endpoint.ok()) {
-      spdlog::error("--metrics_listen: {}", std::string(endpoint.status().message()));
-      return absl::IsInvalidArgument(endpoint.status()) ? kExitBadConfig : kExitCannotServe;
-    }
-    metrics_endpoint = *std::move(endpoint);
-    const int metrics_port = MetricsEndpointPort(*metrics_endpoint);
-    spdlog::info("metrics on http://{}:{}/metrics (at most {} tenant label values)",
-                 config.metrics_listen.substr(0, config.metrics_listen.rfind(':')), metrics_port,
-                 config.metrics_max_tenants);
-    if (!config.metrics_port_file.empty()) {
-      if (absl::Status s = WritePortFile(config.metrics_port_file, metrics_port); !s.ok()) {
-        spdlog::error("--metrics_port_file: {}", std::string(s.message()));
-        return kExitCannotServe;
-      }
-    }
-    config.server.service.metrics = rpc_metrics.get();
-  } else {
-    spdlog::info("metrics disabled (--metrics_listen is empty)");
-  }
-
-  absl::StatusOr<std::unique_ptr<BudgetServer>> server = BudgetServer::Start(config.server);
+// Opens the gRPC port, then writes --port_file: a port file names a server that serves.
+std::optional<int> StartServing(const ServerConfig& config, ServerProcess& p) {
+  ServerOptions options = config.server;
+  options.service = ServiceOptionsOf(config, p);
+  absl::StatusOr<std::unique_ptr<BudgetServer>> server = BudgetServer::Start(std::move(options));
   if (!server.ok()) {
     spdlog::error("{}", std::string(server.status().message()));
     return absl::IsInvalidArgument(server.status()) ? kExitBadConfig : kExitCannotServe;
   }
-  spdlog::info("listening on {} (gRPC); {}", (*server)->address(),
-               DescribeTransport(config, **server));
+  p.server = *std::move(server);
+  spdlog::info("listening on {} (gRPC); {}", p.server->address(),
+               DescribeTransport(config, *p.server));
   spdlog::info("policy {}", DescribePolicy(config));
-  spdlog::info("auth: {}", DescribeAuth(**authorizer));
+  spdlog::info("auth: {}", DescribeAuth(*p.authorizer));
   if (!config.port_file.empty()) {
-    if (absl::Status s = WritePortFile(config.port_file, (*server)->port()); !s.ok()) {
+    if (absl::Status s = WritePortFile(config.port_file, p.server->port()); !s.ok()) {
       spdlog::error("{}", std::string(s.message()));
-      (*server)->Shutdown(absl::ZeroDuration());
+      p.server->Shutdown(absl::ZeroDuration());
       return kExitCannotServe;
     }
   }
+  return std::nullopt;
+}
 
-  if (cluster != nullptr) {
-    if (std::optional<int> code = JoinCluster(config, *cluster, **core, **server)) return *code;
-  }
+// Cluster mode: joins once the port is open (the advertised address is the bound one).
+std::optional<int> JoinClusterOnceServing(const ServerConfig& config, ServerProcess& p) {
+  if (p.cluster == nullptr) return std::nullopt;
+  return JoinCluster(config, *p.cluster, *p.core, *p.server);
+}
 
+// Serves until SIGINT/SIGTERM, reloading the policy on every SIGHUP; then stops.
+int ServeUntilStopped(const ServerConfig& config, ServerProcess& p) {
   int signo = 0;
-  while ((signo = (*signals)->Wait()) == SIGHUP) {
-    ReloadPolicy(config, **core, **authorizer);
+  while ((signo = p.signals->Wait()) == SIGHUP) {
+    ReloadPolicy(config, *p.core, *p.authorizer);
   }
-  return StopServing(config, signo, **server, cluster.get(), snapshotter.get());
+  return StopServing(config, signo, *p.server, p.cluster.get(), p.snapshotter.get());
+}
+
+int Run(const ServerConfig& config) {
+  static constexpr StartStep kStart[] = {
+      InstallSignals, CreateAuthorizer, OpenDataDir,  CreateClusterMode,     CreateCore,
+      RecoverState,   StartMetrics,     StartServing, JoinClusterOnceServing};
+  ServerProcess process;
+  for (StartStep step : kStart) {
+    if (std::optional<int> exit_code = step(config, process)) return *exit_code;
+  }
+  return ServeUntilStopped(config, process);
+}
+
+// The process's log: stderr at --log_level, protobuf's own lines rate-limited into it. False
+// (logged) for an unknown level.
+bool SetUpLogging(const std::string& log_level) {
+  auto logger = spdlog::stderr_color_mt("retry-budget-server");
+  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n: %v");
+  spdlog::set_default_logger(std::move(logger));
+  const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
+  if (level == spdlog::level::off && log_level != "off") {
+    spdlog::error("--log_level=\"{}\" is not one of trace, debug, info, warn, error, "
+                  "critical, off", log_level);
+    return false;
+  }
+  spdlog::set_level(level);
+  // Protobuf logs a line for every malformed request it parses; a client must not be able to
+  // fill our log with them.
+  RouteProtobufLogs(absl::Seconds(10), [](absl::string_view level, absl::string_view line) {
+    if (level == "FATAL" || level == "ERROR") {
+      spdlog::error("{}", std::string(line));
+    } else {
+      spdlog::warn("{}", std::string(line));
+    }
+  });
+  return true;
 }
 
 }  // namespace
@@ -599,28 +737,9 @@ int main(int argc, char** argv) {
   // std::shared_mutex and are checked by Clang's thread-safety analysis and TSan instead.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
-  auto logger = spdlog::stderr_color_mt("retry-budget-server");
-  logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n: %v");
-  spdlog::set_default_logger(std::move(logger));
-  const std::string log_level = absl::GetFlag(FLAGS_log_level);
-  const spdlog::level::level_enum level = spdlog::level::from_str(log_level);
-  if (level == spdlog::level::off && log_level != "off") {
-    spdlog::error("--log_level=\"{}\" is not one of trace, debug, info, warn, error, "
-                  "critical, off", log_level);
+  if (!retrybudget::SetUpLogging(absl::GetFlag(FLAGS_log_level))) {
     return retrybudget::kExitBadConfig;
   }
-  spdlog::set_level(level);
-  // Protobuf logs a line for every malformed request it parses; a client must not be able to
-  // fill our log with them.
-  retrybudget::RouteProtobufLogs(absl::Seconds(10), [](absl::string_view level,
-                                                       absl::string_view line) {
-    if (level == "FATAL" || level == "ERROR") {
-      spdlog::error("{}", std::string(line));
-    } else {
-      spdlog::warn("{}", std::string(line));
-    }
-  });
-
   if (positional.size() > 1) {
     spdlog::error("unexpected argument \"{}\" (flags are --name=value)", positional[1]);
     return retrybudget::kExitBadConfig;
