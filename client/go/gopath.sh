@@ -6,7 +6,7 @@
 #   BUILD/gopath/src/MODULE/budgetpb/       client/go/budgetpb (committed; symlinks)
 #   BUILD/gopath/src/MODULE/backoffbudget/  client/go/backoffbudget (symlinks)
 #   BUILD/gopath/src/MODULE/flakypb/        flaky.pb.go, flaky_grpc.pb.go (generated: examples only)
-#   BUILD/gopath/src/MODULE/gotest/         tests/go (symlinks)
+#   BUILD/gopath/src/MODULE/integration/    client/go/integration (symlinks; build tag integration)
 #   BUILD/gopath/src/MODULE/examples/go_worker, .../tools/go_worker (symlinks)
 #   BUILD/gopath/src/github.com/cenkalti/backoff/v4  Debian's .../cenkalti/backoff (the module's
 #                                           /v4 import path, which GOPATH mode does not map)
@@ -38,11 +38,12 @@ link_dir() {  # link_dir SOURCE_DIR DEST_DIR: every .go file of SOURCE_DIR, and 
 link_dir "$src/client/go" "$root"
 link_dir "$src/client/go/budgetpb" "$root/budgetpb"
 link_dir "$src/client/go/backoffbudget" "$root/backoffbudget"
-link_dir "$src/tests/go" "$root/gotest"
+link_dir "$src/client/go/integration" "$root/integration"
 link_dir "$src/examples/go_worker" "$root/examples/go_worker"
 link_dir "$src/tools/fleet/go_worker" "$root/tools/go_worker"
-# Earlier layouts generated budgetpb here; the committed files replace them.
-rm -rf "$root/budgetpb/retrybudget"
+# Earlier layouts generated budgetpb here; the committed files replace them. The integration
+# tests were tests/go, linked as gotest/.
+rm -rf "$root/budgetpb/retrybudget" "$root/gotest"
 cenkalti="$build/gopath/src/github.com/cenkalti/backoff"
 mkdir -p "$cenkalti"
 ln -sfn "$gocode/src/github.com/cenkalti/backoff" "$cenkalti/v4"

@@ -1,9 +1,12 @@
-// Package gotest holds the Go client's tests against real parts: the real
+//go:build integration
+
+// Package integration holds the Go client's tests against real parts (build tag
+// `integration`: CTest's go_*_test, client/go/integration/CMakeLists.txt): the real
 // retry-budget-server (RETRY_BUDGET_SERVER_BIN) on 127.0.0.1 port 0, a real cluster
 // (RETRY_BUDGET_CLUSTER_BIN, cluster-under-test), real gRPC proxies and backends written in Go,
 // and the Go worker programs. Every count-based test checks what was really spent against the
 // server's own totals (GetBudget) or the bound initial + refill * elapsed + credit * successes.
-package gotest
+package integration
 
 import (
 	"context"

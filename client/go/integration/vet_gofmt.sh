@@ -5,14 +5,14 @@ set -uo pipefail
 src=$1
 module=$2
 status=0
-dirs=("$src/client/go" "$src/tests/go" "$src/examples/go_worker" "$src/tools/fleet/go_worker")
+dirs=("$src/client/go" "$src/examples/go_worker" "$src/tools/fleet/go_worker")
 unformatted=$("$RETRYBUDGET_GOFMT" -l "${dirs[@]}")
 if [ -n "$unformatted" ]; then
   echo "gofmt -l lists files that are not gofmt'ed:" >&2
   echo "$unformatted" >&2
   status=1
 fi
-if ! "$RETRYBUDGET_GO" vet "$module" "$module/budgetpb" "$module/backoffbudget" "$module/gotest" "$module/examples/go_worker" "$module/tools/go_worker"; then
+if ! "$RETRYBUDGET_GO" vet -tags integration "$module" "$module/budgetpb" "$module/backoffbudget" "$module/integration" "$module/examples/go_worker" "$module/tools/go_worker"; then
   echo "go vet failed" >&2
   status=1
 fi

@@ -1,4 +1,6 @@
-package gotest
+//go:build integration
+
+package integration
 
 import (
 	"context"
