@@ -65,16 +65,21 @@ class FakeClock:
 
     def __init__(self):
         self.now = 0.0
+        self.next_wake = math.inf  # seconds, as the last run's end_step() said
 
     def __call__(self) -> float:
         return self.now
 
     def set_ms(self, ms: float, where: str) -> None:
-        t = ms / 1000.0
-        if t < self.now - 1e-12:
+        if ms < _ms(self.now) - _TOLERANCE_MS:
             raise ScenarioError(f"{where}: at_ms {ms} is earlier than the clock "
-                                f"({self.now * 1000:.3f} ms)")
-        self.now = max(self.now, t)
+                                f"({_ms(self.now):.3f} ms)")
+        self.now = max(self.now, ms / 1000.0)
+        # A step at the time the last run said the next is due runs at exactly that time, as
+        # the driver sleeping until it would: the engine's times are float seconds, where
+        # 0.001 + 0.05 > 0.051, while the corpus's milliseconds are exact.
+        if abs(_ms(self.next_wake) - ms) <= _TOLERANCE_MS:
+            self.now = max(self.now, self.next_wake)
 
 
 def _unknown(keys, allowed, where):
@@ -194,6 +199,7 @@ class Runner:
                 n += 1
                 plan = engine.next_plan()
             nxt = engine.end_step()
+        self.clock.next_wake = nxt
         assert n == len(attempts), f"{where}: {n} attempt(s) sent, expected {len(attempts)}"
         if "next_wake_ms" in run:
             _close_ms(nxt, run["next_wake_ms"], f"{where}: next wake")
