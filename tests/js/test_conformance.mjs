@@ -191,7 +191,9 @@ class Run {
     const o = validateOptions(given);
     this.options = o;
     this.ms = 0; // the fake clock, in milliseconds
-    const clock = () => this.ms / 1000;
+    this.nextWake = Infinity; // seconds, as the last run's endStep() said
+    this.exact = null; // seconds: the clock's exact value while it stands at a wake time
+    const clock = () => this.exact ?? this.ms / 1000;
     this.clock = clock;
     this.tenants = new Map();
     this.ordered = [];
@@ -223,7 +225,17 @@ class Run {
     onlyKeys(s, ['at_ms', action, ...(EXTRA_STEP_KEYS[action] ?? [])], where);
     assert.equal(typeof s.at_ms, 'number', `${where}.at_ms is ${JSON.stringify(s.at_ms)}`);
     assert.ok(s.at_ms >= this.ms - MS_TOLERANCE, `${where}.at_ms ${s.at_ms} is earlier than the clock (${this.ms} ms)`);
-    this.ms = Math.max(this.ms, s.at_ms);
+    if (s.at_ms > this.ms) {
+      this.ms = s.at_ms;
+      this.exact = null;
+    }
+    // A step at the time the last one said the next is due runs at exactly that time, as the
+    // client's loop sleeping until it would: the engine's times are float seconds, where
+    // 1.32 + 1.0 > 2.32, while the corpus's milliseconds are exact.
+    if (Math.abs(this.nextWake * 1000 - this.ms) <= MS_TOLERANCE && this.nextWake > this.clock()) {
+      this.ms = this.nextWake * 1000;
+      this.exact = this.nextWake;
+    }
     const w = `${where} (${action} at ${s.at_ms} ms)`;
     switch (action) {
       case 'tenant': {
@@ -293,12 +305,16 @@ class Run {
       assert.equal(a.lost, true, `${where}.lost must be true`);
       assert.ok(!('after_ms' in a), `${where}: after_ms goes with a response or an error, not with lost`);
       // Nanoseconds, as an absl::Time would hold the deadline.
+      this.exact = null;
       this.ms = Math.max(this.ms, Math.round(sent.deadline * 1e9) / 1e6);
       return { code: Status.DEADLINE_EXCEEDED, details: 'Deadline Exceeded' };
     }
     if ('after_ms' in a) {
       assert.ok(typeof a.after_ms === 'number' && a.after_ms >= 0, `${where}.after_ms is ${JSON.stringify(a.after_ms)}`);
-      this.ms += a.after_ms;
+      if (a.after_ms > 0) {
+        this.exact = null;
+        this.ms += a.after_ms;
+      }
     }
     if ('error' in a) {
       const code = Status[a.error];
@@ -324,6 +340,7 @@ class Run {
     }
     assert.equal(n, attempts.length, `${where}: ${n} attempts sent, ${attempts.length} listed`);
     const next = engine.endStep();
+    this.nextWake = next;
     if ('next_wake_ms' in spec) {
       if (spec.next_wake_ms === null) {
         assert.equal(next, Infinity, `${where}: next wake at ${next * 1000} ms, expected never`);
@@ -351,6 +368,7 @@ class Run {
         engine.endFinal(outcome);
         const delay = engine.finalRetryDelay(attempt, outcome);
         if (delay === null) break;
+        this.exact = null;
         this.ms += delay * 1000;
       }
       engine.finalRequestDone();
