@@ -122,7 +122,8 @@ const (
 //   - A `stale` response is dropped. Grants apply to the tenants of the request that produced
 //     them (same order, same names; anything else is taken as nothing), leases ending at that
 //     request's FIRST send + TTL.
-//   - Syncs are never closer than minSyncInterval.
+//   - Syncs are never closer than minSyncInterval, except the first Sync of a new tenant,
+//     which goes out at once (with every tenant of its route).
 //   - An attempt's deadline is the earliest of syncTimeout, the next lease expiry, and the next
 //     fallback step or moment a route (or a parked tenant) turns down, that one at least
 //     minFallbackStepWindow away: a spent lease falls back on time even while an attempt waits
@@ -514,11 +515,19 @@ func (r *refresher) syncDueLocked(route *syncRoute, tenants []*TenantBudget) tim
 	if len(tenants) == 0 {
 		return farFuture
 	}
-	due := farFuture
+	due, first := farFuture, false
 	for _, t := range tenants {
-		due = minTime(due, t.syncDueAt())
+		d, neverSynced := t.syncDueAt()
+		due = minTime(due, d)
+		first = first || neverSynced
 	}
 	if !due.Before(farFuture) {
+		return due
+	}
+	// A new tenant's first Sync goes out at once, not after minSyncInterval: its workers are
+	// denied until it is answered (first-sync-at-once). Once per tenant, at most
+	// maxTenantsPerClient times.
+	if first {
 		return due
 	}
 	return maxTime(due, addDur(route.lastSend, r.opts.policy.minSyncInterval))

@@ -102,6 +102,7 @@ type TenantBudget struct {
 	expiry          time.Time
 	nextDue         time.Time
 	dryUntil        time.Time
+	synced          bool // a request carried the tenant (its first Sync skips minSyncInterval)
 	err             error
 	safeShares      recentSmallest
 	lastSafeShareAt time.Time
@@ -259,18 +260,19 @@ func (t *TenantBudget) FallbackAllowance(now time.Time) float64 {
 
 // ---- refresher side (t.mu) ----
 
-func (t *TenantBudget) syncDueAt() time.Time {
+// syncDueAt is when the tenant's next Sync is due; first: no request carried it yet.
+func (t *TenantBudget) syncDueAt() (due time.Time, first bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.mode == shutdown {
-		return farFuture
+		return farFuture, false
 	}
 	if t.syncWanted.Load() {
 		// A worker found the lease low or empty: sync now, unless the server said the
 		// bucket is dry (it granted less than wanted): then not before its retry-after.
-		return minTime(t.nextDue, t.dryUntil)
+		return minTime(t.nextDue, t.dryUntil), !t.synced
 	}
-	return t.nextDue
+	return t.nextDue, !t.synced
 }
 
 func (t *TenantBudget) leaseEndsAt() time.Time {
@@ -448,6 +450,7 @@ func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 func (t *TenantBudget) fillSync(now time.Time, p refreshPolicy) *pb.TenantSync {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.synced = true
 	out := &pb.TenantSync{}
 	held := t.lease.held()
 	t.fillCountersLocked(held, out)
