@@ -2,7 +2,7 @@
 case per scenario file of client/conformance/scenarios/. Each scenario drives the code a worker
 runs, the tenant registry, TenantBudget and SyncEngine made by client.make_tenants_and_engine,
 as BudgetClient's refresher thread drives them (begin_step / end_attempt / next_plan / end_step,
-and begin_final / end_final at shutdown), with two things replaced: the clock (a fake one the
+and begin_final / next_final / end_final at shutdown), with two things replaced: the clock (a fake one the
 scenario moves) and the transport (each Sync attempt's outcome scripted by the scenario).
 
 Strict: an unknown key anywhere, an attempt more or fewer than the scenario lists, or a request
@@ -212,7 +212,9 @@ class Runner:
         self.tenants.close()  # as BudgetClient.close()
         n = 0
         with engine.mu:
-            for address, request in engine.begin_final():
+            item = engine.next_final() if engine.begin_final() else None
+            while item is not None:
+                address, request = item
                 wait = engine.final_wait_for_ready(address)
                 attempt = 1
                 while True:
@@ -229,7 +231,7 @@ class Runner:
                         break
                     self.clock.now += delay  # the driver's sleep before the next attempt
                     attempt += 1
-                engine.final_request_done()
+                item = engine.next_final()
             engine.finish_final()
         assert n == len(attempts), f"{where}: {n} attempt(s) sent, expected {len(attempts)}"
         if "expect_status" in final:

@@ -8,9 +8,9 @@ the task of AsyncBudgetClient drive it and only do the I/O:
         plan = engine.next_plan()
     next_time = engine.end_step()     # steps the tenants again with the outcomes
 
-and at shutdown, for each (address, request) of engine.begin_final(): send it until
-engine.end_final(outcome, attempt) says None (else sleep the delay it returns), then
-engine.final_request_done(); at last engine.finish_final().
+and at shutdown, if engine.begin_final(): for each (address, request) engine.next_final()
+gives, send it until engine.end_final(outcome, attempt) says None (else sleep the delay it
+returns); at last engine.finish_final().
 
 Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
  * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
@@ -59,6 +59,24 @@ _CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
 
 MAX_REDIRECT_HOPS = 4
 MAX_OWNER_ROUTES = 64
+# A request refused as a whole with one of these means the server answers and applied nothing:
+# a request of several tenants is split, a single tenant is refused (denied until its refresh).
+_REQUEST_REFUSALS = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                     grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE)
+_AT_MOST = "at most "
+
+
+def tenant_limit_in(message: str) -> int:
+    """The tenant limit a refusal names ("... at most N are allowed in one request"), or 0."""
+    at = message.find(_AT_MOST)
+    if at < 0 or message.find("request", at) < 0:
+        return 0
+    limit = 0
+    for c in message[at + len(_AT_MOST):]:
+        if not "0" <= c <= "9":
+            break
+        limit = min(limit * 10 + ord(c) - ord("0"), 1 << 20)
+    return limit
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
@@ -79,6 +97,7 @@ class Plan:
     sent: float
     deadline: float
     address: Optional[str] = None  # None: the main target, else an owner's HOST:PORT
+    resend: bool = False  # the route's pending request sent again
 
 
 @dataclass
@@ -101,6 +120,8 @@ class _Route:
         self.failures = 0
         self.failing_since = INFINITE_FUTURE  # start of the first of those failed attempts
         self.server_state = ANSWERING
+        self.max_tenants_per_sync = INFINITE_FUTURE  # the server's limit once it named one
+        self.chunk = INFINITE_FUTURE  # this step's limit (a split lowers it)
 
 
 class _TenantRoute:
@@ -122,6 +143,11 @@ class _StepState:
     cut: float = INFINITE_FUTURE
     round: int = 0
     visited: set = field(default_factory=set)
+    # Per route address, the tenants its requests of this round carried (a request of part of
+    # them, after a split or under the server's limit, is followed by one of the rest), and the
+    # routes whose rest goes out now, due or not.
+    carried: dict = field(default_factory=dict)
+    again: set = field(default_factory=set)
 
 
 class SyncEngine:
@@ -146,7 +172,8 @@ class SyncEngine:
         self.shut_down = False
         self._step = _StepState()
         self._final_tenants = []
-        self._final_states = {}
+        self._finals = []  # [_FinalRoute]
+        self._final_now = None  # the _FinalRoute of the request being sent
         self._final_error = None
 
     @property
@@ -248,6 +275,8 @@ class SyncEngine:
         if self._routed or self._owners:
             self._prune()
         self._redirected = False
+        for route in (self._main, *self._owners.values()):
+            route.chunk = route.max_tenants_per_sync
         return self.next_plan()
 
     def next_plan(self) -> Optional[Plan]:
@@ -261,9 +290,12 @@ class SyncEngine:
             if now >= step.cut and step.visited:
                 return None
             for route, group in self._groups(step.tenants):
-                if route.address in step.visited or self._sync_due(route, group) > now:
+                if route.address in step.visited:
+                    continue
+                if route.address not in step.again and self._sync_due(route, group) > now:
                     continue
                 step.visited.add(route.address)
+                step.again.discard(route.address)
                 plan = self._plan(route, group, now, step.cut)
                 if plan is not None:
                     return plan
@@ -271,6 +303,8 @@ class SyncEngine:
                 return None
             step.round += 1
             step.visited = set()
+            step.carried = {}
+            step.again = set()
             self._redirected = False
 
     def _plan(self, route, tenants, now, cut) -> Optional[Plan]:
@@ -287,17 +321,25 @@ class SyncEngine:
                 route.failing_since = INFINITE_FUTURE
                 route.server_state = ANSWERING
                 return None
-        if route.pending is None:
+        resend = route.pending is not None
+        if not resend:
+            # At most route.chunk of the tenants this round's requests did not carry yet.
+            carried = self._step.carried.get(route.address, ())
+            rest = [t for t in tenants if t not in carried]
+            if not rest:
+                return None
+            if route.chunk < len(rest):
+                rest = rest[:max(1, int(route.chunk))]
             request = budget_pb2.SyncRequest(instance_id=self.instance_id)
             self.seq += 1
             request.seq = self.seq
-            for t in tenants:
+            for t in rest:
                 t.fill_sync(now, self.policy, request.tenants.add())
-            route.pending = _Pending(request, list(tenants), now)
+            route.pending = _Pending(request, rest, now)
         route.last_send = now
         deadline = min(now + self.sync_timeout, cut)
         return Plan(route.pending.request, max(0.0, deadline - now), route.failures > 0, now,
-                    deadline, route.address)
+                    deadline, route.address, resend)
 
     def _route_of(self, plan: Plan) -> _Route:
         if plan.address is None:
@@ -317,6 +359,9 @@ class SyncEngine:
                      and received >= plan.deadline - _DEADLINE_SLACK)
         if cut_short or (outcome.woken and outcome.code == grpc.StatusCode.CANCELLED):
             route.retry_at = received
+            return
+        if outcome.code in _REQUEST_REFUSALS:
+            self._refused(route, plan, outcome, received)
             return
         if outcome.code is None:
             route.server_state = ANSWERING
@@ -339,10 +384,49 @@ class SyncEngine:
         route.failures = 0
         route.failing_since = INFINITE_FUTURE
         done, route.pending = route.pending, None
+        if not plan.resend:
+            self._carried(route, done)  # a resend answered: the rest are due on their schedule
         if outcome.response.stale:
             _log.error("retrybudget: Sync seq %d answered as stale; ignored", done.request.seq)
             return
         self._apply_response(done, outcome.response, received)
+
+    def _carried(self, route, done: _Pending) -> None:
+        """`done`'s tenants had their answer in this step: the route's other tenants, if any, go
+        in the next request at once."""
+        self._step.carried.setdefault(route.address, set()).update(done.tenants)
+        self._step.visited.discard(route.address)
+        self._step.again.add(route.address)
+
+    def _refused(self, route, plan: Plan, outcome: Outcome, received: float) -> None:
+        # The server answered: it is reachable, and this request as a whole is refused. It
+        # applied nothing, so the counters simply go in the next request.
+        route.server_state = ANSWERING
+        route.failures = 0
+        route.failing_since = INFINITE_FUTURE
+        refused, route.pending = route.pending, None
+        size = len(refused.tenants)
+        if size > 1:
+            # Too large, or one entry is bad: split. A limit the server names is kept for later
+            # requests; otherwise halve this request only, down to single tenants.
+            named = tenant_limit_in(outcome.details)
+            if 0 < named < size:
+                route.max_tenants_per_sync = named
+                route.chunk = named
+            else:
+                route.chunk = size // 2
+            _log.error("retrybudget: Sync seq %d with %d tenants refused; splitting it into "
+                       "requests of %d: %s", refused.request.seq, size, route.chunk,
+                       self.last_status)
+            self._step.visited.discard(route.address)  # the same tenants go again at once
+            self._step.again.add(route.address)
+            return
+        # One tenant, refused: deny it until its next refresh (not fallback: the server answers).
+        _log.error("retrybudget: Sync seq %d for tenant %r refused; the tenant is denied: %s",
+                   refused.request.seq, refused.tenants[0].tenant, self.last_status)
+        refused.tenants[0].apply_refusal(outcome.code.name, outcome.details, received,
+                                         self.policy)
+        self._carried(route, refused)
 
     def _redirect(self, tenant, owner: str, received: float) -> None:
         self.redirects += 1
@@ -434,54 +518,84 @@ class SyncEngine:
 
     # ---- the final Sync ----
 
-    def begin_final(self) -> list:
-        """Shuts every tenant down and builds the final requests, one per route that has
-        tenants (new seq, final=true, every counter, want 0), as [(address, request)]; empty
-        when there is nothing to report or they were already built."""
+    def begin_final(self) -> bool:
+        """Shuts every tenant down and takes its final counters (every token returned, want 0),
+        per route that has tenants; True when there is something to report (then send each
+        request of next_final()), False when there is none or it was already done."""
         if self.shut_down:
-            return []
+            return False
         self.shut_down = True
         tenants = self._registry.snapshot()
         self._step = _StepState()
-        self._final_states = {}
+        self._finals = []
         self._final_error = None
-        finals = []
         now = self._clock()
         for route, group in self._groups(tenants):
             route.pending = None
             if not group:
                 continue
-            request = budget_pb2.SyncRequest(instance_id=self.instance_id, final=True)
+            entries = []
+            for t in group:
+                entry = budget_pb2.TenantSync()
+                t.fill_final(now, entry)
+                entries.append(entry)
+            self._finals.append(_FinalRoute(route, entries, route.server_state))
+        self._final_tenants = tenants
+        return bool(self._finals)
+
+    def next_final(self):
+        """The next final request to send, as (address, request), or None when all are done.
+        A request carries at most the route's limit of tenants (a new seq each, even with a
+        request pending); only a route's last one has final=true (the server forgets the
+        instance on it)."""
+        for final in self._finals:
+            left = len(final.entries) - final.done
+            if left <= 0:
+                continue
+            n = left if final.chunk >= left else max(1, int(final.chunk))
+            request = budget_pb2.SyncRequest(instance_id=self.instance_id,
+                                             final=final.done + n == len(final.entries))
             self.seq += 1
             request.seq = self.seq
-            for t in group:
-                t.fill_final(now, request.tenants.add())
-            finals.append((route.address, request))
-            self._final_states[route.address] = route.server_state
-        self._final_tenants = tenants
-        return finals
+            request.tenants.extend(final.entries[final.done:final.done + n])
+            final.sending = n
+            self._final_now = final
+            return final.route.address, request
+        return None
 
     def final_wait_for_ready(self, address: Optional[str] = None) -> bool:
         # With the server known unreachable, fail fast rather than hold close() 3 x timeout.
-        return self._final_states.get(address, ANSWERING) != UNREACHABLE
+        for final in self._finals:
+            if final.route.address == address:
+                return final.state != UNREACHABLE
+        return True
 
     def end_final(self, outcome: Outcome, attempt: int) -> Optional[float]:
-        """Takes the outcome of attempt number `attempt` (from 1) of one final request; returns
-        how long to wait before sending it again (same seq), or None when it is done: answered,
-        or FINAL_SYNC_ATTEMPTS attempts made."""
+        """Takes the outcome of attempt number `attempt` (from 1) of the request next_final()
+        gave; returns how long to wait before sending it again (same seq), or None when it is
+        done (answered, refused as a whole, or FINAL_SYNC_ATTEMPTS attempts made): then call
+        next_final() again."""
         if self._metrics is not None:
             self._metrics.sync_attempted(outcome.code is None)
         self.last_status = (None if outcome.code is None
                             else f"{outcome.code.name}: Sync to the budget server failed: "
                                  f"{outcome.details}")
-        if outcome.code is None or attempt >= FINAL_SYNC_ATTEMPTS:
+        refused = outcome.code in _REQUEST_REFUSALS
+        if outcome.code is not None and not refused and attempt < FINAL_SYNC_ATTEMPTS:
+            return retry_backoff(attempt, self.policy)
+        final, n = self._final_now, self._final_now.sending
+        if refused and n > 1:
+            # Split as a request of the refresher's (named limit kept, else halved); again.
+            named = tenant_limit_in(outcome.details)
+            if 0 < named < n:
+                final.route.max_tenants_per_sync = named
+            final.chunk = named if 0 < named < n else n // 2
             return None
-        return retry_backoff(attempt, self.policy)
-
-    def final_request_done(self) -> None:
-        """After the last attempt of one final request: keeps the first failure."""
-        if self.last_status is not None and self._final_error is None:
+        if outcome.code is not None and self._final_error is None:
             self._final_error = self.last_status
+        # Unreachable: the rest of this route would fail too.
+        final.done = final.done + n if outcome.code is None or refused else len(final.entries)
+        return None
 
     def finish_final(self) -> None:
         self.last_status = self._final_error
@@ -489,3 +603,17 @@ class SyncEngine:
             _log.error("retrybudget: final Sync failed; unspent tokens are forfeited: %s",
                        self.last_status)
         self.update_metrics(self._final_tenants)
+
+
+@dataclass
+class _FinalRoute:
+    """One route's final requests: its tenants' final entries, how many were done."""
+    route: _Route
+    entries: list
+    state: str  # the route's server state when the final Sync began
+    done: int = 0
+    sending: int = 0  # entries in the request being sent
+    chunk: float = INFINITE_FUTURE
+
+    def __post_init__(self):
+        self.chunk = self.route.max_tenants_per_sync

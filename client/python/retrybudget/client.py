@@ -230,11 +230,12 @@ class BudgetClient:
     def _final_sync(self):
         engine = self._engine
         with engine.mu:
-            finals = engine.begin_final()
-            if not finals:
+            if not engine.begin_final():
                 return None
             # Every server that holds tenants of this instance gets its final Sync.
-            for address, request in finals:
+            final = engine.next_final()
+            while final is not None:
+                address, request = final
                 wait = engine.final_wait_for_ready(address)
                 stub = self._stub_for(address)
                 attempt = 1
@@ -245,6 +246,6 @@ class BudgetClient:
                         break
                     threading.Event().wait(delay)
                     attempt += 1
-                engine.final_request_done()
+                final = engine.next_final()
             engine.finish_final()
             return engine.last_status

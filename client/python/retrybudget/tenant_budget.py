@@ -281,10 +281,11 @@ class TenantBudget:
             return self._next_due
 
     def awaiting_first_sync(self) -> bool:
-        """No request has carried this tenant yet: its first Sync is due at once (not held back
-        by min_sync_interval)."""
+        """No request has carried this tenant yet (it may be in fallback already, created while
+        its server is unreachable): its first Sync is due at once (not held back by
+        min_sync_interval)."""
         with self._mu:
-            return not self._in_a_request and self._mode == AWAITING
+            return not self._in_a_request and self._mode != SHUTDOWN
 
     def lease_ends_at(self) -> float:
         with self._mu:
