@@ -88,6 +88,10 @@ def _unknown(keys, allowed, where):
         raise ScenarioError(f"{where}: unknown key(s) {sorted(extra)}")
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _ms(seconds: float) -> float:
     return seconds * 1000.0
 
@@ -136,8 +140,8 @@ class Runner:
     def run(self) -> None:
         for i, step in enumerate(self.scenario["steps"]):
             where = f"step {i} (at_ms {step.get('at_ms')})"
-            if "at_ms" not in step:
-                raise ScenarioError(f"{where}: no at_ms")
+            if not _is_number(step.get("at_ms")):
+                raise ScenarioError(f"{where}: at_ms (milliseconds) is required")
             actions = [k for k in step if k in _ACTIONS]
             if len(actions) != 1:
                 raise ScenarioError(f"{where}: exactly one action key expected, found "
@@ -258,6 +262,12 @@ class Runner:
                 raise ScenarioError(f"{where} attempt {i}: `lost` must be true, without after_ms")
             if "expect" not in a:
                 raise ScenarioError(f"{where} attempt {i}: no `expect` request")
+            for key in ("expect_timeout_ms", "after_ms"):
+                if key in a and not (_is_number(a[key]) and a[key] >= 0):
+                    raise ScenarioError(f"{where} attempt {i}: {key} is {a[key]!r}")
+            if "expect_wait_for_ready" in a and not isinstance(a["expect_wait_for_ready"], bool):
+                raise ScenarioError(f"{where} attempt {i}: expect_wait_for_ready is "
+                                    f"{a['expect_wait_for_ready']!r}; expected true / false")
         return attempts
 
     @staticmethod
