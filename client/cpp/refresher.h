@@ -55,53 +55,41 @@ struct RefresherOptions {
 // that sleeps (through the Clock) until the next step is due or Wake() interrupts it. Tests call
 // RunOnce() themselves instead of Start(), with a FakeClock and a mock stub.
 //
-// Protocol rules kept here:
-//  * One request carries every tenant. A NEW request gets seq + 1 (the first is 1). A request
-//    that failed (any non-OK status, deadline included) is resent unchanged, same seq, after a
-//    backoff (RetryBackoff, at most 1 s), while it is younger than refresh_period (counted from
-//    its first send). An older one is abandoned for a new request (new seq, fresh counters): its
-//    lease would start at the old send time, and during an outage the fresh counters carry the
-//    fallback spending. Abandoning is safe: counters are cumulative, a later seq makes the old
-//    one stale, and a grant of the old one that the server applied is reclaimed through
-//    tokens_received.
-//  * The last attempt's outcome is the ServerState each tenant's Step() sees: a failure other
-//    than UNAUTHENTICATED / PERMISSION_DENIED means unreachable (tenants whose lease ended fall
-//    back), those two mean refusing (deny), a response means answering.
-//  * A response marked `stale` is dropped. Grants of a response apply to the tenants of the
-//    request that produced it (same order), leases ending at that request's FIRST send + TTL.
-//  * Syncs are never closer than min_sync_interval, except the first Sync of a new tenant, which
-//    goes out as soon as the tenant is created (Tenant() wakes the refresher): workers are
-//    denied until it is answered.
-//  * A Sync never holds up the tenants' duties: its deadline is the earliest of sync_timeout,
-//    the next lease expiry, and the next fallback step or moment a route (or a parked tenant)
-//    turns down (at least kMinFallbackStepWindow away: a fallback token a few milliseconds late
-//    costs nothing, a Sync that can never finish would), so a spent lease falls back on time
-//    even while an attempt waits for the channel. An attempt cut short by that deadline, or cancelled by Wake() while it waited for
-//    a connection, is "interrupted": no verdict on the server, no backoff; the duties run and
-//    the same request (same seq) goes out again at once.
+// The protocol rules kept here are the client rulebook's, client/conformance/RULES.md, by id
+// (each pinned by scenarios of the conformance corpus, which tests/client/conformance_test.cc
+// runs through this class):
+//  * Requests and seq: one-request-per-route, seq-new-request, resend-unchanged (RetryBackoff),
+//    abandon-after-refresh-period, server-state-from-outcome (the ServerState each tenant's
+//    Step() sees), stale-dropped, grants-match-request, lease-ends-at-first-send,
+//    min-sync-interval, first-sync-at-once (Tenant() wakes the refresher), next-sync-from-grant,
+//    low-water-wakes and want-from-demand (the last two in TenantBudgetImpl).
+//  * Deadlines and connections: sync-deadline (kMinFallbackStepWindow),
+//    cut-short-is-interrupted (also an attempt Wake() cancelled), fail-fast-then-wait-for-ready.
+//  * Refusals: request-refused-split, tenant-refused.
+//  * Routing (a cluster): every rule above holds per route, the main target or one owner
+//    address, each with its own pending request, backoff, failures and ServerState:
+//    redirect-followed, redirect-hop-limit (kMaxRedirectHops), owner-route-limit
+//    (kMaxOwnerRoutes), unavailable-parks, owner-unreachable-parks.
+//  * final-sync: Shutdown().
+// Why some of them are as they are (the rulebook says what, not why):
+//  * Abandoning a request failing for a refresh period is safe: counters are cumulative, a later
+//    seq makes the old one stale, and a grant of the old one that the server applied is
+//    reclaimed through tokens_received. Resending it instead would start its lease at the old
+//    send time, and during an outage the fresh counters carry the fallback spending.
+//  * A Sync never holds up the tenants' duties (its deadline): a fallback token a few
+//    milliseconds late costs nothing, a Sync that can never finish would, so a spent lease falls
+//    back on time even while an attempt waits for the channel.
 //  * Reconnecting: the first attempt after a success is fail-fast, so a refused connection is
-//    known at once (tenants whose lease ends fall back without waiting for a deadline). Once
-//    an attempt has failed, attempts are wait_for_ready: they wait, up to their deadline, for
-//    the channel to connect, and while one waits its thread drives the connection's handshake
-//    (a fail-fast call on a channel in TRANSIENT_FAILURE fails at once, and nothing but gRPC's
-//    backup poller, every 5 s, would read the new connection's SETTINGS). The retry backoff is
-//    counted from the start of the failed attempt, so an attempt that waited out its deadline
-//    is followed at once by the next: during an outage the refresher keeps waiting on the
-//    channel, and a restarted server is seen as soon as the channel reconnects.
-//
-// Routing (a cluster, DESIGN.md): every rule above holds per route. A route is the main target
-// or one owner address; each has its own pending request, backoff, failures and ServerState,
-// and each step sends one Sync per route that is due, carrying that route's tenants. seq is
-// per instance and grows across all routes, so every server sees increasing seqs.
-//  * A tenant entry refused with FAILED_PRECONDITION and an `owner` moves the tenant to that
-//    owner's route (a cached channel) and it is sent there in the same step; counters are
-//    cumulative, so nothing else moves with it. Its lease stays as it is.
-//  * UNAVAILABLE with no owner, a redirect loop (more than kMaxRedirectHops redirects without
-//    a grant), or an owner route whose request failed for a whole refresh period: the tenant
-//    goes back to the main target and counts as unreachable until its next grant (its lease
-//    runs to expiry, then the fallback share); it asks again after a refresh period.
-//  * Nothing of this runs until a redirect is seen: without one, every tenant is on the main
-//    route and a step costs what it did without routing.
+//    known at once (tenants whose lease ends fall back without waiting for a deadline). Later
+//    attempts are wait_for_ready, and while one waits its thread drives the connection's
+//    handshake (a fail-fast call on a channel in TRANSIENT_FAILURE fails at once, and nothing but
+//    gRPC's backup poller, every 5 s, would read the new connection's SETTINGS). With the
+//    backoff counted from the attempt's start, the refresher keeps waiting on the channel during
+//    an outage, and a restarted server is seen as soon as the channel reconnects.
+//  * seq is per instance across all routes, so every server sees increasing seqs; a redirected
+//    tenant moves alone (counters are cumulative). Nothing of the routing runs until a redirect
+//    is seen: without one, every tenant is on the main route and a step costs what it did
+//    without routing.
 class Refresher final : public SyncWaker {
  public:
   // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher. `metrics`,

@@ -9,38 +9,26 @@
 //     }
 //     const next = engine.endStep();     // steps the tenants again with the outcomes
 //
-// Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"; client/refresher.h), per route:
-//  * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
-//    instance, across every route). A failed request (any error, deadline included) is resent
-//    unchanged, same seq, to the same address, after a backoff, while it is younger than
-//    refreshPeriod (from its FIRST send); an older one is abandoned for a new request.
-//  * A failure other than UNAUTHENTICATED / PERMISSION_DENIED means the server is unreachable
-//    (tenants whose lease ended fall back); those two mean it refuses (deny); a response means
-//    it answers. A request refused as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED,
-//    FAILED_PRECONDITION, OUT_OF_RANGE) means the server answers: a request of several tenants
-//    is split (to the limit the error names, kept for the route, or else halved for this
-//    step), a single tenant is denied until its next refresh. A `stale` response is dropped.
-//  * Grants apply to the tenants of the request that produced it (same order, same names:
-//    anything else is ignored and reclaimed by the server), leases ending at the request's
-//    FIRST send + lease_ttl_ms.
-//  * Syncs are never closer than minSyncInterval, except the first request carrying a new
-//    tenant (at most once per tenant: its first Sync goes out when its handle is created).
-//    An attempt's deadline is the earliest of syncTimeout, the next lease expiry, and the next
-//    fallback step or moment a route (or a parked tenant) turns down, so that a spent lease
-//    falls back on time while an attempt waits for the channel (>= 20 ms away); an attempt
-//    cut short by it, or cancelled by a wake while waiting for a connection, is
-//    "interrupted": no verdict, no backoff, the same request goes out again at once.
-//  * The first attempt after a success is fail-fast; later ones wait for the channel to
-//    connect (waitForReady).
-//
-// Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
-// tenant to that owner's route (plan.address), and it is sent there in the same step (at most
-// MAX_REDIRECT_HOPS redirects without a grant; past that, a loop, it is parked; at most
-// MAX_OWNER_ROUTES owner routes). UNAVAILABLE with no owner parks the tenant: back on the main
-// target, unreachable until its next grant (its lease runs to expiry, then the fallback share),
-// asked again after a refresh period. An owner whose request fails for a whole refresh period
-// has its tenants parked the same way. Without any redirect, every tenant is on the main route
-// (address null).
+// The protocol rules kept here (with tenant-budget.js) are the client rulebook's,
+// client/conformance/RULES.md, by id; tests/js/test_conformance.mjs runs the conformance corpus
+// that pins them through this engine:
+//  * Requests and seq: one-request-per-route, seq-new-request, resend-unchanged (retryBackoff),
+//    abandon-after-refresh-period, server-state-from-outcome (the state each tenant's step()
+//    sees: ANSWERING, UNREACHABLE, REFUSING, or DOWN once unreachable for a refresh period),
+//    stale-dropped, grants-match-request, lease-ends-at-first-send, min-sync-interval,
+//    first-sync-at-once (BudgetClient.tenant() wakes the loop), next-sync-from-grant,
+//    low-water-wakes and want-from-demand (the last two in TenantBudget).
+//  * Deadlines and connections: sync-deadline (MIN_FALLBACK_STEP_WINDOW),
+//    cut-short-is-interrupted (also an attempt a wake cancelled: outcome.woken),
+//    fail-fast-then-wait-for-ready (plan.waitForReady).
+//  * Refusals: request-refused-split, tenant-refused.
+//  * Routing (a cluster): every rule above holds per route, the main target (address null) or
+//    one owner (plan.address), each with its own pending request, backoff, failures and server
+//    state: redirect-followed, redirect-hop-limit (MAX_REDIRECT_HOPS), owner-route-limit
+//    (MAX_OWNER_ROUTES), unavailable-parks, owner-unreachable-parks. Nothing of it runs until a
+//    redirect is seen.
+//  * final-sync: beginFinal / finalRetryDelay / endFinal, driven by BudgetClient.close().
+// Why some of them are as they are: client/cpp/refresher.h's class comment.
 
 import {
   FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS,
