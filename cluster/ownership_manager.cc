@@ -53,8 +53,21 @@ OwnershipOptions WithDefaults(OwnershipOptions o) {
   return o;
 }
 
-// The servers and owners that balancing needs, as of one read.
-struct ClusterView {
+// A server's part of the shards. With k live servers sorted by id, the one of rank r wants
+// floor(N/k) + (r < N mod k ? 1 : 0) shards and keeps no more than ceil(N/k).
+struct Share {
+  size_t desired = 0;
+  size_t ceiling = 0;
+  // Where it starts looking for free shards (rank * N / k): servers look in different places,
+  // so that two of them rarely race for the same shard.
+  int first_shard = 0;
+};
+
+}  // namespace
+
+// The servers and owners that balancing needs, as of one read; a pass updates it as it acquires
+// and releases.
+struct OwnershipManager::ClusterView {
   std::map<std::string, std::string> servers;  // id -> advertise address
   std::map<std::string, int64_t> server_leases;
   struct Owner {
@@ -63,31 +76,57 @@ struct ClusterView {
     int64_t lease = 0;
   };
   std::map<int, Owner> owners;
+
+  // The view of a transaction's two ranges: the servers' and the owners' keys.
+  static ClusterView Parse(const std::string& prefix, const ShardMap& map,
+                           const std::vector<etcd::KeyValue>& servers,
+                           const std::vector<etcd::KeyValue>& owners) {
+    ClusterView view;
+    const std::string servers_prefix = ServersPrefix(prefix);
+    for (const etcd::KeyValue& kv : servers) {
+      absl::string_view id = kv.key;
+      if (!absl::ConsumePrefix(&id, servers_prefix) || id.empty() || absl::StrContains(id, '/')) {
+        continue;
+      }
+      view.servers[std::string(id)] = kv.value;
+      view.server_leases[std::string(id)] = kv.lease;
+    }
+    for (const etcd::KeyValue& kv : owners) {
+      std::optional<int> shard = ShardOfOwnerKey(prefix, kv.key);
+      if (shard.has_value() && *shard < map.shards()) {
+        view.owners[*shard] = {.server_id = kv.value, .token = kv.create_revision, .lease = kv.lease};
+      }
+    }
+    return view;
+  }
+
+  // The shards `server_id` owns under `lease`, with their tokens. Owner keys of an older lease
+  // of the same server are not its shards any more.
+  std::map<int, int64_t> OwnedBy(const std::string& server_id, int64_t lease) const {
+    std::map<int, int64_t> owned;
+    for (const auto& [shard, owner] : owners) {
+      if (owner.server_id == server_id && owner.lease == lease) owned[shard] = owner.token;
+    }
+    return owned;
+  }
+
+  // Whether `server_id` is registered under `lease`.
+  bool Registers(const std::string& server_id, int64_t lease) const {
+    const auto it = server_leases.find(server_id);
+    return it != server_leases.end() && it->second == lease;
+  }
+
+  // The share of `server_id`, one of `servers`, of `shards` shards.
+  Share ShareOf(const std::string& server_id, int shards) const {
+    const int n = shards;
+    const int k = static_cast<int>(servers.size());
+    const int rank =
+        static_cast<int>(std::distance(servers.begin(), servers.find(server_id)));
+    return {.desired = static_cast<size_t>(n / k + (rank < n % k ? 1 : 0)),
+            .ceiling = static_cast<size_t>((n + k - 1) / k),
+            .first_shard = rank * n / k};
+  }
 };
-
-ClusterView Parse(const std::string& prefix, const ShardMap& map,
-                  const std::vector<etcd::KeyValue>& servers,
-                  const std::vector<etcd::KeyValue>& owners) {
-  ClusterView view;
-  const std::string servers_prefix = ServersPrefix(prefix);
-  for (const etcd::KeyValue& kv : servers) {
-    absl::string_view id = kv.key;
-    if (!absl::ConsumePrefix(&id, servers_prefix) || id.empty() || absl::StrContains(id, '/')) {
-      continue;
-    }
-    view.servers[std::string(id)] = kv.value;
-    view.server_leases[std::string(id)] = kv.lease;
-  }
-  for (const etcd::KeyValue& kv : owners) {
-    std::optional<int> shard = ShardOfOwnerKey(prefix, kv.key);
-    if (shard.has_value() && *shard < map.shards()) {
-      view.owners[*shard] = {.server_id = kv.value, .token = kv.create_revision, .lease = kv.lease};
-    }
-  }
-  return view;
-}
-
-}  // namespace
 
 OwnershipManager::OwnershipManager(etcd::EtcdClient* etcd, ShardMap map, OwnershipOptions options)
     : etcd_(etcd),
@@ -186,16 +225,45 @@ absl::Status OwnershipManager::last_error() const {
 }
 
 absl::Status OwnershipManager::Reconcile() {
-  int64_t lease = 0;
-  {
-    MutexLock lock(&lease_mu_);
-    if (paused_ || shut_down_) return absl::OkStatus();
-    if (keepalive_ == nullptr || keepalive_->lost()) {
-      if (absl::Status status = TakeLease(); !status.ok()) return status;
-    }
-    lease = grant_->id;
-  }
+  absl::StatusOr<std::optional<int64_t>> pass_lease = LeaseForPass();
+  if (!pass_lease.ok()) return pass_lease.status();
+  if (!pass_lease->has_value()) return absl::OkStatus();
+  const int64_t lease = **pass_lease;
 
+  absl::StatusOr<ClusterView> view = ReadClusterView();
+  if (!view.ok()) return view.status();
+  std::map<int, int64_t> owned = view->OwnedBy(options_.server_id, lease);
+  const bool sure = SurelyAlive(options_.clock->Now());
+  if (sure && !view->Registers(options_.server_id, lease)) {
+    if (absl::Status status = Reregister(lease, *view); !status.ok()) {
+      Publish(*view, owned);
+      return status;
+    }
+  }
+  Publish(*view, owned);
+  // Neither acquire nor release without being sure of the lease: a shard acquired on a lease
+  // that is running out would be owned by nobody able to serve it.
+  if (!sure || view->servers.count(options_.server_id) == 0) return absl::OkStatus();
+
+  const Share share = view->ShareOf(options_.server_id, map_.shards());
+  // On a failed release nothing is published: the owned set already went without the shard.
+  if (absl::Status status = ShedAbove(share.ceiling, *view, owned); !status.ok()) return status;
+  const absl::Status acquired =
+      AcquireUpTo(share.desired, share.first_shard, lease, *view, owned);
+  Publish(*view, owned);
+  return acquired;
+}
+
+absl::StatusOr<std::optional<int64_t>> OwnershipManager::LeaseForPass() {
+  MutexLock lock(&lease_mu_);
+  if (paused_ || shut_down_) return std::nullopt;
+  if (keepalive_ == nullptr || keepalive_->lost()) {
+    if (absl::Status status = TakeLease(); !status.ok()) return status;
+  }
+  return grant_->id;
+}
+
+absl::StatusOr<OwnershipManager::ClusterView> OwnershipManager::ReadClusterView() {
   // Servers and owners as of one revision.
   absl::StatusOr<etcd::TxnResult> read =
       etcd_->Txn({}, {etcd::Op::GetPrefix(ServersPrefix(options_.prefix)),
@@ -205,60 +273,41 @@ absl::Status OwnershipManager::Reconcile() {
     return absl::InternalError(
         absl::StrCat("etcd answered ", read->gets.size(), " ranges to a transaction of 2"));
   }
-  ClusterView view = Parse(options_.prefix, map_, read->gets[0], read->gets[1]);
+  return ClusterView::Parse(options_.prefix, map_, read->gets[0], read->gets[1]);
+}
 
-  std::map<int, int64_t> owned;
+absl::Status OwnershipManager::Reregister(int64_t lease, ClusterView& view) {
+  absl::StatusOr<int64_t> put =
+      etcd_->Put(ServerKey(options_.prefix, options_.server_id), options_.advertise, lease);
+  if (!put.ok()) return put.status();
+  view.servers[options_.server_id] = options_.advertise;
+  view.server_leases[options_.server_id] = lease;
+  return absl::OkStatus();
+}
+
+void OwnershipManager::Publish(const ClusterView& view, const std::map<int, int64_t>& owned) {
+  std::map<int, ShardOwner> owners;
   for (const auto& [shard, owner] : view.owners) {
-    if (owner.server_id == options_.server_id && owner.lease == lease) owned[shard] = owner.token;
+    const auto server = view.servers.find(owner.server_id);
+    owners[shard] = {.server_id = owner.server_id,
+                     .address = server == view.servers.end() ? "" : server->second,
+                     .token = owner.token};
   }
-  const auto me = view.server_leases.find(options_.server_id);
-  const bool registered = me != view.server_leases.end() && me->second == lease;
-  const bool sure = SurelyAlive(options_.clock->Now());
-
-  auto publish = [&] {
-    std::map<int, ShardOwner> owners;
-    for (const auto& [shard, owner] : view.owners) {
-      const auto server = view.servers.find(owner.server_id);
-      owners[shard] = {.server_id = owner.server_id,
-                       .address = server == view.servers.end() ? "" : server->second,
-                       .token = owner.token};
-    }
-    std::vector<std::string> live;
-    for (const auto& [id, address] : view.servers) live.push_back(id);
-    {
-      MutexLock lock(&mu_);
-      owners_ = std::move(owners);
-      live_servers_ = std::move(live);
-    }
-    SetOwned(owned);
-  };
-
-  if (!registered && sure) {
-    // Registration lost while the lease lives (deleted by hand): put it back.
-    absl::StatusOr<int64_t> put =
-        etcd_->Put(ServerKey(options_.prefix, options_.server_id), options_.advertise, lease);
-    if (!put.ok()) {
-      publish();
-      return put.status();
-    }
-    view.servers[options_.server_id] = options_.advertise;
-    view.server_leases[options_.server_id] = lease;
+  std::vector<std::string> live;
+  for (const auto& [id, address] : view.servers) live.push_back(id);
+  {
+    MutexLock lock(&mu_);
+    owners_ = std::move(owners);
+    live_servers_ = std::move(live);
   }
-  publish();
-  // Neither acquire nor release without being sure of the lease: a shard acquired on a lease
-  // that is running out would be owned by nobody able to serve it.
-  if (!sure || view.servers.count(options_.server_id) == 0) return absl::OkStatus();
+  SetOwned(owned);
+}
 
-  const int n = map_.shards();
-  const int k = static_cast<int>(view.servers.size());
-  const int rank =
-      static_cast<int>(std::distance(view.servers.begin(), view.servers.find(options_.server_id)));
-  const size_t desired = static_cast<size_t>(n / k + (rank < n % k ? 1 : 0));
-  const size_t ceiling = static_cast<size_t>((n + k - 1) / k);
-
-  // Shed shards above the ceiling, highest numbers first, so a joining server finds them free.
-  // Each one leaves the owned set (its grants stop) before its state is written and its owner
-  // key deleted, so nothing is granted from it after the state another owner will start from.
+absl::Status OwnershipManager::ShedAbove(size_t ceiling, ClusterView& view,
+                                         std::map<int, int64_t>& owned) {
+  // Highest numbers first, so a joining server finds them free. Each one leaves the owned set
+  // (its grants stop) before its state is written and its owner key deleted, so nothing is
+  // granted from it after the state another owner will start from.
   while (owned.size() > ceiling) {
     const auto last = std::prev(owned.end());
     const int shard = last->first;
@@ -275,21 +324,20 @@ absl::Status OwnershipManager::Reconcile() {
     }
     view.owners.erase(shard);
   }
+  return absl::OkStatus();
+}
 
-  // Take free shards up to this server's share. Servers start looking at different places
-  // (rank * n / k), so that two of them rarely race for the same shard.
-  const int start = rank * n / k;
+absl::Status OwnershipManager::AcquireUpTo(size_t desired, int first_shard, int64_t lease,
+                                           ClusterView& view, std::map<int, int64_t>& owned) {
+  const int n = map_.shards();
   for (int i = 0; i < n && owned.size() < desired; ++i) {
-    const int shard = (start + i) % n;
+    const int shard = (first_shard + i) % n;
     if (view.owners.count(shard) > 0) continue;
     const std::string key = ShardOwnerKey(options_.prefix, shard);
     absl::StatusOr<etcd::TxnResult> txn =
         etcd_->Txn({etcd::Compare::CreateRevisionIs(key, 0)},
                    {etcd::Op::Put(key, options_.server_id, lease)}, {etcd::Op::Get(key)});
-    if (!txn.ok()) {
-      publish();
-      return txn.status();
-    }
+    if (!txn.ok()) return txn.status();
     if (txn->succeeded) {
       // A transaction's puts all carry its revision: the key's create revision.
       owned[shard] = txn->revision;
@@ -304,7 +352,6 @@ absl::Status OwnershipManager::Reconcile() {
       if (kv.value == options_.server_id && kv.lease == lease) owned[shard] = kv.create_revision;
     }
   }
-  publish();
   return absl::OkStatus();
 }
 

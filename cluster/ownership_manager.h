@@ -173,6 +173,22 @@ class OwnershipManager {
   void RunReconciler(std::stop_token stop);
   // One pass: read the prefix, update the views, release and acquire to balance.
   absl::Status Reconcile();
+  // The servers and owners as one pass sees them (ownership_manager.cc).
+  struct ClusterView;
+  // The lease the pass works under, taken anew when etcd said it is gone; nullopt while paused
+  // or shut down (the pass then does nothing).
+  absl::StatusOr<std::optional<int64_t>> LeaseForPass();
+  // The servers' and owners' keys, read in one transaction.
+  absl::StatusOr<ClusterView> ReadClusterView();
+  // Puts this server's registration back under `lease` (it was deleted while the lease lives).
+  absl::Status Reregister(int64_t lease, ClusterView& view);
+  // Makes `view` and `owned` what OwnerOf(), LiveServers() and OwnedShards() answer.
+  void Publish(const ClusterView& view, const std::map<int, int64_t>& owned);
+  // Releases owned shards while there are more than `ceiling`.
+  absl::Status ShedAbove(size_t ceiling, ClusterView& view, std::map<int, int64_t>& owned);
+  // Acquires free shards, looking from `first_shard` on, while fewer than `desired` are owned.
+  absl::Status AcquireUpTo(size_t desired, int first_shard, int64_t lease, ClusterView& view,
+                           std::map<int, int64_t>& owned);
   void Wake();
   void SetAliveUntil(absl::Time t) {
     alive_until_nanos_.store(absl::ToUnixNanos(t), std::memory_order_release);
