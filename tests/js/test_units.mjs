@@ -283,10 +283,12 @@ test('an empty or low lease wakes the refresher once per applied response', () =
 test('hostile responses are clamped or refused, never fail open', () => {
   const r = rig();
   const [a, b] = [r.add('a'), r.add('b')];
-  // Huge grant: at most a lease's worth lands and is counted as received.
+  // Huge grant: at most a lease's worth lands; the rest is counted as received and returned at
+  // once (as the C++ client), a grant past 2^53 read as 2^53.
   r.step((plan) => grants(plan, (e) => (e.tenant === 'a' ? { granted: 2 ** 60 } : { granted: -7 })));
   assert.equal(a.stats().tokensHeld, MAX_LEASE_TOKENS);
-  assert.equal(a.stats().tokensReceived, MAX_LEASE_TOKENS);
+  assert.equal(a.stats().tokensReceived, 2 ** 53);
+  assert.equal(a.stats().tokensReturned, 2 ** 53 - MAX_LEASE_TOKENS);
   assert.equal(b.stats().tokensHeld, 0);
   // A TTL <= 0 ends the lease at once; NaN next_sync_ms is the refresh period.
   r.clock.t = 0.3;

@@ -7,6 +7,9 @@
 export const MAX_WANT = 1_000_000;
 /** Most tokens a lease holds (the C++ lease word's 31-bit count). */
 export const MAX_LEASE_TOKENS = 2 ** 31 - 1;
+/** Longest lease a grant can give (ms): a longer lease_ttl_ms is read as this (the C++
+ * client's kMaxLeaseTtlMs, the longest a policy allows). */
+export const MAX_LEASE_TTL_MS = 600_000;
 /** Fraction of the last grant at which the lease counts as low and the refresher is woken. */
 export const LOW_WATER_FRACTION = 0.2;
 /** First and largest wait before resending a Sync that failed (seconds). */

@@ -5,8 +5,8 @@
 
 import * as ledgerMod from './ledger.js';
 import {
-  INFINITE_FUTURE, INFINITE_PAST, MAX_LEASE_TOKENS, DemandEstimator, FallbackBucket,
-  RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
+  INFINITE_FUTURE, INFINITE_PAST, MAX_COUNTER, MAX_LEASE_TOKENS, MAX_LEASE_TTL_MS,
+  DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
 } from './math.js';
 
 const TENANT_RE = /^[A-Za-z0-9._:/-]{1,128}$/;
@@ -397,20 +397,24 @@ export class TenantBudget {
     // Cleared before the tokens land: a worker that runs dry after this wakes the refresher
     // again; one that ran dry before is served by this grant.
     this._syncWanted = false;
-    // At most what a lease can hold: the rest is never counted as received, so the server
-    // reclaims it (and the cumulative counters stay far below 2^53).
-    const granted = Math.min(wholeCount(grant.granted), MAX_LEASE_TOKENS);
+    // The lease holds at most MAX_LEASE_TOKENS: the rest of a hostile grant is counted as
+    // received and returned at once (grant-clamped), as the C++ client's ledger does. A grant
+    // beyond 2^53 (no Number holds it exactly; the wire contract keeps counters below it) is
+    // read as 2^53.
+    const granted = Math.min(wholeCount(grant.granted), MAX_COUNTER);
+    const deposit = Math.min(granted, MAX_LEASE_TOKENS);
+    const mark = Math.min(lowWaterMark(granted), MAX_LEASE_TOKENS);
     let deposited;
     if (this._ledger.source === ledgerMod.FALLBACK) {
       // Back from fallback: swap the fallback tokens for the leased ones at once.
-      deposited = Math.min(granted, MAX_LEASE_TOKENS);
-      const withdrawn = this._replace(granted, lowWaterMark(deposited));
+      deposited = deposit;
+      const withdrawn = this._replace(deposit, mark);
       this._ledger.withdrew(withdrawn, 0);
       this._ledger.switchTo(ledgerMod.LEASE);
       this._endEpisode(received);
       this._fallback = null;
     } else {
-      deposited = this._deposit(granted, lowWaterMark(Math.min(granted, MAX_LEASE_TOKENS)));
+      deposited = this._deposit(deposit, mark);
     }
     this._ledger.received(granted, deposited);
     const share = grant.safeShare;
@@ -418,9 +422,10 @@ export class TenantBudget {
       this._safeShares.note({ capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond), successCredit: Number(share.successCredit ?? 0) }, received);
       this._lastSafeShareAt = received;
     }
-    // A TTL <= 0 (or unreadable) ends the lease at once: the safe reading of a missing value.
+    // A TTL <= 0 (or unreadable) ends the lease at once: the safe reading of a missing value;
+    // one above the longest a policy allows is read as that (a lease is never for ever).
     const ttl = Number(grant.leaseTtlMs);
-    this._expiry = sent + (Number.isFinite(ttl) && ttl > 0 ? ttl : 0) / 1000;
+    this._expiry = sent + (Number.isFinite(ttl) && ttl > 0 ? Math.min(ttl, MAX_LEASE_TTL_MS) : 0) / 1000;
     this._mode = LEASED;
     this._error = null;
     this._settleReady();
