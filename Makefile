@@ -3,8 +3,9 @@
 #   make test   builds and runs the whole test suite
 #   make bench  builds the benchmarks in Release into build-bench/ and runs them all
 #               (bench/run_all.sh; results in build-bench/bench-results/, see docs/BENCHMARKS.md)
-#   make soak   a seeded random schedule of server, etcd and Sync faults over a fleet for
-#               SOAK_MINUTES (default 10; SOAK_SEED=N repeats a run), NOT part of `make test`
+#   make soak   a seeded random schedule of server, etcd and Sync faults over a fleet of C++,
+#               Go, Node and Python workers for SOAK_MINUTES (default 10; SOAK_SEED=N repeats
+#               a run), NOT part of `make test`
 #               (bench/soak.py; results in $(BUILD_DIR)/soak-SEED/; docs/BENCHMARKS.md 9a)
 # Both install the Debian packages they need when missing.
 
@@ -49,7 +50,8 @@ SOAK_FLAGS ?=
 
 soak: configure
 	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server retry-budget-fleet \
-	    cluster-under-test retrybudget_python_stubs
+	    retrybudget_python_stubs retrybudget_go
+	test -d client/js/node_modules || npm ci --prefix client/js
 	bench/soak.py --build=$(BUILD_DIR) --minutes=$(SOAK_MINUTES) \
 	    $(if $(SOAK_SEED),--seed=$(SOAK_SEED)) $(SOAK_FLAGS)
 

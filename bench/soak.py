@@ -4,46 +4,48 @@ fault kind the fleet tool has, for N minutes, on loopback, bounded in time, stop
 
     bench/soak.py --build=build --minutes=10 --seed=38   # or: make soak SOAK_MINUTES=10 SOAK_SEED=38
     bench/soak.py --minutes=2 --phases=A               # phase A only (below), 2 minutes
+    bench/soak.py --minutes=2 --languages=cpp          # the C++ workers only
 
-It drives the fleet tool (build/tools/fleet/retry-budget-fleet, tools/fleet/README.md) and
-tools/fleet/mixed_fleet.py; it launches nothing itself. Three phases, one after the other:
+It drives the fleet tool (build/tools/fleet/retry-budget-fleet, tools/fleet/README.md); it
+launches nothing itself. Every phase runs workers of every language on the same tenants: the
+tool's C++ workers and, through its --foreign-workers, Go (build/client/go/bin/go_worker), Node
+(tools/fleet/js_worker/worker.mjs, with client/js/node_modules) and Python (mixed_fleet.py
+--worker) workers, one of each language per tenant, each worker's spending counted in its
+tenant's bound and against the ideal bucket (`--languages` narrows the set). Two phases:
 
-  A. cluster (about 80% of the minutes): 3 servers on a 3-member etcd (`--cluster=3`), 8 tenants,
-     8 C++ worker processes of 2 threads, and a random `--cluster-chaos` schedule drawn from the
-     seed: kill -9 (the owner of tenant 0, or a numbered server) with a restart, SIGSTOP of the
-     owner, SIGTERM of the owner with a restart (`term`), rolling restarts, one etcd member
-     restarted or stopped for a while, all of etcd stopped, quorum lost (two of three members)
-     and regained, quorum lost with a server SIGTERMed and restarted during the outage, and once,
-     in the last third, the etcd leader killed for good (`kill-etcd-leader` has no undo: no etcd
-     fault follows it). The faults follow each other (gaps of 2-6 s); only the SIGTERM inside a
-     lost quorum overlaps another fault. Rolling restarts never overlap an etcd fault (each
-     server's restart waits for it to join etcd, up to 10 s, holding the schedule).
+  A. cluster (about 90% of the minutes): 3 servers on a 3-member etcd (`--cluster=3`), 4 tenants,
+     4 C++ worker processes of 2 threads and 4 workers of 2 loops per other language, and a random
+     `--cluster-chaos` schedule drawn from the seed: kill -9 (the owner of tenant 0, or a
+     numbered server) with a restart, SIGSTOP of the owner, SIGTERM of the owner with a restart
+     (`term`), rolling restarts, one etcd member restarted or stopped for a while, all of etcd
+     stopped, quorum lost (two of three members) and regained, quorum lost with a server
+     SIGTERMed and restarted during the outage, and once, in the last third, the etcd leader
+     killed for good (`kill-etcd-leader` has no undo: no etcd fault follows it). The faults
+     follow each other (gaps of 2-6 s); only the SIGTERM inside a lost quorum overlaps another
+     fault. Rolling restarts never overlap an etcd fault (each server's restart waits for it to
+     join etcd, up to 10 s, holding the schedule).
   B. dropped and delayed Syncs (about 10%): the fleet tool's fault proxy drops responses,
      duplicates and replays requests (with a kill -9 and restart of the server), then delays
      every response (with a SIGSTOP of the server). ONE server, not the cluster: the proxy sits
-     in front of one target, and in a cluster a client syncs each tenant with its owner
-     directly, past any proxy in front of the target, so it would see almost none of them.
-  C. every language (about 10%): tools/fleet/mixed_fleet.py, C++, Python, Go and Node workers on
-     one tenant of a 3-server cluster, with the one fault that tool has: kill -9 of the tenant's
-     owner, restarted later.
-
-So the cluster fault schedule (A) drives C++ workers only: mixed_fleet.py owns its deployment
-and has no schedule of etcd or server faults, and the fleet tool's workers are C++. Python, Go
-and Node clients are soaked only in C, through one owner kill -9 on a cluster, and none of them
-sees dropped or delayed Syncs here (tests/python/test_mixed_fleet.py and each client's own tests
-cover those).
+     in front of one target, and in a cluster a client syncs each tenant with its owner at the
+     address the owner advertises in etcd, past any proxy in front of the target, so it would
+     see almost none of them. A proxy per server would need each server to advertise its
+     proxy's address, the launcher to start servers that way, and the proxy to carry the admin
+     and health services too: not done.
 
 At the end it prints, per phase and tenant, the retries spent against the bound (lease part +
 fallback allowance) and against one ideal central bucket, the servers' SIGTERM stop times (max)
 and the restart-to-serving times (health SERVING, polled every 50 ms), writes
 OUT/soak_summary.json and plots phase A over time (gnuplot-nox) into --plot. Exit 0: every
-tenant of every phase within its budget; 1: one was not; 3: a phase gave no verdict.
+tenant of every phase within its budget; 1: one was not; 3: a phase gave no verdict (or a
+language's worker is missing).
 """
 
 import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,6 +293,36 @@ def fmt(v, spec=".3f"):
     return str(v)
 
 
+def foreign_worker_flags(args, build):
+    """The fleet tool's --foreign-workers flags for --languages: one worker of each language
+    other than C++ per tenant. Exits 3 naming what is missing."""
+    commands = {
+        "go": [os.path.join(build, "client/go/bin/go_worker")],
+        "js": [args.node, os.path.abspath(args.js_worker)],
+        "python": [args.python, os.path.join(REPO, "tools/fleet/mixed_fleet.py"), "--worker"],
+    }
+    flags = []
+    for language in [l.strip() for l in args.languages.split(",") if l.strip()]:
+        if language == "cpp":
+            continue
+        if language not in commands:
+            sys.exit(f"soak: --languages: unknown language '{language}' (cpp, go, js, python)")
+        program = commands[language][0]
+        if not os.access(program, os.X_OK):
+            print(f"soak: the {language} worker's program {program} is missing (go: cmake "
+                  f"--build {build} --target retrybudget_go; js: node; python: --python)",
+                  file=sys.stderr)
+            sys.exit(3)
+        modules = os.path.join(os.path.dirname(os.path.abspath(args.js_worker)),
+                               "../../../client/js/node_modules")
+        if language == "js" and not os.path.isdir(modules):
+            print(f"soak: {os.path.normpath(modules)} is missing (npm ci --prefix client/js)",
+                  file=sys.stderr)
+            sys.exit(3)
+        flags.append(f"--foreign-workers={language}:{args.tenants}:{' '.join(commands[language])}")
+    return flags
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -299,12 +331,21 @@ def main():
     ap.add_argument("--seed", type=int, default=None, help="default: from the clock (printed)")
     ap.add_argument("--out", default=None, help="output directory (default BUILD/soak-SEED)")
     ap.add_argument("--plot", default=None, help="PNG of phase A (default OUT/soak.png)")
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tenants", type=int, default=8)
-    ap.add_argument("--phases", default="ABC", help="the phases to run (default ABC)")
+    ap.add_argument("--workers", type=int, default=4, help="C++ worker processes (default 4)")
+    ap.add_argument("--threads", type=int, default=2, help="loops per worker of any language")
+    ap.add_argument("--tenants", type=int, default=4)
+    ap.add_argument("--languages", default="cpp,go,js,python",
+                    help="the languages of the fleet (default cpp,go,js,python): one worker of "
+                         "each other language per tenant")
+    ap.add_argument("--phases", default="AB", help="the phases to run (default AB)")
     ap.add_argument("--python", default="/usr/bin/python3",
-                    help="python with grpcio and protobuf, for phase C (default /usr/bin/python3)")
+                    help="python with grpcio and protobuf, for the Python workers "
+                         "(default /usr/bin/python3)")
+    ap.add_argument("--node", default=shutil.which("node") or "/usr/bin/node",
+                    help="node, for the Node workers")
+    ap.add_argument("--js-worker", default=os.path.join(REPO, "tools/fleet/js_worker/worker.mjs"),
+                    help="the Node worker script (it imports ../../../client/js/src; a copy of "
+                         "both keeps a run safe from an `npm ci` of client/js meanwhile)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else int(time.time()) % 100000
     build = os.path.abspath(args.build)
@@ -317,17 +358,22 @@ def main():
         if not os.access(binary, os.X_OK):
             sys.exit(f"soak: {binary} is missing (cmake --build {build} --target "
                      f"retry-budget-fleet retry-budget-server)")
+    languages = foreign_worker_flags(args, build)
+    # The Python workers import the package and its generated modules.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(build, "client/python/gen"), os.path.join(REPO, "client/python")] +
+        ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     rng = random.Random(seed)
     total = args.minutes * 60
     phases_wanted = args.phases.upper()
     proxy_s = max(20.0, round(total * 0.1)) if "B" in phases_wanted else 0
-    mixed_s = max(20.0, round(total * 0.1)) if "C" in phases_wanted else 0
-    cluster_s = max(30.0, total - proxy_s - mixed_s) if "A" in phases_wanted else 0
+    cluster_s = max(30.0, total - proxy_s) if "A" in phases_wanted else 0
     print(f"soak: seed {seed}, {args.minutes:g} min: cluster {cluster_s:.0f} s, proxy "
-          f"{proxy_s:.0f} s, every language {mixed_s:.0f} s; output in {out_dir}", flush=True)
+          f"{proxy_s:.0f} s; languages {args.languages}; output in {out_dir}", flush=True)
 
-    phases, rows, verdicts = [], [], []
-    summary = {"seed": seed, "minutes": args.minutes, "command": " ".join(sys.argv)}
+    phases, rows = [], []
+    summary = {"seed": seed, "minutes": args.minutes, "command": " ".join(sys.argv),
+               "languages": args.languages}
 
     # A. The cluster under the random schedule (drawn first: the same seed gives the same
     # schedule whatever phases run).
@@ -337,7 +383,7 @@ def main():
            f"--cluster-lease-ttl={CLUSTER_LEASE_TTL}s", "--tenant=soak",
            f"--tenants={args.tenants}", f"--workers={args.workers}", f"--threads={args.threads}",
            f"--duration={cluster_s:.0f}", "--failure-rate=0.5", f"--seed={seed}",
-           "--reset-budget", *policy_flags(), f"--cluster-chaos={chaos}",
+           "--reset-budget", *policy_flags(), *languages, f"--cluster-chaos={chaos}",
            f"--worker-lines={lines_path}", "--worker-grace=60s"]
     if cluster_s:
         print(f"soak A: --cluster-chaos={chaos}", flush=True)
@@ -358,37 +404,13 @@ def main():
               f"--stop-server-after={rng.uniform(0.2, 0.5) * half:.1f}",
               f"--resume-after={rng.uniform(1, 5):.1f}"]
         for name, extra in (("drops", b1), ("delays", b2)):
-            cmd = [fleet, f"--spawn-server={server}", "--tenant=soak-proxy", "--tenants=4",
-                   "--workers=4", "--threads=2", f"--duration={half:.0f}", "--failure-rate=0.5",
-                   f"--seed={seed}", "--reset-budget", *policy_flags(), *extra]
+            cmd = [fleet, f"--spawn-server={server}", "--tenant=soak-proxy",
+                   f"--tenants={args.tenants}", f"--workers={args.workers}",
+                   f"--threads={args.threads}", f"--duration={half:.0f}", "--failure-rate=0.5",
+                   f"--seed={seed}", "--reset-budget", *policy_flags(), *languages, *extra]
             print(f"soak B ({name}): {' '.join(extra)}", flush=True)
             rc, line = run(cmd, half + 120, os.path.join(out_dir, f"proxy_{name}.log"))
             phases.append((f"proxy-{name}", cmd, rc, line))
-
-    # C. Every language on one tenant of a cluster, its owner killed -9 and restarted.
-    if mixed_s:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [os.path.join(build, "client/python/gen"), os.path.join(REPO, "client/python")] +
-            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        cmd = [args.python, os.path.join(REPO, "tools/fleet/mixed_fleet.py"),
-               f"--server-bin={server}", f"--fleet-bin={fleet}", "--cluster=3",
-               f"--cluster-bin={os.path.join(build, 'tests/support/cluster-under-test')}",
-               "--cpp-workers=2", "--py-workers=2", "--tenant=soak-mixed",
-               f"--duration={mixed_s:.0f}", "--failure-rate=0.5",
-               f"--capacity={POLICY['capacity']}", f"--refill={POLICY['refill']}",
-               f"--credit={POLICY['credit']}", f"--lease-ttl-ms={POLICY['lease_ttl_ms']}",
-               f"--seed={seed}", f"--kill-server-after={rng.uniform(0.2, 0.4) * mixed_s:.1f}",
-               f"--restart-after={rng.uniform(2, 5):.1f}"]
-        go_bin = os.path.join(build, "client/go/bin/go_worker")
-        if os.access(go_bin, os.X_OK):
-            cmd += [f"--go-worker-bin={go_bin}", "--go-workers=1"]
-        js = os.path.join(REPO, "tools/fleet/js_worker/worker.mjs")
-        if os.path.isdir(os.path.join(REPO, "client/js/node_modules")):
-            cmd += [f"--js-worker={js}", "--js-workers=1"]
-        print(f"soak C: {' '.join(cmd[2:])}", flush=True)
-        rc, line = run(cmd, mixed_s + 180, os.path.join(out_dir, "mixed.log"), env=env)
-        phases.append(("every-language", cmd, rc, line))
 
     # The verdicts.
     exit_code = 0
@@ -457,12 +479,12 @@ def main():
             if os.path.exists(lines_path) and plot_cluster(report, lines_path, windows,
                                                            out_dir, png):
                 print(f"  plot: {png}")
-        for language in report.get("languages") or []:
-            part = report.get(language) or {}
+        for language, part in (report.get("languages") or {}).items():
             print(f"  {language}: {part.get('workers')} workers, retries {part.get('retries_allowed')}"
-                  f", denied {part.get('retries_denied')}, fallback allowance "
-                  f"{fmt(part.get('fallback_allowance'), '.1f')}, shutdown "
-                  f"{part.get('shutdown_status', (report.get('cpp_library') or {}).get('shutdown_status'))}")
+                  f", denied {part.get('retries_denied')}, successes {part.get('successes')}, "
+                  f"fallback allowance {fmt(part.get('fallback_allowance'), '.1f')}, back on a "
+                  f"lease {part.get('workers_back_on_lease')}, tokens held at exit "
+                  f"{part.get('tokens_held_at_exit')}, shutdown {part.get('shutdown_status')}")
         if "chaos" in report:
             print(f"  chaos: {json.dumps(report['chaos'])}")
         if "faults" in report:
