@@ -7,6 +7,9 @@
 #               Go, Node and Python workers for SOAK_MINUTES (default 10; SOAK_SEED=N repeats
 #               a run), NOT part of `make test`
 #               (bench/soak.py; results in $(BUILD_DIR)/soak-SEED/; docs/BENCHMARKS.md 9a)
+#   make metastable  the metastable retry storm (issue 37): trigger sweep x strategies x fleet
+#               sizes, ~70 min, NOT part of `make test` (bench/metastable.py; results in
+#               $(BUILD_DIR)/metastable/, plots in docs/; docs/BENCHMARKS.md 13)
 # Both install the Debian packages they need when missing.
 
 BUILD_DIR ?= build
@@ -17,7 +20,7 @@ DATA_DIR ?= $(CURDIR)/data
 CMAKE_FLAGS ?=
 CTEST_FLAGS ?=
 
-.PHONY: deps configure build run test bench soak clean
+.PHONY: deps configure build run test bench soak metastable clean
 
 deps:
 	@scripts/install-deps.sh
@@ -54,6 +57,14 @@ soak: configure
 	test -d client/js/node_modules || npm ci --prefix client/js
 	bench/soak.py --build=$(BUILD_DIR) --minutes=$(SOAK_MINUTES) \
 	    $(if $(SOAK_SEED),--seed=$(SOAK_SEED)) $(SOAK_FLAGS)
+
+METASTABLE_FLAGS ?=
+
+metastable: configure
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target retry-budget-server metastable_backend \
+	    metastable_worker
+	bench/metastable.py --build=$(BUILD_DIR) --out=$(BUILD_DIR)/metastable --plots=docs \
+	    $(METASTABLE_FLAGS)
 
 clean:
 	rm -rf $(BUILD_DIR)

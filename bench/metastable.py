@@ -527,40 +527,62 @@ def sweep(cfg):
             results.append(r)
             done.add((r["fraction"], r["duration"], r["workers"], label(r), bool(r.get("w_sweep"))))
     n = [0]
+    lock = threading.Lock()
 
     def one(strategy, backoff, w, f, d, w_sweep=False):
         key = (f, d, w, strategy if strategy == "none" else f"{strategy}/{backoff}", w_sweep)
         if key in done:
             return
-        n[0] += 1
-        tenant = f"metastable-{os.getpid()}-{n[0]}"
+        with lock:
+            n[0] += 1
+            tenant = f"metastable-{os.getpid()}-{n[0]}"
         t0 = time.time()
         r = run_one(cfg, strategy, backoff, w, f, d, budget, tenant,
-                    full=cfg.full_cells and (f, d) in parse_cells(cfg.full_cells))
+                    full=(f, d) in parse_cells(cfg.full_cells))
         r["w_sweep"] = w_sweep
-        results.append(r)
-        jsonl.write(json.dumps(r) + "\n")
-        jsonl.flush()
-        print(f"metastable: {f}x{d}s W={w} {label(r)}: recovery {fmt_rec(r['recovery_s'])}"
-              f"{' (down 30 s)' if r['stays_down_30s'] else ''}, attempts/offered during the "
-              f"trigger {r['trigger']['attempts'] / max(1, r['trigger']['offered']):.2f}, "
-              f"max queue {r['max_queue']} ({time.time() - t0:.0f} s)", flush=True)
+        with lock:
+            results.append(r)
+            jsonl.write(json.dumps(r) + "\n")
+            jsonl.flush()
+            print(f"metastable: {f}x{d}s W={w} {label(r)}: recovery {fmt_rec(r['recovery_s'])}"
+                  f"{' (down 30 s)' if r['stays_down_30s'] else ''}, attempts/offered during "
+                  f"the trigger {r['trigger']['attempts'] / max(1, r['trigger']['offered']):.2f},"
+                  f" max queue {r['max_queue']} ({time.time() - t0:.0f} s)", flush=True)
+
+    # Two lists of runs, the cells and the fleet sizes; with --parallel=2 they run side by side
+    # (the backend's capacity is sleeps, not the machine's cores).
+    cell_runs = [(s, b, cfg.workers, f, d, False) for f, d in cells for s in cfg.strategies
+                 for b in (["immediate"] if s == "none" else cfg.series)]
+    w_runs = []
+    if cfg.fleet_sizes:
+        f, d = parse_cells(cfg.w_cell)[0]
+        w_runs = [(s, b, w, f, d, True) for w in cfg.fleet_sizes
+                  for s in ("none", "process", "fleet")
+                  for b in (["immediate"] if s == "none" else cfg.series)]
+    errors = []
+
+    def run_list(runs):
+        try:
+            for r in runs:
+                one(*r)
+        except Exception as e:  # reported after both lists end
+            errors.append(e)
 
     try:
-        for f, d in cells:
-            for s in cfg.strategies:
-                for b in (["immediate"] if s == "none" else cfg.series):
-                    one(s, b, cfg.workers, f, d)
-        if cfg.fleet_sizes:
-            f, d = parse_cells(cfg.w_cell)[0]
-            for w in cfg.fleet_sizes:
-                for s in ("none", "process", "fleet"):
-                    for b in (["immediate"] if s == "none" else cfg.series):
-                        one(s, b, w, f, d, w_sweep=True)
+        if cfg.parallel > 1:
+            threads = [threading.Thread(target=run_list, args=(x,)) for x in (cell_runs, w_runs)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            run_list(cell_runs + w_runs)
     finally:
         jsonl.close()
         if budget:
             budget.close()
+    if errors:
+        raise errors[0]
     targets = judge(results, cells, cfg.fleet_sizes, cfg.workers)
     table = markdown(cfg, results, cells, cfg.workers, targets)
     summary = {
@@ -639,6 +661,10 @@ def check(cfg):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default=os.path.join(REPO, "build"))
+    ap.add_argument("--backend-bin", default=None, help="default BUILD/bench/metastable_backend")
+    ap.add_argument("--worker-bin", default=None, help="default BUILD/bench/metastable_worker")
+    ap.add_argument("--server-bin", default=None,
+                    help="default BUILD/server/retry-budget-server")
     ap.add_argument("--out", default=None, help="results directory (default BUILD/metastable)")
     ap.add_argument("--plots", default=None, help="directory for the PNGs (e.g. docs)")
     ap.add_argument("--backend-workers", type=int, default=12, help="K")
@@ -656,6 +682,8 @@ def main():
     ap.add_argument("--fleet-sizes", default="4,16,32")
     ap.add_argument("--w-cell", default="0.30x10")
     ap.add_argument("--full-cells", default="", help="cells run to the end even once recovered")
+    ap.add_argument("--parallel", type=int, default=1, choices=(1, 2),
+                    help="2: the cells and the fleet sizes side by side")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in OUT")
     ap.add_argument("--check", action="store_true", help="the short end-to-end test")
     cfg = ap.parse_args()
@@ -668,10 +696,11 @@ def main():
         if s not in ("immediate", "jitter"):
             ap.error(f"--series: '{s}' is not one of immediate, jitter")
     cfg.fleet_sizes = [int(w) for w in cfg.fleet_sizes.split(",") if w]
-    cfg.backend_bin = os.path.join(cfg.build, "bench/metastable_backend")
-    cfg.worker_bin = os.path.join(cfg.build, "bench/metastable_worker")
-    cfg.server_bin = os.path.join(cfg.build, "server/retry-budget-server")
-    for b in (cfg.backend_bin, cfg.worker_bin, cfg.server_bin):
+    cfg.backend_bin = cfg.backend_bin or os.path.join(cfg.build, "bench/metastable_backend")
+    cfg.worker_bin = cfg.worker_bin or os.path.join(cfg.build, "bench/metastable_worker")
+    cfg.server_bin = cfg.server_bin or os.path.join(cfg.build, "server/retry-budget-server")
+    needed = [cfg.backend_bin, cfg.worker_bin] + ([] if cfg.check else [cfg.server_bin])
+    for b in needed:
         if not os.access(b, os.X_OK):
             ap.error(f"{b} is missing: cmake --build {cfg.build} --target metastable_backend "
                      "metastable_worker retry-budget-server")
