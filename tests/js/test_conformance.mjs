@@ -357,23 +357,21 @@ class Run {
     const engine = this.engine;
     let n = 0;
     // BudgetClient._finalSync, with the transport and the sleeps replaced.
-    for (const { address, request } of engine.beginFinal()) {
-      const waitForReady = engine.finalWaitForReady(address);
-      for (let attempt = 1; ; attempt++) {
-        const now = this.clock();
-        const sent = { request, address, timeout: engine.syncTimeout, waitForReady, deadline: now + engine.syncTimeout };
-        assert.ok(n < attempts.length, `${where}: final attempt ${n + 1} sent (${JSON.stringify(onTheWire(request))}), ${attempts.length} listed`);
-        const outcome = this.attempt(sent, attempts[n], `${where}.attempts[${n}]`);
-        n++;
-        engine.endFinal(outcome);
-        const delay = engine.finalRetryDelay(attempt, outcome);
-        if (delay === null) break;
-        this.exact = null;
-        this.ms += delay * 1000;
+    if (engine.beginFinal()) {
+      for (let plan = engine.nextFinal(); plan !== null; plan = engine.nextFinal()) {
+        for (;;) {
+          const sent = { ...plan, deadline: this.clock() + plan.timeout };
+          assert.ok(n < attempts.length, `${where}: final attempt ${n + 1} sent (${JSON.stringify(onTheWire(plan.request))}), ${attempts.length} listed`);
+          const outcome = this.attempt(sent, attempts[n], `${where}.attempts[${n}]`);
+          n++;
+          const delay = engine.endFinal(plan, outcome);
+          if (delay === null) break;
+          this.exact = null;
+          this.ms += delay * 1000;
+        }
       }
-      engine.finalRequestDone();
+      engine.finishFinal();
     }
-    engine.finishFinal();
     assert.equal(n, attempts.length, `${where}: ${n} final attempts sent, ${attempts.length} listed`);
     if ('expect_status' in spec) {
       const status = engine.lastStatus === null ? 'OK' : engine.lastStatus.split(':')[0];

@@ -458,14 +458,19 @@ test('the final Sync carries final=true, every counter, want 0, and returns ever
   r.step((plan) => grants(plan, { granted: 6 }));
   a.tryAcquire();
   a.recordSuccess();
-  const finals = r.engine.beginFinal();
-  assert.equal(finals.length, 1);
-  const req = finals[0].request;
+  assert.equal(r.engine.beginFinal(), true);
+  const plan = r.engine.nextFinal();
+  const req = plan.request;
+  assert.equal(plan.address, null);
   assert.equal(req.final, true);
   assert.equal(req.seq, 2);
   assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0, successesCreditedLocally: 0, retriesRefunded: 0, fallbackRefunded: 0 });
   assert.equal(a.tryAcquire(), false);
-  assert.deepEqual(r.engine.beginFinal(), []); // once
+  assert.equal(r.engine.endFinal(plan, { code: null, response: { tenants: [], stale: false } }), null);
+  assert.equal(r.engine.nextFinal(), null);
+  r.engine.finishFinal();
+  assert.equal(r.engine.lastStatus, null);
+  assert.equal(r.engine.beginFinal(), false); // once
 });
 
 test('a Sync is cut short by the next lease expiry and resent at once with the same seq', () => {

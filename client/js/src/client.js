@@ -242,20 +242,16 @@ export class BudgetClient {
 
   async _finalSync() {
     const engine = this._engine;
-    const finals = engine.beginFinal();
-    if (finals.length === 0) return null;
+    if (!engine.beginFinal()) return engine.lastStatus;
     // Every server that holds tenants of this instance gets its final Sync.
-    for (const { address, request } of finals) {
-      const wait = engine.finalWaitForReady(address);
-      const stub = this._stubFor(address);
-      for (let attempt = 1; ; attempt++) {
-        const outcome = await this._callSync(stub, request, engine.syncTimeout, wait, false);
-        engine.endFinal(outcome);
-        const delay = engine.finalRetryDelay(attempt, outcome);
+    for (let plan = engine.nextFinal(); plan !== null; plan = engine.nextFinal()) {
+      const stub = this._stubFor(plan.address);
+      for (;;) {
+        const outcome = await this._callSync(stub, plan.request, plan.timeout, plan.waitForReady, false);
+        const delay = engine.endFinal(plan, outcome);
         if (delay === null) break;
         await new Promise((resolve) => setTimeout(resolve, delay * 1000));
       }
-      engine.finalRequestDone();
     }
     engine.finishFinal();
     return engine.lastStatus;

@@ -27,7 +27,7 @@
 //    state: redirect-followed, redirect-hop-limit (MAX_REDIRECT_HOPS), owner-route-limit
 //    (MAX_OWNER_ROUTES), unavailable-parks, owner-unreachable-parks. Nothing of it runs until a
 //    redirect is seen.
-//  * final-sync: beginFinal / finalRetryDelay / endFinal, driven by BudgetClient.close().
+//  * final-sync: beginFinal / nextFinal / endFinal / finishFinal, driven by BudgetClient.close().
 // Why some of them are as they are: client/cpp/refresher.h's class comment.
 
 import {
@@ -114,7 +114,8 @@ export class SyncEngine {
     this.shutDown = false;
     this.step = newStep();
     this.finalTenants = [];
-    this.finalStates = new Map();
+    this.finalRoutes = []; // {route, entries, done, n, chunk, status, stopped}, in order
+    this.finalAt = 0;
     this.finalError = null;
     this.lastRefusalLog = INFINITE_PAST;
     this.refusalsNotLogged = 0;
@@ -494,63 +495,105 @@ export class SyncEngine {
   }
 
   // ---- the final Sync ----
+  //
+  //     if (engine.beginFinal()) {
+  //       for (let plan = engine.nextFinal(); plan; plan = engine.nextFinal()) {
+  //         for (;;) {
+  //           const delay = engine.endFinal(plan, await send(plan));
+  //           if (delay === null) break;   // this request is done (or split)
+  //           await sleep(delay);          // then the same request again (same seq)
+  //         }
+  //       }
+  //       engine.finishFinal();
+  //     }
 
-  /** Shuts every tenant down and builds the final requests, one per route that has tenants
-   * (new seq, final=true, every counter, want 0), as [{address, request}]; empty when there is
-   * nothing to report or they were already built. */
+  /** Shuts every tenant down (every token withdrawn, want 0) and queues the final requests, per
+   * route that has tenants (the main target's first). False when already shut down. */
   beginFinal() {
-    if (this.shutDown) return [];
+    if (this.shutDown) return false;
     this.shutDown = true;
     const tenants = this.registry.snapshot();
     this.step = newStep();
-    this.finalStates = new Map();
     this.finalError = null;
-    const finals = [];
+    this.finalRoutes = [];
+    this.finalAt = 0;
+    this.main.pending = null;
+    for (const route of this.owners.values()) route.pending = null;
     const now = this.clock();
     for (const [route, group] of this.groups(tenants)) {
-      route.pending = null;
       if (group.length === 0) continue;
-      this.seq++;
-      const request = { instanceId: this.instanceId, seq: this.seq, tenants: [], final: true };
-      for (const t of group) request.tenants.push(t.fillFinal(now));
-      finals.push({ address: route.address, request });
-      this.finalStates.set(route.address, route.serverState);
+      this.finalRoutes.push({
+        route, entries: group.map((t) => t.fillFinal(now)), done: 0, n: 0,
+        chunk: route.maxTenantsPerSync, status: null, stopped: false,
+      });
     }
     this.finalTenants = tenants;
-    return finals;
+    return true;
   }
 
-  /** With the server known unreachable, fail fast rather than hold close() 3 x timeout. */
-  finalWaitForReady(address) {
-    return (this.finalStates.get(address) ?? ANSWERING) !== UNREACHABLE;
+  /** The next final request, {address, request, timeout, waitForReady, attempts}, or null when
+   * every route's are done. Each is a new seq (even if a request was pending: a grant of it that
+   * the server applied is reclaimed from tokens_received); a route's tenants go in requests of at
+   * most its tenant limit, and only the last of them carries final=true (the server forgets the
+   * instance on it). */
+  nextFinal() {
+    while (this.finalAt < this.finalRoutes.length) {
+      const f = this.finalRoutes[this.finalAt];
+      if (f.stopped || f.done >= f.entries.length) {
+        if (this.finalError === null) this.finalError = f.status;
+        this.finalAt++;
+        continue;
+      }
+      f.n = Math.min(Math.max(1, f.chunk), f.entries.length - f.done);
+      this.seq++;
+      const request = {
+        instanceId: this.instanceId, seq: this.seq, tenants: f.entries.slice(f.done, f.done + f.n),
+        final: f.done + f.n === f.entries.length,
+      };
+      // With the server known unreachable, fail fast rather than hold close() 3 x timeout.
+      return {
+        address: f.route.address, request, timeout: this.syncTimeout,
+        waitForReady: f.route.serverState !== UNREACHABLE, attempts: 0,
+      };
+    }
+    return null;
   }
 
-  endFinal(outcome) {
+  /** Records an attempt of the final request `plan`: how long to wait (seconds) before sending
+   * it again, same seq (at most FINAL_SYNC_ATTEMPTS attempts, never again once refused), or null
+   * when it is done. A request of several tenants refused as a whole is split, as a Sync. */
+  endFinal(plan, outcome) {
     const code = outcome.code ?? null;
     if (this.metrics !== null) {
       this.metrics.syncAttempted(code === null);
       if (code !== null) this.metrics.syncFailed(code);
     }
     this.lastStatus = code === null ? null : `${codeName(code)}: Sync to the budget server failed: ${outcome.details ?? ''}`;
+    plan.attempts++;
+    const refused = code !== null && isRequestRefusal(code);
+    if (code !== null && !refused && plan.attempts < FINAL_SYNC_ATTEMPTS) return retryBackoff(plan.attempts, this.policy);
+    const f = this.finalRoutes[this.finalAt];
+    if (refused && f.n > 1) {
+      const named = tenantLimitIn(outcome.details ?? '');
+      if (named > 0 && named < f.n) f.route.maxTenantsPerSync = named;
+      f.chunk = named > 0 && named < f.n ? named : Math.floor(f.n / 2);
+      return null;
+    }
+    if (code !== null) {
+      f.status = this.lastStatus; // the route's last failure
+      this.log('error', `retrybudget: final Sync failed; unspent tokens are forfeited: ${this.lastStatus}`);
+      if (!refused) {
+        f.stopped = true; // unreachable: the rest would fail too
+        return null;
+      }
+    }
+    f.done += f.n;
+    return null;
   }
 
-  /** After attempt number `attempt` (from 1) of a final request ended with `outcome`: null
-   * when that request is done, else how long to wait (seconds) before sending it again (same
-   * seq), at most FINAL_SYNC_ATTEMPTS attempts in all. */
-  finalRetryDelay(attempt, outcome) {
-    const code = outcome.code ?? null;
-    if (code === null || attempt >= FINAL_SYNC_ATTEMPTS) return null;
-    return retryBackoff(attempt, this.policy);
-  }
-
-  /** After the last attempt of one final request: keeps the first failure. */
-  finalRequestDone() {
-    if (this.lastStatus !== null && this.finalError === null) this.finalError = this.lastStatus;
-  }
-
+  /** After the last final request: lastStatus is the first route's failure (null: none). */
   finishFinal() {
     this.lastStatus = this.finalError;
-    if (this.lastStatus !== null) this.log('error', `retrybudget: final Sync failed; unspent tokens are forfeited: ${this.lastStatus}`);
     this.updateMetrics(this.finalTenants);
   }
 }
