@@ -59,10 +59,10 @@ DOWN_FOR = 30     # ... for 30 s after the trigger: metastable (the issue's targ
 class Proc:
     """A child process whose stdout lines a thread collects; stdin a pipe (closing it stops it)."""
 
-    def __init__(self, argv, name):
+    def __init__(self, argv, name, env=None):
         self.name = name
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=subprocess.PIPE, text=True, env=env)
         self.lines = []
         self.err = []
         self.cv = threading.Condition()
@@ -229,6 +229,35 @@ def sums(rows, a, b):
 # One run
 # ---------------------------------------------------------------------------------------------
 
+def worker_argv(cfg, language, target, rate, phase, epoch_ms, horizon, strategy, backoff, seed,
+                budget, tenant):
+    """The command line (and environment) of one worker: the C++ worker for every strategy;
+    the Go, Node and Python workers' open-loop modes for the fleet budget, immediate resends."""
+    if language == "cpp":
+        argv = [cfg.worker_bin, f"--target={target}", f"--rate={rate}", f"--phase={phase}",
+                f"--epoch_unix_ms={epoch_ms}", f"--duration={horizon}s",
+                f"--timeout_ms={cfg.timeout_ms}", "--max_attempts=5", f"--strategy={strategy}",
+                f"--backoff={backoff}", f"--seed={seed}"]
+        if strategy == "fleet":
+            argv += [f"--budget_target={budget.target}", f"--tenant={tenant}"]
+        return argv, None
+    if strategy != "fleet" or backoff != "immediate":
+        raise ValueError(f"the {language} worker runs the fleet budget with immediate resends "
+                         f"only, not {strategy}/{backoff}")
+    flags = [f"--backend={target}", f"--server={budget.target}", f"--tenant={tenant}",
+             f"--rate={rate}", f"--phase={phase}", f"--epoch-ms={epoch_ms}",
+             f"--duration={horizon}", f"--timeout-ms={cfg.timeout_ms}", "--max-attempts=5"]
+    if language == "go":
+        return [cfg.go_worker_bin] + flags, None
+    if language == "js":
+        return [cfg.node, cfg.js_worker] + flags, None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(cfg.build, "client/python/gen"), os.path.join(REPO, "client/python")])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return [cfg.python, os.path.join(REPO, "tools/fleet/open_loop_worker.py")] + flags, env
+
+
 def run_one(cfg, strategy, backoff, workers, fraction, duration, budget, tenant, full=False):
     """One run: the backend, W workers, the trigger F for D s after cfg.warmup s. Stops early
     once recovered (unless `full`), else after the trigger's end + observe + GOOD_FOR s."""
@@ -246,15 +275,13 @@ def run_one(cfg, strategy, backoff, workers, fraction, duration, budget, tenant,
                         f"--trigger={fraction}@{cfg.warmup}s+{duration}s"], "backend")
         procs.append(backend)
         port = json.loads(backend.first_line(10))["port"]
+        languages = cfg.languages if strategy == "fleet" else ["cpp"]
         for i in range(workers):
-            argv = [cfg.worker_bin, f"--target=127.0.0.1:{port}", f"--rate={rate / workers}",
-                    f"--phase={i / workers}", f"--epoch_unix_ms={epoch_ms}",
-                    f"--duration={horizon}s", f"--timeout_ms={cfg.timeout_ms}",
-                    "--max_attempts=5", f"--strategy={strategy}", f"--backoff={backoff}",
-                    f"--seed={i + 1}"]
-            if strategy == "fleet":
-                argv += [f"--budget_target={budget.target}", f"--tenant={tenant}"]
-            procs.append(Proc(argv, f"worker {i}"))
+            language = languages[i % len(languages)]
+            argv, env = worker_argv(cfg, language, f"127.0.0.1:{port}", rate / workers,
+                                    i / workers, epoch_ms, horizon, strategy, backoff, i + 1,
+                                    budget, tenant)
+            procs.append(Proc(argv, f"{language} worker {i}", env))
         for w in procs[1:]:
             if w.first_line(max(1.0, epoch_ms / 1000.0 - time.time())) != '{"ready":true}':
                 raise RuntimeError(f"{w.name}: {w.first_line(0)}")
@@ -305,6 +332,7 @@ def run_one(cfg, strategy, backoff, workers, fraction, duration, budget, tenant,
         }
         if strategy == "fleet":
             result["tenant"] = tenant
+            result["languages"] = cfg.languages
         return result
     finally:
         for p in procs:
@@ -593,6 +621,7 @@ def sweep(cfg):
                                                   "series")},
         "capacity": cfg.backend_workers * 1000.0 / cfg.service_ms,
         "fleet_policy": FLEET_POLICY,
+        "languages": cfg.languages,
         "runs": [{k: v for k, v in r.items() if k != "rows"} for r in results],
         "targets": targets,
     }
@@ -686,6 +715,13 @@ def main():
                     help="2: the cells and the fleet sizes side by side")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in OUT")
     ap.add_argument("--check", action="store_true", help="the short end-to-end test")
+    ap.add_argument("--languages", default="cpp",
+                    help="the fleet budget's workers, round robin: cpp, go, js, python")
+    ap.add_argument("--go-worker-bin", default=None, help="default BUILD/client/go/bin/go_worker")
+    ap.add_argument("--node", default="node")
+    ap.add_argument("--js-worker", default=os.path.join(REPO, "tools/fleet/js_worker/worker.mjs"))
+    ap.add_argument("--python", default="/usr/bin/python3",
+                    help="a Python with grpcio (the retrybudget package's dependency)")
     cfg = ap.parse_args()
     cfg.strategies = [s for s in cfg.strategies.split(",") if s]
     for s in cfg.strategies:
@@ -696,6 +732,14 @@ def main():
         if s not in ("immediate", "jitter"):
             ap.error(f"--series: '{s}' is not one of immediate, jitter")
     cfg.fleet_sizes = [int(w) for w in cfg.fleet_sizes.split(",") if w]
+    cfg.languages = [x for x in cfg.languages.split(",") if x]
+    for x in cfg.languages:
+        if x not in ("cpp", "go", "js", "python"):
+            ap.error(f"--languages: '{x}' is not one of cpp, go, js, python")
+    if cfg.languages != ["cpp"] and "jitter" in cfg.series:
+        ap.error("--languages other than cpp: the Go, Node and Python workers resend at once "
+                 "only (--series=immediate)")
+    cfg.go_worker_bin = cfg.go_worker_bin or os.path.join(cfg.build, "client/go/bin/go_worker")
     cfg.backend_bin = cfg.backend_bin or os.path.join(cfg.build, "bench/metastable_backend")
     cfg.worker_bin = cfg.worker_bin or os.path.join(cfg.build, "bench/metastable_worker")
     cfg.server_bin = cfg.server_bin or os.path.join(cfg.build, "server/retry-budget-server")

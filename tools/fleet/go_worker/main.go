@@ -11,6 +11,9 @@
 // failed; a success calls RecordSuccess), polls the tenant's mode every 10 ms, closes the
 // client (the final Sync) and prints one JSON line of counts (with its timelines: calls,
 // retries, denied retries and successes per --timeline-slice, default 0.1 s); exit 0.
+//
+// With --backend=TARGET it is instead an open-loop worker of bench/metastable.py's fleet,
+// calling a real backend: see open_loop.go.
 package main
 
 import (
@@ -94,7 +97,19 @@ func main() {
 	callLatency := flag.Float64("call-latency", 0.001, "seconds per attempt")
 	seed := flag.Int64("seed", 1, "random seed")
 	slice := flag.Float64("timeline-slice", 0.1, "seconds per slice of the timelines")
+	// The open-loop mode (open_loop.go): bench/metastable.py's fleet.
+	backend := flag.String("backend", "", "open loop: the metastable backend's target")
+	rate := flag.Float64("rate", 10, "open loop: logical calls per second")
+	phase := flag.Float64("phase", 0, "open loop: shift of the call times, in [0, 1) of an interval")
+	epochMs := flag.Int64("epoch-ms", 0, "open loop: time 0 of the run, Unix milliseconds")
+	timeoutMs := flag.Int64("timeout-ms", 1000, "open loop: deadline of one attempt")
+	maxAttempts := flag.Int64("max-attempts", 5, "open loop: attempts per call")
 	flag.Parse()
+	if *backend != "" {
+		os.Exit(runOpenLoop(openLoopArgs{backend: *backend, server: *server, tenant: *tenant,
+			rate: *rate, phase: *phase, duration: *duration, epochMs: *epochMs,
+			timeoutMs: *timeoutMs, maxAttempts: *maxAttempts}))
+	}
 	if *slice <= 0 {
 		fmt.Fprintf(os.Stderr, "go_worker: --timeline-slice is %g; it must be > 0\n", *slice)
 		os.Exit(2)

@@ -15,6 +15,9 @@
 //  3. closes the client (the final Sync) and prints ONE JSON line (fields as run_worker's, with
 //     the timelines: calls, retries, denied retries and successes per --timeline-slice),
 //     then exits 0 (bad arguments: 2).
+//
+// With --backend=TARGET it is instead an open-loop worker of bench/metastable.py's fleet,
+// calling a real backend: see open-loop.mjs.
 
 import { createInterface } from 'node:readline';
 import { performance } from 'node:perf_hooks';
@@ -61,6 +64,10 @@ function firstLine() {
 }
 
 async function main() {
+  // --backend=TARGET: the open-loop worker of bench/metastable.py (open-loop.mjs).
+  if (process.argv.slice(2).some((a) => a.startsWith('--backend='))) {
+    return (await import('./open-loop.mjs')).runOpenLoop(process.argv.slice(2));
+  }
   let args;
   try {
     args = parseArgs(process.argv.slice(2));
