@@ -194,6 +194,15 @@ def merge_rows(backend, workers, horizon):
     return [rows[t] for t in range(horizon)]
 
 
+def trim_tail(rows, rate):
+    """The rows without the seconds at the end in which the fleet was stopping (fewer than 90%
+    of the calls due were offered)."""
+    last = len(rows)
+    while last > 0 and rows[last - 1]["offered"] < 0.9 * rate:
+        last -= 1
+    return rows[:last]
+
+
 def good(row):
     return row["offered"] > 0 and row["goodput"] >= GOOD * row["offered"]
 
@@ -313,9 +322,7 @@ def run_one(cfg, strategy, backoff, workers, fraction, duration, budget, tenant,
             raise RuntimeError(f"{workers - len(totals)} workers ended without totals: "
                                + " / ".join(e for w in procs[1:] for e in w.err[-2:]))
         rows = merge_rows(backend.records(), worker_recs, min(elapsed, horizon))
-        offered_rows = [r for r in rows if r["offered"] > 0]
-        last = offered_rows[-1]["t"] + 1 if offered_rows else 0
-        rows = rows[:last]
+        rows = trim_tail(rows, rate)
         rec = recovery_time(rows, trigger_end, cfg.observe)
         result = {
             "strategy": strategy, "backoff": backoff, "workers": workers,
@@ -511,14 +518,14 @@ def plots(results, cells, main_w, plot_dir, work_dir, observe):
                 for lab in labels:
                     r = cellr.get(lab)
                     vals.append("NaN" if r is None else str(
-                        observe + 5 if r["recovery_s"] is None else r["recovery_s"]))
+                        observe + 5 if r["recovery_s"] is None else max(0.3, r["recovery_s"])))
                 o.write(f'"{f}x{d}s" ' + " ".join(vals) + "\n")
         rec = os.path.join(plot_dir, "metastable_recovery.png")
         g.write(f'set output "{rec}"\nset style data histogram\nset style histogram cluster '
                 'gap 1\nset style fill solid 0.8 border -1\nset boxwidth 0.9\n')
         g.write(f'set title "Recovery time after the trigger ends, per cell (capacity fraction x '
                 f'seconds), W = {main_w}; a bar at {observe + 5} = stays down (not within '
-                f'{observe} s)"\n')
+                f'{observe} s); 0 s drawn as 0.3"\n')
         g.write(f'set ylabel "seconds"\nset yrange [0:{observe + 8}]\nset xtics rotate by -30\n')
         g.write(f'set arrow from graph 0,first {observe} to graph 1,first {observe} nohead '
                 'dt 2 lc rgb "red"\n')
@@ -552,6 +559,8 @@ def sweep(cfg):
     if cfg.resume:
         for line in open(os.path.join(cfg.out, "metastable.jsonl")):
             r = json.loads(line)
+            r["rows"] = trim_tail(r["rows"], cfg.load * cfg.backend_workers * 1000.0 /
+                                  cfg.service_ms)
             results.append(r)
             done.add((r["fraction"], r["duration"], r["workers"], label(r), bool(r.get("w_sweep"))))
     n = [0]
