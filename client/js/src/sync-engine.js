@@ -86,7 +86,11 @@ class TenantRoute {
 }
 
 function newStep(tenants = [], now = 0, cut = INFINITE_FUTURE) {
-  return { tenants, now, cut, round: 0, visited: new Set() };
+  // rest: address -> the tenants of a route still to send in this step (after a request of
+  // part of them: a split, or the route's tenant limit).
+  // sending: {rest, resend} of the attempt in flight (rest: the route's tenants still to send
+  // in this step, this request's first).
+  return { tenants, now, cut, round: 0, visited: new Set(), rest: new Map(), sending: null };
 }
 
 export class SyncEngine {
@@ -265,9 +269,16 @@ export class SyncEngine {
       const now = this.clock();
       if (now >= step.cut && step.visited.size > 0) return null;
       for (const [route, group] of this.groups(step.tenants)) {
-        if (step.visited.has(route.address) || this.syncDue(route, group) > now) continue;
+        let tenants = group;
+        if (step.rest.has(route.address)) {
+          // The rest of a route whose request carried part of its tenants: at once.
+          tenants = step.rest.get(route.address);
+          step.rest.delete(route.address);
+        } else if (step.visited.has(route.address) || this.syncDue(route, group) > now) {
+          continue;
+        }
         step.visited.add(route.address);
-        const plan = this.plan(route, group, now, step.cut);
+        const plan = this.plan(route, tenants, now, step.cut);
         if (plan !== null) return plan;
       }
       if (!this.redirected || step.round >= MAX_REDIRECT_HOPS) return null;
@@ -291,20 +302,19 @@ export class SyncEngine {
         return null;
       }
     }
-    if (route.pending === null) {
+    const resend = route.pending !== null;
+    if (!resend) {
       // A new request: new seq, counters as of now. It is kept until a response arrives, so a
-      // retry resends exactly this request (the server then answers it the same way).
-      let chosen = tenants;
-      if (tenants.length > route.chunk) {
-        // Split: the tenants due soonest first (the others go in the next requests).
-        chosen = [...tenants].sort((a, b) => a.syncDueAt() - b.syncDueAt()).slice(0, Math.max(1, route.chunk));
-      }
+      // retry resends exactly this request (the server then answers it the same way). At most
+      // route.chunk tenants, in order: the rest go in the next requests of this step.
+      const chosen = tenants.length > route.chunk ? tenants.slice(0, Math.max(1, route.chunk)) : tenants;
       this.seq++;
       const request = { instanceId: this.instanceId, seq: this.seq, tenants: [], final: false };
       for (const t of chosen) request.tenants.push(t.fillSync(now, this.policy));
       route.pending = { request, tenants: [...chosen], firstSent: now };
     }
     route.lastSend = now;
+    this.step.sending = { rest: tenants, resend };
     const deadline = Math.min(now + this.syncTimeout, cut);
     return {
       request: route.pending.request,
@@ -337,7 +347,10 @@ export class SyncEngine {
       return;
     }
     if (code !== null && isRequestRefusal(code)) {
-      this.refused(route, code, outcome.details ?? '', received);
+      const size = route.pending.tenants.length;
+      // Split: the same tenants again in this step; one tenant refused: the next ones.
+      const split = this.refused(route, code, outcome.details ?? '', received);
+      this.sendRest(plan, split ? 0 : size);
       return;
     }
     if (code === null) route.serverState = ANSWERING;
@@ -359,6 +372,8 @@ export class SyncEngine {
     route.failingSince = INFINITE_FUTURE;
     const done = route.pending;
     route.pending = null;
+    // The answer to a resend leaves the route's other tenants to their schedule.
+    if (!this.step.sending.resend) this.sendRest(plan, done.tenants.length);
     const response = outcome.response;
     if (response === null || typeof response !== 'object') return;
     if (response.stale === true) {
@@ -368,6 +383,15 @@ export class SyncEngine {
     this.applyResponse(done, response, received);
   }
 
+  /** The route's tenants after the first `sent` of those left when `plan` was made go out next
+   * in this step. */
+  sendRest(plan, sent) {
+    const rest = this.step.sending.rest;
+    if (rest.length > sent) this.step.rest.set(plan.address, rest.slice(sent));
+  }
+
+  /** A request refused as a whole: true when it is split (its tenants go again in smaller
+   * requests), false when its one tenant is denied. */
   refused(route, code, details, received) {
     // The server answered: it is reachable, and this request as a whole is refused. It applied
     // nothing, so the counters simply go in the next request.
@@ -386,13 +410,12 @@ export class SyncEngine {
         route.chunk = Math.floor(size / 2);
       }
       this.logRefusal(received, `Sync seq ${refused.request.seq} with ${size} tenants refused; splitting it into requests of ${route.chunk}: ${this.lastStatus}`);
-      this.step.visited.delete(route.address); // the same tenants go again in this step
-      route.lastSend = INFINITE_PAST;
-      return;
+      return true;
     }
     // One tenant, refused: deny it until its next refresh (not fallback: the server answers).
     this.logRefusal(received, `Sync seq ${refused.request.seq} for tenant "${refused.tenants[0].tenant}" refused; the tenant is denied: ${this.lastStatus}`);
     refused.tenants[0].applyRefusal(codeName(code), details, received, this.policy);
+    return false;
   }
 
   redirect(tenant, owner, received) {
