@@ -305,8 +305,12 @@ class Run {
       assert.equal(a.lost, true, `${where}.lost must be true`);
       assert.ok(!('after_ms' in a), `${where}: after_ms goes with a response or an error, not with lost`);
       // Nanoseconds, as an absl::Time would hold the deadline.
-      this.exact = null;
-      this.ms = Math.max(this.ms, Math.round(sent.deadline * 1e9) / 1e6);
+      // At the deadline exactly, as the engine computed it (a lease expiry the deadline stops
+      // at is then reached, which a rounded time could miss by a float's last bit).
+      if (sent.deadline > this.clock()) {
+        this.ms = Math.max(this.ms, sent.deadline * 1000);
+        this.exact = sent.deadline;
+      }
       return { code: Status.DEADLINE_EXCEEDED, details: 'Deadline Exceeded' };
     }
     if ('after_ms' in a) {
