@@ -419,9 +419,19 @@ export function runScenario(scenario) {
 
 const files = readdirSync(SCENARIOS).filter((f) => f.endsWith('.json')).sort();
 
-test('the corpus is there', () => {
+test('the corpus is there, every rule pinned by a scenario and every scenario RULES.md names present', () => {
   assert.ok(RULE_IDS.size > 0, 'RULES.md names no rule ids');
   assert.ok(files.length > 0, `no scenarios in ${SCENARIOS}`);
+  const pinned = new Set();
+  for (const file of files) for (const id of JSON.parse(readFileSync(path.join(SCENARIOS, file), 'utf8')).rules ?? []) pinned.add(id);
+  assert.deepEqual([...RULE_IDS].filter((id) => !pinned.has(id)), [], 'rules of RULES.md no scenario lists in its "rules"');
+  // The names in each rule's "Scenarios:" list (up to the next rule or section).
+  const named = [];
+  for (const list of readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/Scenarios:([^]*?)(?=\n- `|\n#|$)/g)) {
+    for (const m of list[1].matchAll(/`([^`]+)`/g)) named.push(m[1]);
+  }
+  assert.ok(named.length > 0, 'RULES.md lists no scenarios');
+  assert.deepEqual([...new Set(named)].filter((n) => !files.includes(`${n}.json`)), [], 'scenarios RULES.md names that are not in scenarios/');
 });
 
 for (const file of files) {
