@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -194,12 +195,17 @@ class BackendService final : public MetastableBackend::CallbackService {
 };
 
 // One of the K workers: serves the oldest request for S / fraction, whether or not its caller
-// still waits (the point of the experiment), then answers it.
+// still waits (the point of the experiment), then answers it. The service runs on a schedule, not
+// on relative sleeps: a request starts when it arrived or when this worker's previous one was due
+// to end, whichever is later, and ends S / fraction after that, so a late wake-up (a busy
+// machine) delays one answer but never lowers the capacity: K / S per second while busy.
 void ServeLoop(WorkQueue* queue, const Capacity* capacity, Counters* counters,
                absl::Duration service) {
+  absl::Time last_end = absl::InfinitePast();
   while (std::optional<Item> item = queue->Pop()) {
-    const absl::Time start = absl::Now();
-    absl::SleepFor(service / capacity->At(start));
+    const absl::Time start = std::max(item->arrived, last_end);
+    last_end = start + service / capacity->At(start);
+    absl::SleepFor(last_end - absl::Now());
     const absl::Time done = absl::Now();
     counters->completions.fetch_add(1, std::memory_order_relaxed);
     if (done > item->caller_deadline) counters->wasted.fetch_add(1, std::memory_order_relaxed);

@@ -303,8 +303,14 @@ int Run() {
 
   const int64_t epoch_ms = absl::GetFlag(FLAGS_epoch_unix_ms);
   const absl::Time epoch = epoch_ms > 0 ? absl::FromUnixMillis(epoch_ms) : absl::Now();
-  auto stub = MetastableBackend::NewStub(
-      grpc::CreateChannel(absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials()));
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials());
+  // Connected before it says it is ready: no first call waits for the connection.
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+    std::cerr << "cannot connect to --target=" << absl::GetFlag(FLAGS_target) << "\n";
+    return 1;
+  }
+  auto stub = MetastableBackend::NewStub(channel);
   Rows rows(epoch);
   Options options;
   options.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
