@@ -20,11 +20,13 @@ the server that owns the tenant's shard) and --restart-after=R starts it again R
 exit 0 within budget, 1 over it, 3 no verdict.
 
 Every non-C++ worker speaks one protocol (tools/fleet/README.md, "The mixed fleet"): flags
---server --tenant --threads --duration --failure-rate --call-latency --seed; `ready`, then `go`
-on stdin; `--threads` loops make logical calls to a simulated backend (`--call-latency`,
-failing with `--failure-rate`), a failed attempt is retried only when the budget's try-acquire
-allows, a success is recorded; then the client is closed (final Sync) and one JSON line of
-counts is printed. Its fallback allowance is the sum over its fallback episodes of the local
+--server --tenant --threads --duration --failure-rate --call-latency --seed [--timeline-slice];
+`ready`, then `go` on stdin; `--threads` loops make logical calls to a simulated backend
+(`--call-latency`, failing with `--failure-rate`), a failed attempt is retried only when the
+budget's try-acquire allows, a success is recorded; then the client is closed (final Sync) and
+one JSON line of counts (with their timelines per --timeline-slice) is printed. The fleet tool
+runs these workers too (--foreign-workers), beside its C++ ones under its cluster chaos and
+fault proxy. Its fallback allowance is the sum over its fallback episodes of the local
 bucket's capacity (at least 1 when it refills) + refill * seconds, from the client's own record
 of the buckets it made (Python: TenantBudget.fallback_allowance()).
 
