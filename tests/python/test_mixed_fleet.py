@@ -52,6 +52,9 @@ def run_mixed_fleet(*extra, languages=("python",)):
     return result.returncode, report
 
 
+MAX_TRY_ACQUIRE_MS = 500
+
+
 def expect_every_language_counted_and_within(code, r, languages):
     assert code == 0, r
     assert r["within_budget"], r
@@ -62,15 +65,17 @@ def expect_every_language_counted_and_within(code, r, languages):
     assert r["cpp_library"]["retries_allowed"] == r["cpp"]["retries_allowed"]
     assert r["cpp_library"]["tokens_held_at_exit"] == 0
     assert r["cpp_library"]["shutdown_status"] == "OK"
-    assert r["cpp"]["max_try_acquire_ms"] < 50, r["cpp"]
+    # Behavioural, not a speed test: try-acquire never waited for the network (a 1 s Sync
+    # timeout is what it would show if it did); the margin absorbs a preempted thread on a
+    # loaded 2-core machine.
+    assert r["cpp"]["max_try_acquire_ms"] < MAX_TRY_ACQUIRE_MS, r["cpp"]
     for language in languages:
         part = r[language]
         assert part["retries_allowed"] > 0, (language, part)
         assert part["lib_retries_allowed"] == part["retries_allowed"], (language, part)
         assert part["lib_tokens_held"] == 0, (language, part)
         assert part["shutdown_status"] == "OK", (language, part)
-        # Behavioural, not a speed test: try-acquire never waited for the network.
-        assert part["max_try_acquire_ms"] < 50, (language, part)
+        assert part["max_try_acquire_ms"] < MAX_TRY_ACQUIRE_MS, (language, part)
     assert r["retries_allowed"] == sum(r[k]["retries_allowed"] for k in r["languages"])
 
 
