@@ -18,11 +18,13 @@
 #include "retrybudget/client.h"
 #include "retrybudget/retry.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "tests/support/server_connection.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget {
 namespace {
 
+using ::retrybudget::testing::ServerConnection;
 using ::retrybudget::testing::ServerUnderTest;
 
 constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
@@ -33,31 +35,20 @@ class ClientFirstCallTest : public ::testing::Test {
     auto server = ServerUnderTest::Start({.binary = kServerBinary, .flags = {"--log_level=warn"}});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
-    admin_ = v1::BudgetAdminService::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    admin_ = ServerConnection::Create(server_->address(), grpc::InsecureChannelCredentials());
+    admin_.wait_for_ready = true;
   }
 
   void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    context.set_wait_for_ready(true);
-    v1::PutPolicyRequest request;
-    request.set_tenant(tenant);
-    *request.mutable_policy() = policy;
-    v1::PutPolicyResponse response;
-    const grpc::Status status = admin_->PutPolicy(&context, request, &response);
+    const grpc::Status status = admin_.PutPolicy(tenant, policy);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
 
   v1::BudgetStatus GetBudget(const std::string& tenant) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::GetBudgetRequest request;
-    request.set_tenant(tenant);
-    v1::GetBudgetResponse response;
-    const grpc::Status status = admin_->GetBudget(&context, request, &response);
+    v1::BudgetStatus budget;
+    const grpc::Status status = admin_.GetBudget(tenant, &budget);
     EXPECT_TRUE(status.ok()) << status.error_message();
-    return response.budget();
+    return budget;
   }
 
   std::unique_ptr<BudgetClient> NewClient() {
@@ -69,7 +60,7 @@ class ClientFirstCallTest : public ::testing::Test {
   }
 
   std::unique_ptr<ServerUnderTest> server_;
-  std::unique_ptr<v1::BudgetAdminService::Stub> admin_;
+  ServerConnection admin_;
 };
 
 // The call of a program whose first action it is: the first attempt fails at once (so the

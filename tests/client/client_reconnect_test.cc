@@ -28,11 +28,13 @@
 #include "gtest/gtest.h"
 #include "retrybudget/client.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
+#include "tests/support/server_connection.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget {
 namespace {
 
+using ::retrybudget::testing::ServerConnection;
 using ::retrybudget::testing::ServerUnderTest;
 
 constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
@@ -87,16 +89,10 @@ class ServerProcess {
 
   // Sets `tenant`'s policy through the admin API.
   void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
-    auto admin = v1::BudgetAdminService::NewStub(
-        grpc::CreateChannel(address(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    context.set_wait_for_ready(true);
-    v1::PutPolicyRequest request;
-    request.set_tenant(tenant);
-    *request.mutable_policy() = policy;
-    v1::PutPolicyResponse response;
-    const grpc::Status status = admin->PutPolicy(&context, request, &response);
+    ServerConnection admin =
+        ServerConnection::Create(address(), grpc::InsecureChannelCredentials());
+    admin.wait_for_ready = true;
+    const grpc::Status status = admin.PutPolicy(tenant, policy);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
 

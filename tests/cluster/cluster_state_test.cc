@@ -19,6 +19,7 @@
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "retrybudget/v1/state.pb.h"
 #include "tests/cluster/wait_for.h"
+#include "tests/support/sync_spender.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
@@ -31,15 +32,13 @@ constexpr double kRefill = 20;
 class ClusterStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
-        {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
-         .servers = 3,
-         .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = {"--shutdown_grace=0s"},
-         .policy = absl::StrCat("default_policy { capacity: ", kCapacity, " refill_per_second: ",
-                                kRefill, " success_credit: 0 lease_ttl_ms: 2000 }"),
-         .shards = kShards,
-         .lease_ttl = absl::Seconds(2)});
+    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
+        ClusterUnderTest::Start(TimeBoundClusterOptions({.etcd_binary = RETRYBUDGET_ETCD_BIN,
+                                                         .server_binary = RETRYBUDGET_SERVER_BIN,
+                                                         .shards = kShards,
+                                                         .capacity = kCapacity,
+                                                         .refill_per_second = kRefill,
+                                                         .server_flags = {"--shutdown_grace=0s"}}));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     // Balanced: every shard owned, each server owning 2 or 3 (no ownership write is left).
@@ -106,54 +105,18 @@ class ClusterStateTest : public ::testing::Test {
   std::unique_ptr<ClusterUnderTest> cluster_;
 };
 
-// One instance syncing one tenant with its owner, spending every token it receives.
-class Spender {
- public:
-  Spender(std::string tenant, v1::RetryBudgetService::Stub* stub)
-      : tenant_(std::move(tenant)), stub_(stub) {}
-
-  // One Sync; false when the RPC or the tenant's entry failed.
-  bool Sync() {
-    v1::SyncRequest request;
-    request.set_instance_id("spender-1");
-    request.set_seq(++seq_);
-    v1::TenantSync* t = request.add_tenants();
-    t->set_tenant(tenant_);
-    t->set_want(10);
-    t->set_tokens_received(received_);
-    t->set_retries_spent(received_);
-    v1::SyncResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-    if (!stub_->Sync(&context, request, &response).ok() || response.tenants_size() != 1) {
-      return false;
-    }
-    const v1::TenantGrant& g = response.tenants(0);
-    if (g.has_error() && g.error().code() != 0) return false;
-    received_ += g.granted();
-    return true;
-  }
-  uint64_t received() const { return received_; }
-
- private:
-  std::string tenant_;
-  v1::RetryBudgetService::Stub* stub_;
-  uint64_t seq_ = 0;
-  uint64_t received_ = 0;
-};
-
 TEST_F(ClusterStateTest, BusyTenantCostsAtMostTenEtcdWritesPerThousandSyncs) {
   const std::string tenant = "checkout";
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
   auto stub = Budget(*owner);
-  Spender spender(tenant, stub.get());
+  SyncSpender spender({tenant}, {.instance_id = "spender-1"});
   // Syncs on a fixed schedule, one every 5 ms (a tenant synced by a couple of busy workers); a
   // late Sync is caught up at once, so that the Syncs over the window do not depend on how loaded
   // the box is (unless a Sync takes more than 5 ms on average).
   absl::Time next = absl::Now();
   auto sync_on_schedule = [&] {
-    const bool ok = spender.Sync();
+    const bool ok = spender.Sync(*stub).ok();
     next += absl::Milliseconds(5);
     const absl::Time now = absl::Now();
     if (next > now) absl::SleepFor(next - now);
@@ -161,7 +124,7 @@ TEST_F(ClusterStateTest, BusyTenantCostsAtMostTenEtcdWritesPerThousandSyncs) {
   };
   // Steady state: the bucket drained, grants at the refill rate, reservations sized to it.
   for (int i = 0; i < 600; ++i) ASSERT_TRUE(sync_on_schedule());
-  const uint64_t received0 = spender.received();
+  const uint64_t received0 = spender.received(tenant);
 
   // The writes follow the grants (the refill, 20/s) and time, not the Syncs.
   constexpr int kSyncs = 1200;
@@ -174,11 +137,12 @@ TEST_F(ClusterStateTest, BusyTenantCostsAtMostTenEtcdWritesPerThousandSyncs) {
   ASSERT_TRUE(rev1.ok()) << rev1.status();
   const int64_t writes = *rev1 - *rev0;
   const double per_1000 = 1000.0 * static_cast<double>(writes) / kSyncs;
-  std::printf("%d Syncs in %.1f s, %llu tokens granted: %lld etcd writes (%.2f per 1,000 Syncs, "
-              "%.2f per second)\n",
-              kSyncs, seconds, static_cast<unsigned long long>(spender.received() - received0),
-              static_cast<long long>(writes), per_1000, static_cast<double>(writes) / seconds);
-  EXPECT_GT(spender.received(), received0);  // busy: granted all along
+  std::printf(
+      "%d Syncs in %.1f s, %llu tokens granted: %lld etcd writes (%.2f per 1,000 Syncs, "
+      "%.2f per second)\n",
+      kSyncs, seconds, static_cast<unsigned long long>(spender.received(tenant) - received0),
+      static_cast<long long>(writes), per_1000, static_cast<double>(writes) / seconds);
+  EXPECT_GT(spender.received(tenant), received0);  // busy: granted all along
   EXPECT_LE(per_1000, 10.0);
 }
 
@@ -197,8 +161,8 @@ TEST_F(ClusterStateTest, DeletedBudgetStaysDeletedAfterItsOwnerIsKilled) {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   auto stub = Budget(*owner);
-  Spender spender(tenant, stub.get());
-  ASSERT_TRUE(WaitFor([&] { return spender.Sync() && spender.received() > 0; },
+  SyncSpender spender({tenant}, {.instance_id = "spender-1"});
+  ASSERT_TRUE(WaitFor([&] { return spender.Sync(*stub).ok() && spender.received(tenant) > 0; },
                       absl::Seconds(2)));
   ASSERT_TRUE(WaitFor([&] { return StoredState(tenant).has_value(); }, absl::Seconds(5)));
 
@@ -269,14 +233,14 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
   auto stub = Budget(*owner);
-  Spender spender(tenant, stub.get());
+  SyncSpender spender({tenant}, {.instance_id = "spender-1"});
   // A few grants, well inside the capacity, until etcd holds a reservation ahead of them.
   std::optional<v1::TenantState> state;
   ASSERT_TRUE(WaitFor(
       [&] {
-        if (spender.received() < 20) spender.Sync();
+        if (spender.received(tenant) < 20) spender.Sync(*stub);
         state = StoredState(tenant);
-        return spender.received() >= 20 && state.has_value() &&
+        return spender.received(tenant) >= 20 && state.has_value() &&
                state->grant_limit() > state->granted_total();
       },
       absl::Seconds(10)))
@@ -288,7 +252,7 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
   ASSERT_TRUE(stopped.ok()) << stopped.status();
   state = StoredState(tenant);
   ASSERT_TRUE(state.has_value());
-  EXPECT_EQ(state->granted_total(), spender.received());
+  EXPECT_EQ(state->granted_total(), spender.received(tenant));
   EXPECT_EQ(state->grant_limit(), state->granted_total()) << state->DebugString();
   EXPECT_GT(state->level(), 0);
 

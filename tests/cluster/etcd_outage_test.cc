@@ -42,12 +42,13 @@
 #include "absl/time/time.h"
 #include "cluster/cluster_keys.h"
 #include "cluster/shard_map.h"
+#include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/cluster/wait_for.h"
-#include "common/subprocess.h"
+#include "tests/support/sync_spender.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
@@ -56,16 +57,16 @@ namespace {
 constexpr int kShards = 64;
 constexpr absl::Duration kLeaseTtl = absl::Seconds(2);
 constexpr absl::Duration kGrace = absl::Seconds(1);
-constexpr char kPrefix[] = "/retry-budget";
 constexpr double kCapacity = 50;
 constexpr double kRefill = 1;
 
-// Drains a set of tenants through one instance: every token granted is counted as spent.
+// Drains a set of tenants through one instance (a SyncSpender: every token granted is counted as
+// spent), on whichever server it is told.
 class Drainer {
  public:
-  explicit Drainer(std::vector<std::string> tenants) : tenants_(std::move(tenants)) {
-    for (const std::string& t : tenants_) granted_[t] = 0;
-  }
+  explicit Drainer(std::vector<std::string> tenants)
+      : spender_(std::move(tenants),
+                 {.instance_id = "drainer", .want = 100, .timeout = absl::Milliseconds(500)}) {}
 
   // One Sync of every tenant to `address`; the tenants granted (an entry refused grants nothing).
   int Round(const std::string& address) {
@@ -74,28 +75,7 @@ class Drainer {
       stub = v1::RetryBudgetService::NewStub(
           grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     }
-    v1::SyncRequest request;
-    request.set_instance_id("drainer");
-    request.set_seq(++seq_);
-    for (const std::string& t : tenants_) {
-      v1::TenantSync* s = request.add_tenants();
-      s->set_tenant(t);
-      s->set_want(100);
-      s->set_tokens_received(received_[t]);
-      s->set_retries_spent(received_[t]);
-    }
-    v1::SyncResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
-    if (!stub->Sync(&context, request, &response).ok()) return 0;
-    int granted = 0;
-    for (const v1::TenantGrant& g : response.tenants()) {
-      if (g.has_error() && g.error().code() != 0) continue;
-      received_[g.tenant()] += g.granted();
-      granted_[g.tenant()] += g.granted();
-      ++granted;
-    }
-    return granted;
+    return spender_.Sync(*stub).granted_entries;
   }
 
   // Rounds every 50 ms for `d`.
@@ -107,35 +87,27 @@ class Drainer {
     }
   }
 
-  const std::map<std::string, uint64_t>& granted() const { return granted_; }
-  uint64_t total() const {
-    uint64_t n = 0;
-    for (const auto& [t, g] : granted_) n += g;
-    return n;
-  }
+  const std::map<std::string, uint64_t>& granted() const { return spender_.received_by_tenant(); }
+  uint64_t total() const { return spender_.received_total(); }
 
  private:
-  const std::vector<std::string> tenants_;
+  SyncSpender spender_;
   std::map<std::string, std::unique_ptr<v1::RetryBudgetService::Stub>> stubs_;
-  uint64_t seq_ = 0;
-  std::map<std::string, uint64_t> received_;
-  std::map<std::string, uint64_t> granted_;
 };
 
 class EtcdOutageTest : public ::testing::Test {
  protected:
   void StartCluster(int servers, std::vector<std::string> flags = {}) {
     flags.push_back(absl::StrCat("--shutdown_grace=", absl::FormatDuration(kGrace)));
-    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
-        {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
-         .servers = servers,
-         .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = std::move(flags),
-         .policy = absl::StrCat("default_policy { capacity: ", kCapacity, " refill_per_second: ",
-                                kRefill, " success_credit: 0 lease_ttl_ms: 2000 }"),
-         .etcd_prefix = kPrefix,
-         .shards = kShards,
-         .lease_ttl = kLeaseTtl});
+    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
+        ClusterUnderTest::Start(TimeBoundClusterOptions({.etcd_binary = RETRYBUDGET_ETCD_BIN,
+                                                         .server_binary = RETRYBUDGET_SERVER_BIN,
+                                                         .servers = servers,
+                                                         .shards = kShards,
+                                                         .lease_ttl = kLeaseTtl,
+                                                         .capacity = kCapacity,
+                                                         .refill_per_second = kRefill,
+                                                         .server_flags = std::move(flags)}));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
   }
@@ -143,10 +115,11 @@ class EtcdOutageTest : public ::testing::Test {
   // Shard -> owner's server id (its address), as etcd has it.
   std::map<int, std::string> Owners() {
     std::map<int, std::string> owners;
-    auto range = cluster_->etcd_client().GetPrefix(cluster::OwnersPrefix(kPrefix));
+    const std::string& prefix = cluster_->etcd_prefix();
+    auto range = cluster_->etcd_client().GetPrefix(cluster::OwnersPrefix(prefix));
     if (!range.ok()) return owners;
     for (const auto& kv : range->kvs) {
-      if (auto shard = cluster::ShardOfOwnerKey(kPrefix, kv.key)) owners[*shard] = kv.value;
+      if (auto shard = cluster::ShardOfOwnerKey(prefix, kv.key)) owners[*shard] = kv.value;
     }
     return owners;
   }
@@ -411,7 +384,7 @@ TEST_F(EtcdOutageTest, AnotherNumberOfShardsFoundAfterWaitingForEtcdExitsWithCod
   absl::StatusOr<std::unique_ptr<ServerUnderTest>> other = ServerUnderTest::Start(
       {.binary = RETRYBUDGET_SERVER_BIN,
        .flags = {absl::StrCat("--etcd_endpoints=", cluster_->etcd().etcd_endpoints()),
-                 absl::StrCat("--etcd_prefix=", kPrefix), "--shards=8"}});
+                 absl::StrCat("--etcd_prefix=", cluster_->etcd_prefix()), "--shards=8"}});
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_FALSE((*other)->WaitForExit(absl::Seconds(1)).has_value()) << (*other)->LogTail(10);
   ASSERT_TRUE(cluster_->StartAllEtcd().ok());

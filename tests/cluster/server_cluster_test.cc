@@ -22,21 +22,21 @@
 #include "absl/time/time.h"
 #include "cluster/cluster_keys.h"
 #include "cluster/shard_map.h"
+#include "common/subprocess.h"
 #include "etcd/etcd_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "common/subprocess.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tests/support/test_launcher.h"
 #include "tests/cluster/wait_for.h"
+#include "tests/support/sync_spender.h"
+#include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {
 namespace {
 
 constexpr int kShards = 8;
 constexpr absl::Duration kLeaseTtl = absl::Seconds(2);
-constexpr char kPrefix[] = "/retry-budget";
 // The budget every tenant gets (no success credit: the bound is initial + refill * elapsed).
 constexpr double kCapacity = 50;
 constexpr double kRefill = 20;
@@ -51,16 +51,14 @@ struct ServerStubs {
 class ServerClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster = ClusterUnderTest::Start(
-        {.etcd = {.etcd_binary = RETRYBUDGET_ETCD_BIN},
-         .servers = 3,
-         .server_binary = RETRYBUDGET_SERVER_BIN,
-         .server_flags = {"--shutdown_grace=0s"},
-         .policy = absl::StrCat("default_policy { capacity: ", kCapacity, " refill_per_second: ",
-                                kRefill, " success_credit: 0 lease_ttl_ms: 2000 }"),
-         .etcd_prefix = kPrefix,
-         .shards = kShards,
-         .lease_ttl = kLeaseTtl});
+    absl::StatusOr<std::unique_ptr<ClusterUnderTest>> cluster =
+        ClusterUnderTest::Start(TimeBoundClusterOptions({.etcd_binary = RETRYBUDGET_ETCD_BIN,
+                                                         .server_binary = RETRYBUDGET_SERVER_BIN,
+                                                         .shards = kShards,
+                                                         .lease_ttl = kLeaseTtl,
+                                                         .capacity = kCapacity,
+                                                         .refill_per_second = kRefill,
+                                                         .server_flags = {"--shutdown_grace=0s"}}));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
     for (int i = 0; i < cluster_->server_count(); ++i) {
@@ -78,10 +76,11 @@ class ServerClusterTest : public ::testing::Test {
   // Shard -> owner's server id, as etcd has it.
   std::map<int, std::string> Owners() {
     std::map<int, std::string> owners;
-    auto range = etcd().GetPrefix(cluster::OwnersPrefix(kPrefix));
+    const std::string& prefix = cluster_->etcd_prefix();
+    auto range = etcd().GetPrefix(cluster::OwnersPrefix(prefix));
     if (!range.ok()) return owners;
     for (const auto& kv : range->kvs) {
-      if (auto shard = cluster::ShardOfOwnerKey(kPrefix, kv.key)) owners[*shard] = kv.value;
+      if (auto shard = cluster::ShardOfOwnerKey(prefix, kv.key)) owners[*shard] = kv.value;
     }
     return owners;
   }
@@ -126,40 +125,30 @@ class ServerClusterTest : public ::testing::Test {
   std::vector<ServerStubs> servers_;
 };
 
-// A worker syncing one tenant as fast as the hints allow, following redirects, spending every
-// token it gets. Counts every token any server granted.
+// A worker syncing one tenant (a SyncSpender) as fast as the hints allow, following redirects and
+// moving to the next server when one does not answer. Counts every token any server granted.
 class Worker {
  public:
   Worker(std::string tenant, std::vector<ServerStubs>* servers)
-      : tenant_(std::move(tenant)), servers_(servers) {}
+      : spender_({std::move(tenant)},
+                 {.instance_id = "worker-1", .timeout = absl::Milliseconds(300)}),
+        servers_(servers) {}
 
   // One Sync round; true when the owner granted (or answered without error).
   bool Round() {
-    v1::SyncRequest request;
-    request.set_instance_id("worker-1");
-    request.set_seq(++seq_);
-    v1::TenantSync* t = request.add_tenants();
-    t->set_tenant(tenant_);
-    t->set_want(10);
-    t->set_tokens_received(received_);
-    t->set_retries_spent(received_);
-    v1::SyncResponse response;
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(300)));
-    grpc::Status status = (*servers_)[current_].budget->Sync(&context, request, &response);
-    if (!status.ok() || response.tenants_size() != 1) {
+    const SyncSpender::Answer answer = spender_.Sync(*(*servers_)[current_].budget);
+    if (!answer.rpc.ok() || answer.response.tenants_size() != 1) {
       current_ = (current_ + 1) % static_cast<int>(servers_->size());
       return false;
     }
-    const v1::TenantGrant& g = response.tenants(0);
-    if (g.has_error() && g.error().code() != 0) {
+    const v1::TenantGrant& g = answer.response.tenants(0);
+    if (!answer.ok()) {
       if (g.error().code() == static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION)) {
         const int owner = IndexOfAddress(g.error().owner());
         if (owner >= 0) current_ = owner;
       }
       return false;
     }
-    received_ += g.granted();
     granted_total_.fetch_add(g.granted());
     if (g.granted() > 0) last_grant_ = absl::Now();
     return true;
@@ -186,11 +175,10 @@ class Worker {
     return -1;
   }
 
-  std::string tenant_;
+  SyncSpender spender_;
   std::vector<ServerStubs>* servers_;
   int current_ = 0;
-  uint64_t seq_ = 0;
-  uint64_t received_ = 0;
+  // The spender's total, readable while another thread runs the worker.
   std::atomic<uint64_t> granted_total_{0};
   std::atomic<int64_t> rounds_{0};
   absl::Time last_grant_;

@@ -3,52 +3,26 @@
 // (--tenants): each tenant stays within its own budget, with and without a kill -9 of a busy
 // owner. Short versions of the cluster fleet runs of docs/BENCHMARKS.md.
 #include <cstdio>
-#include <iostream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
 #include "gtest/gtest.h"
+#include "tests/support/fleet_run.h"
 #include "tools/fleet/subprocess.h"
 
 namespace retrybudget::fleet {
 namespace {
 
-using google::protobuf::Struct;
 using google::protobuf::Value;
 
-struct FleetResult {
-  int wait_status = -1;
-  std::string line;
-  Struct json;
-  const Value& At(const std::string& key) const { return json.fields().at(key); }
-  double Num(const std::string& key) const { return At(key).number_value(); }
-};
+using ::retrybudget::testing::FleetRun;
+using ::retrybudget::testing::RunFleetTool;
 
-FleetResult RunFleetTool(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {RETRYBUDGET_FLEET_BIN};
-  argv.insert(argv.end(), args.begin(), args.end());
-  FleetResult result;
-  auto child = Subprocess::Spawn(argv, {.pipe_stdout = true});
-  EXPECT_TRUE(child.ok()) << child.status();
-  if (!child.ok()) return result;
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
-  absl::StatusOr<int> status = (*child)->Wait(deadline);
-  EXPECT_TRUE(status.ok()) << status.status();
-  if (status.ok()) result.wait_status = *status;
-  if (line.ok()) {
-    result.line = *line;
-    std::cerr << "[fleet] " << result.line << "\n";
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.line, &result.json).ok())
-        << result.line;
-  }
-  return result;
-}
+constexpr char kFleetBinary[] = RETRYBUDGET_FLEET_BIN;
 
 // 3 servers, 4 tenants spread over the shards, 4 workers x 2 threads (each thread on one
 // tenant, two threads per tenant), every attempt failing: the bound binds hard.
@@ -74,7 +48,7 @@ std::vector<std::string> ClusterRun(double duration, std::vector<std::string> mo
 }
 
 // Every tenant's own verdict: within its bound. Returns the tenants' utilisations.
-std::vector<double> ExpectEveryTenantWithinBudget(const FleetResult& r) {
+std::vector<double> ExpectEveryTenantWithinBudget(const FleetRun& r) {
   std::vector<double> utilisations;
   EXPECT_TRUE(r.json.fields().contains("tenants")) << "no per-tenant report: " << r.line;
   if (!r.json.fields().contains("tenants")) return utilisations;
@@ -97,7 +71,7 @@ std::vector<double> ExpectEveryTenantWithinBudget(const FleetResult& r) {
 }
 
 TEST(FleetClusterTest, FourTenantsOnThreeServersEachStayWithinTheirBudgetAndUseIt) {
-  FleetResult r = RunFleetTool(ClusterRun(6));
+  FleetRun r = RunFleetTool(kFleetBinary, ClusterRun(6));
   std::vector<double> utilisations = ExpectEveryTenantWithinBudget(r);
   ASSERT_FALSE(HasFailure());
   // No tokens stranded in any tenant: the bound is a few hundred tokens, the stock that may
@@ -107,7 +81,7 @@ TEST(FleetClusterTest, FourTenantsOnThreeServersEachStayWithinTheirBudgetAndUseI
 }
 
 TEST(FleetClusterTest, KillNineOfABusyOwnerKeepsEveryTenantWithinItsBudget) {
-  FleetResult r = RunFleetTool(ClusterRun(9, {"--cluster-chaos=kill:owner@3"}));
+  FleetRun r = RunFleetTool(kFleetBinary, ClusterRun(9, {"--cluster-chaos=kill:owner@3"}));
   ExpectEveryTenantWithinBudget(r);
   ASSERT_FALSE(HasFailure());
   const auto& cluster = r.At("cluster").struct_value().fields();
@@ -124,7 +98,7 @@ TEST(FleetClusterTest, KillNineOfABusyOwnerKeepsEveryTenantWithinItsBudget) {
 // then their fallback shares), every tenant stays within its budget, and the servers serve
 // again: every worker is back on leases by the end.
 TEST(FleetClusterTest, QuorumLostForTenSecondsAndRegainedKeepsEveryTenantWithinItsBudget) {
-  FleetResult r = RunFleetTool(ClusterRun(20, {"--cluster-chaos=lose-quorum@3+10"}));
+  FleetRun r = RunFleetTool(kFleetBinary, ClusterRun(20, {"--cluster-chaos=lose-quorum@3+10"}));
   ExpectEveryTenantWithinBudget(r);
   ASSERT_FALSE(HasFailure());
   const std::string events = r.At("cluster").struct_value().fields().at("events").string_value();
@@ -159,8 +133,8 @@ TEST(FleetClusterTest, QuorumLostForTenSecondsAndRegainedKeepsEveryTenantWithinI
 // (within --shutdown_grace, 5 s by default, plus 2 s, exit code 0 whatever etcd does), and its
 // restart serves (health SERVING) only once the quorum is back: the start waits for etcd.
 TEST(FleetClusterTest, ASigtermDuringALostQuorumIsTimedAndItsRestartServesOnceEtcdIsBack) {
-  FleetResult r =
-      RunFleetTool(ClusterRun(14, {"--cluster-chaos=lose-quorum@2+6,term:1@3+2"}));
+  FleetRun r =
+      RunFleetTool(kFleetBinary, ClusterRun(14, {"--cluster-chaos=lose-quorum@2+6,term:1@3+2"}));
   ExpectEveryTenantWithinBudget(r);
   ASSERT_FALSE(HasFailure());
   const auto& cluster = r.At("cluster").struct_value().fields();
@@ -192,7 +166,8 @@ TEST(FleetClusterTest, ASigtermDuringALostQuorumIsTimedAndItsRestartServesOnceEt
 // the shard had no owner. Measured 0.9 of the ideal on a quiet machine; the floor is for a loaded
 // CI machine.
 TEST(FleetClusterTest, KillNineOfTheOwnerAtTheDefaultLeaseTtlKeepsTheBudgetUsable) {
-  FleetResult r = RunFleetTool(
+  FleetRun r = RunFleetTool(
+      kFleetBinary,
       {absl::StrCat("--spawn-server=", RETRYBUDGET_SERVER_BIN),
        absl::StrCat("--etcd-binary=", RETRYBUDGET_ETCD_BIN), "--cluster=3", "--tenant=owner-kill",
        "--workers=4", "--threads=2", "--duration=14", "--call-latency=1ms", "--failure-rate=0.5",

@@ -9,11 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -24,63 +22,20 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/support/fleet_run.h"
 #include "tests/support/test_launcher.h"
 #include "tools/fleet/subprocess.h"
 
 namespace retrybudget::fleet {
 namespace {
 
+using ::retrybudget::testing::FleetRun;
+using ::retrybudget::testing::RunFleetTool;
 using ::retrybudget::testing::ServerUnderTest;
 
 constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
 constexpr char kFleetBinary[] = RETRYBUDGET_FLEET_BIN;
-
-struct FleetResult {
-  int wait_status = -1;
-  std::string line;
-  google::protobuf::Struct json;
-
-  double Num(const std::string& key) const { return json.fields().at(key).number_value(); }
-  bool Bool(const std::string& key) const { return json.fields().at(key).bool_value(); }
-  double Sub(const std::string& object, const std::string& key) const {
-    return json.fields().at(object).struct_value().fields().at(key).number_value();
-  }
-  bool SubHas(const std::string& object, const std::string& key) const {
-    return Has(object) && json.fields().at(object).struct_value().fields().contains(key);
-  }
-  bool SubBool(const std::string& object, const std::string& key) const {
-    return json.fields().at(object).struct_value().fields().at(key).bool_value();
-  }
-  std::string SubString(const std::string& object, const std::string& key) const {
-    return json.fields().at(object).struct_value().fields().at(key).string_value();
-  }
-  bool Has(const std::string& key) const { return json.fields().contains(key); }
-};
-
-// Runs retry-budget-fleet with `argv` (without the binary) and parses its JSON line (if any).
-FleetResult RunFleetTool(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {kFleetBinary};
-  argv.insert(argv.end(), args.begin(), args.end());
-  FleetResult result;
-  auto child = Subprocess::Spawn(argv, {.pipe_stdout = true});
-  EXPECT_TRUE(child.ok()) << child.status();
-  if (!child.ok()) return result;
-  const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
-  absl::StatusOr<int> status = (*child)->Wait(deadline);
-  EXPECT_TRUE(status.ok()) << status.status();
-  if (status.ok()) result.wait_status = *status;
-  if (line.ok()) {
-    result.line = *line;
-    std::cerr << "[fleet] " << result.line << "\n";
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(result.line, &result.json).ok())
-        << result.line;
-  }
-  return result;
-}
 
 class FleetTest : public ::testing::Test {
  protected:
@@ -101,9 +56,9 @@ class FleetTest : public ::testing::Test {
   std::string Address() const { return server_->address(); }
 
   // Runs the fleet tool against this test's server and parses its JSON line (if any).
-  FleetResult RunFleet(std::vector<std::string> args) {
+  FleetRun RunFleet(std::vector<std::string> args) {
     args.insert(args.begin(), absl::StrCat("--server=", Address()));
-    return RunFleetTool(args);
+    return RunFleetTool(kFleetBinary, args);
   }
 
   // The runs of the invariant tests: 8 workers x 2 threads, 1 ms per attempt, 4 s. The policy
@@ -121,7 +76,7 @@ class FleetTest : public ::testing::Test {
             "--seed=7"};
   }
 
-  void ExpectBindingRunWithinBudgetAndUsed(const FleetResult& r) {
+  void ExpectBindingRunWithinBudgetAndUsed(const FleetRun& r) {
     ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
     EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
     EXPECT_TRUE(r.Bool("within_budget")) << r.line;
@@ -145,14 +100,14 @@ class FleetTest : public ::testing::Test {
 };
 
 TEST_F(FleetTest, FailureRateOneStaysWithinTheBudgetAndSpendsAtLeastNinetyPercentOfIt) {
-  FleetResult r = RunFleet(BindingRun(/*failure_rate=*/1.0, /*credit=*/0.01));
+  FleetRun r = RunFleet(BindingRun(/*failure_rate=*/1.0, /*credit=*/0.01));
   ExpectBindingRunWithinBudgetAndUsed(r);
   EXPECT_EQ(r.Num("successes"), 0);
   EXPECT_EQ(r.Num("failure_rate"), 1.0);
 }
 
 TEST_F(FleetTest, FailureRatePointThreeStaysWithinTheBudgetAndSpendsAtLeastNinetyPercentOfIt) {
-  FleetResult r = RunFleet(BindingRun(/*failure_rate=*/0.3, /*credit=*/0.002));
+  FleetRun r = RunFleet(BindingRun(/*failure_rate=*/0.3, /*credit=*/0.002));
   ExpectBindingRunWithinBudgetAndUsed(r);
   EXPECT_GT(r.Num("successes"), 0);
   // Successes earned part of the bound.
@@ -166,7 +121,7 @@ TEST_F(FleetTest, RetryHelperStrategyStaysWithinTheBudgetAndSpendsAtLeastNinetyP
   std::vector<std::string> args = BindingRun(/*failure_rate=*/1.0, /*credit=*/0.01);
   args.insert(args.end(), {"--strategy=retry-helper", "--backoff-initial=1ms",
                            "--backoff-max=10ms"});
-  FleetResult r = RunFleet(args);
+  FleetRun r = RunFleet(args);
   ASSERT_TRUE(r.Has("strategy")) << r.line;
   EXPECT_EQ(r.json.fields().at("strategy").string_value(), "retry-helper");
   ExpectBindingRunWithinBudgetAndUsed(r);
@@ -178,7 +133,7 @@ TEST_F(FleetTest, DroppedDuplicatedAndReplayedSyncsStillStayWithinTheBudget) {
   std::vector<std::string> args = BindingRun(/*failure_rate=*/0.5, /*credit=*/0.002);
   args.insert(args.end(), {"--fault-drop-response=0.15", "--fault-duplicate-request=0.15",
                            "--fault-replay-old=0.15"});
-  FleetResult r = RunFleet(args);
+  FleetRun r = RunFleet(args);
   ASSERT_TRUE(r.Has("faults")) << r.line;
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_TRUE(r.Bool("within_budget")) << r.line;
@@ -194,9 +149,9 @@ TEST_F(FleetTest, DroppedDuplicatedAndReplayedSyncsStillStayWithinTheBudget) {
 // The harness can fail: a fleet that retries without a budget overspends, and the tool says so
 // in its JSON and its exit code.
 TEST_F(FleetTest, UnbudgetedFleetIsReportedOverBudgetWithExitCodeOne) {
-  FleetResult r = RunFleet({"--workers=2", "--threads=2", "--duration=1", "--failure-rate=1",
-                            "--tenant=fleet-test", "--capacity=20", "--refill=60",
-                            "--credit=0.01", "--strategy=unbudgeted"});
+  FleetRun r = RunFleet({"--workers=2", "--threads=2", "--duration=1", "--failure-rate=1",
+                         "--tenant=fleet-test", "--capacity=20", "--refill=60", "--credit=0.01",
+                         "--strategy=unbudgeted"});
   ASSERT_TRUE(r.Has("within_budget")) << r.line;
   EXPECT_FALSE(r.Bool("within_budget")) << r.line;
   EXPECT_GT(r.Num("retries_allowed"), r.Num("bound"));
@@ -204,9 +159,9 @@ TEST_F(FleetTest, UnbudgetedFleetIsReportedOverBudgetWithExitCodeOne) {
 }
 
 TEST_F(FleetTest, BadOptionExitsTwoAndUnreachableServerExitsThree) {
-  FleetResult bad = RunFleet({"--workers=0"});
+  FleetRun bad = RunFleet({"--workers=0"});
   EXPECT_TRUE(ExitedWith(bad.wait_status, 2)) << DescribeWaitStatus(bad.wait_status);
-  FleetResult unknown = RunFleet({"--no-such-option=1"});
+  FleetRun unknown = RunFleet({"--no-such-option=1"});
   EXPECT_TRUE(ExitedWith(unknown.wait_status, 2)) << DescribeWaitStatus(unknown.wait_status);
 
   auto child = Subprocess::Spawn({kFleetBinary, "--server=127.0.0.1:1", "--connect-timeout=1s",
@@ -264,7 +219,7 @@ std::vector<std::string> ChaosRun(double duration) {
 // forfeits the unspent tokens (the safe direction); any other error still fails the test.
 enum class FinalSync { kMustSucceed, kMayLoseItsResponses };
 
-void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r,
+void ExpectWithinBudgetAndNeverBlocked(const FleetRun& r,
                                        FinalSync final_sync = FinalSync::kMustSucceed) {
   ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
@@ -283,7 +238,7 @@ void ExpectWithinBudgetAndNeverBlocked(const FleetResult& r,
 
 // The local buckets spent something and never more than the allowance they were given; the
 // lease part stayed within the lease bound.
-void ExpectFallbackSpentWithinItsAllowance(const FleetResult& r) {
+void ExpectFallbackSpentWithinItsAllowance(const FleetRun& r) {
   EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
   EXPECT_GT(r.Sub("fallback", "allowance"), 0) << r.line;
   EXPECT_LE(r.Sub("fallback", "library_fallback_allowed"), r.Sub("fallback", "allowance"))
@@ -302,7 +257,7 @@ void ExpectFallbackSpentWithinItsAllowance(const FleetResult& r) {
 TEST(FleetChaosTest, KillNineMidRunAndRestartStaysWithinLeasesPlusTheFallbackAllowance) {
   std::vector<std::string> args = ChaosRun(/*duration=*/9);
   args.insert(args.end(), {"--kill-server-after=2", "--restart-after=3"});
-  FleetResult r = RunFleetTool(args);
+  FleetRun r = RunFleetTool(kFleetBinary, args);
   ExpectWithinBudgetAndNeverBlocked(r);
   ASSERT_TRUE(r.SubHas("chaos", "restart_at_seconds")) << r.line;
   EXPECT_NEAR(r.Sub("chaos", "kill_at_seconds"), 2, 0.5) << r.line;
@@ -322,7 +277,7 @@ TEST(FleetChaosTest, KillNineMidRunAndRestartStaysWithinLeasesPlusTheFallbackAll
 TEST(FleetChaosTest, HungServerNeverBlocksTryAcquireAndStaysWithinTheBudget) {
   std::vector<std::string> args = ChaosRun(/*duration=*/8);
   args.insert(args.end(), {"--stop-server-after=2", "--resume-after=3"});
-  FleetResult r = RunFleetTool(args);
+  FleetRun r = RunFleetTool(kFleetBinary, args);
   ExpectWithinBudgetAndNeverBlocked(r);
   ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
   EXPECT_GE(r.Sub("chaos", "hung_seconds"), 3) << r.line;
@@ -359,7 +314,7 @@ std::vector<std::string> CreditFundedRun(const std::string& tenant, double durat
   return args;
 }
 
-void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal,
+void ExpectWithinTheBoundAndUsed(const FleetRun& r, double floor_vs_ideal,
                                  FinalSync final_sync = FinalSync::kMustSucceed) {
   ExpectWithinBudgetAndNeverBlocked(r, final_sync);
   EXPECT_LE(r.Num("retries_allowed") - r.Sub("fallback", "library_fallback_allowed"),
@@ -376,7 +331,7 @@ void ExpectWithinTheBoundAndUsed(const FleetResult& r, double floor_vs_ideal,
 
 // Through an outage: successes were credited locally, fallback spent something, and every client
 // went back to leases afterwards.
-void ExpectSuccessesFundedTheFallback(const FleetResult& r) {
+void ExpectSuccessesFundedTheFallback(const FleetRun& r) {
   EXPECT_GT(r.Sub("library", "successes_credited_locally"), 0) << r.line;
   EXPECT_GT(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
   EXPECT_EQ(r.Sub("fallback", "workers_back_on_lease"), 4) << r.line;
@@ -384,7 +339,7 @@ void ExpectSuccessesFundedTheFallback(const FleetResult& r) {
 
 // Section 9 measured 0.99 of the ideal.
 TEST(FleetFaultUtilisationTest, SteadyStateUsesWhatAnIdealBucketWould) {
-  FleetResult r = RunFleetTool(CreditFundedRun("steady", 6, {}));
+  FleetRun r = RunFleetTool(kFleetBinary, CreditFundedRun("steady", 6, {}));
   ExpectWithinTheBoundAndUsed(r, 0.9);
   EXPECT_EQ(r.Sub("fallback", "library_fallback_allowed"), 0) << r.line;
 }
@@ -393,8 +348,8 @@ TEST(FleetFaultUtilisationTest, SteadyStateUsesWhatAnIdealBucketWould) {
 // (success-funded fallback), which the server then does not credit again. Measured 0.92-0.93 on a
 // quiet machine (0.78 without success-funded fallback and the early fallback of a spent lease).
 TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAHangLongerThanTheLease) {
-  FleetResult r = RunFleetTool(
-      CreditFundedRun("hang", 8, {"--stop-server-after=2", "--resume-after=3"}));
+  FleetRun r = RunFleetTool(
+      kFleetBinary, CreditFundedRun("hang", 8, {"--stop-server-after=2", "--resume-after=3"}));
   ExpectWithinTheBoundAndUsed(r, 0.6);
   ASSERT_TRUE(r.SubHas("chaos", "resume_at_seconds")) << r.line;
   ExpectSuccessesFundedTheFallback(r);
@@ -404,8 +359,8 @@ TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAHangLongerThanTh
 // since the last snapshot, the clients fund their fallback meanwhile. Measured 0.98 (0.90 while a
 // Sync waiting for the dead server held a spent lease out of fallback for a second).
 TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAKillNineAndRestart) {
-  FleetResult r = RunFleetTool(
-      CreditFundedRun("kill", 10, {"--kill-server-after=3", "--restart-after=2"}));
+  FleetRun r = RunFleetTool(
+      kFleetBinary, CreditFundedRun("kill", 10, {"--kill-server-after=3", "--restart-after=2"}));
   ExpectWithinTheBoundAndUsed(r, 0.6);
   ASSERT_TRUE(r.SubHas("chaos", "restart_at_seconds")) << r.line;
   EXPECT_TRUE(r.SubBool("chaos", "persistent")) << r.line;
@@ -415,9 +370,10 @@ TEST(FleetFaultUtilisationTest, SuccessesFundTheFallbackThroughAKillNineAndResta
 // No outage, but 30% of the Sync responses lost, 10% of the requests duplicated and 10% replayed
 // late through the fault proxy. Measured 0.96.
 TEST(FleetFaultUtilisationTest, LostDuplicatedAndReplayedSyncsWasteLittle) {
-  FleetResult r = RunFleetTool(CreditFundedRun(
-      "lossy", 8,
-      {"--fault-drop-response=0.3", "--fault-duplicate-request=0.1", "--fault-replay-old=0.1"}));
+  FleetRun r = RunFleetTool(
+      kFleetBinary, CreditFundedRun("lossy", 8,
+                                    {"--fault-drop-response=0.3", "--fault-duplicate-request=0.1",
+                                     "--fault-replay-old=0.1"}));
   ExpectWithinTheBoundAndUsed(r, 0.7, FinalSync::kMayLoseItsResponses);
   ASSERT_TRUE(r.Has("faults")) << r.line;
   EXPECT_GT(r.Sub("faults", "dropped_responses"), 0) << r.line;
@@ -429,7 +385,7 @@ TEST(FleetChaosTest, SlowServerStaysWithinTheBudget) {
   // client's 1 s Sync deadline.
   std::vector<std::string> args = ChaosRun(/*duration=*/5);
   args.insert(args.end(), {"--fault-delay=300ms"});
-  FleetResult r = RunFleetTool(args);
+  FleetRun r = RunFleetTool(kFleetBinary, args);
   ExpectWithinBudgetAndNeverBlocked(r);
   ASSERT_TRUE(r.Has("faults")) << r.line;
   EXPECT_GT(r.Sub("faults", "delayed_responses"), 0) << r.line;
@@ -452,7 +408,7 @@ TEST(FleetChaosTest, SpawnedServerStartsWhileTheDefaultMetricsPortIsHeld) {
   } else {
     ASSERT_EQ(errno, EADDRINUSE) << std::strerror(errno);  // held already: what we want
   }
-  FleetResult r = RunFleetTool(ChaosRun(/*duration=*/1));
+  FleetRun r = RunFleetTool(kFleetBinary, ChaosRun(/*duration=*/1));
   close(fd);
   ASSERT_TRUE(r.Has("within_budget")) << "no JSON report: " << r.line;
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
@@ -461,11 +417,11 @@ TEST(FleetChaosTest, SpawnedServerStartsWhileTheDefaultMetricsPortIsHeld) {
 }
 
 TEST(FleetChaosTest, ChaosOptionsWithoutSpawnServerExitTwo) {
-  FleetResult r = RunFleetTool({"--kill-server-after=1"});
+  FleetRun r = RunFleetTool(kFleetBinary, {"--kill-server-after=1"});
   EXPECT_TRUE(ExitedWith(r.wait_status, 2)) << DescribeWaitStatus(r.wait_status);
-  FleetResult overlap = RunFleetTool({absl::StrCat("--spawn-server=", kServerBinary),
-                                      "--kill-server-after=1", "--restart-after=3",
-                                      "--stop-server-after=2", "--resume-after=1"});
+  FleetRun overlap = RunFleetTool(
+      kFleetBinary, {absl::StrCat("--spawn-server=", kServerBinary), "--kill-server-after=1",
+                     "--restart-after=3", "--stop-server-after=2", "--resume-after=1"});
   EXPECT_TRUE(ExitedWith(overlap.wait_status, 2)) << DescribeWaitStatus(overlap.wait_status);
 }
 

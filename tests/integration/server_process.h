@@ -15,7 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/integration/child_process.h"
-#include "tests/integration/server_connection.h"
+#include "tests/support/server_connection.h"
 #include "tests/support/test_launcher.h"
 
 namespace retrybudget::testing {

@@ -13,7 +13,7 @@
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "server/budget_core.h"
 #include "server/budget_server.h"
-#include "tests/integration/server_connection.h"
+#include "tests/support/server_connection.h"
 
 namespace retrybudget::testing {
 

@@ -267,6 +267,18 @@ absl::Status ServerUnderTest::Restart() {
 
 // ClusterUnderTest
 
+ClusterUnderTestOptions TimeBoundClusterOptions(const TimeBoundCluster& cluster) {
+  return {.etcd = {.etcd_binary = cluster.etcd_binary},
+          .servers = cluster.servers,
+          .server_binary = cluster.server_binary,
+          .server_flags = cluster.server_flags,
+          .policy = absl::StrCat("default_policy { capacity: ", cluster.capacity,
+                                 " refill_per_second: ", cluster.refill_per_second,
+                                 " success_credit: 0 lease_ttl_ms: 2000 }"),
+          .shards = cluster.shards,
+          .lease_ttl = cluster.lease_ttl};
+}
+
 absl::StatusOr<std::unique_ptr<ClusterUnderTest>> ClusterUnderTest::Start(
     ClusterUnderTestOptions options) {
   if (options.servers > 0 && access(options.server_binary.c_str(), X_OK) != 0) {

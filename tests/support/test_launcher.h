@@ -181,6 +181,22 @@ struct ClusterUnderTestOptions {
   absl::Duration timeout = absl::Seconds(20);
 };
 
+// A cluster whose every tenant has a budget bounded by time alone: `capacity` tokens refilled at
+// `refill_per_second`, no success credit (clients' leases 2 s). What its servers grant together
+// then stays within capacity + refill_per_second * elapsed, whoever owns the tenant: the bound the
+// cluster tests check takeovers and etcd outages against.
+struct TimeBoundCluster {
+  std::string etcd_binary;
+  std::string server_binary;
+  int servers = 3;
+  int shards = 8;
+  absl::Duration lease_ttl = absl::Seconds(2);  // the servers' etcd leases
+  double capacity = 50;
+  double refill_per_second = 20;
+  std::vector<std::string> server_flags = {};
+};
+ClusterUnderTestOptions TimeBoundClusterOptions(const TimeBoundCluster& cluster);
+
 class ClusterUnderTest {
  public:
   // Starts the etcd nodes, then the servers, and waits until every server has joined.

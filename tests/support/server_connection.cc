@@ -1,4 +1,4 @@
-#include "tests/integration/server_connection.h"
+#include "tests/support/server_connection.h"
 
 #include <utility>
 
@@ -21,6 +21,7 @@ ServerConnection ServerConnection::Create(const std::string& target,
 
 void ServerConnection::Prepare(grpc::ClientContext& context) const {
   context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  context.set_wait_for_ready(wait_for_ready);
   if (!bearer_token.empty()) {
     context.AddMetadata("authorization", absl::StrCat("Bearer ", bearer_token));
   }
@@ -52,7 +53,7 @@ grpc::Status ServerConnection::PutPolicy(absl::string_view tenant, const v1::Bud
   *request.mutable_policy() = policy;
   v1::PutPolicyResponse response;
   grpc::Status status = admin->PutPolicy(&context, request, &response);
-  *budget = response.budget();
+  if (budget != nullptr) *budget = response.budget();
   return status;
 }
 

@@ -1,8 +1,13 @@
-// A test's connection to a budget server, in-process (TestServer) or a child process
-// (ServerProcess): both stubs over one channel, a deadline and an optional bearer token on each
-// call.
-#ifndef RETRYBUDGET_TESTS_INTEGRATION_SERVER_CONNECTION_H_
-#define RETRYBUDGET_TESTS_INTEGRATION_SERVER_CONNECTION_H_
+// A test's connection to a budget server, in-process (tests/integration TestServer) or a child
+// process (ServerUnderTest, ServerProcess): both stubs over one channel, a deadline and an
+// optional bearer token on each call. Client side only: linking it does not link the server.
+//
+//   ServerConnection admin = ServerConnection::Create(address, grpc::InsecureChannelCredentials());
+//   grpc::Status put = admin.PutPolicy("payments", policy);
+//   v1::BudgetStatus budget;
+//   grpc::Status got = admin.GetBudget("payments", &budget);
+#ifndef RETRYBUDGET_TESTS_SUPPORT_SERVER_CONNECTION_H_
+#define RETRYBUDGET_TESTS_SUPPORT_SERVER_CONNECTION_H_
 
 #include <memory>
 #include <string>
@@ -21,6 +26,9 @@ struct ServerConnection {
   std::unique_ptr<v1::BudgetAdminService::Stub> admin;
   std::string bearer_token;  // empty: no authorization metadata
   absl::Duration deadline = absl::Seconds(10);
+  // Wait (within the deadline) for a server that is not reachable yet, e.g. one restarting,
+  // instead of failing the call at once with UNAVAILABLE.
+  bool wait_for_ready = false;
 
   static ServerConnection Create(const std::string& target,
                                  std::shared_ptr<grpc::ChannelCredentials> credentials,
@@ -28,8 +36,9 @@ struct ServerConnection {
 
   grpc::Status Sync(const v1::SyncRequest& request, v1::SyncResponse* response);
   grpc::Status GetBudget(absl::string_view tenant, v1::BudgetStatus* budget);
+  // `budget` (may be null) receives the budget as the policy left it.
   grpc::Status PutPolicy(absl::string_view tenant, const v1::BudgetPolicy& policy,
-                         v1::BudgetStatus* budget);
+                         v1::BudgetStatus* budget = nullptr);
   grpc::Status ListBudgets(v1::ListBudgetsResponse* response,
                            const v1::ListBudgetsRequest& request = {});
   grpc::Status DeleteBudget(absl::string_view tenant);
@@ -40,4 +49,4 @@ struct ServerConnection {
 
 }  // namespace retrybudget::testing
 
-#endif  // RETRYBUDGET_TESTS_INTEGRATION_SERVER_CONNECTION_H_
+#endif  // RETRYBUDGET_TESTS_SUPPORT_SERVER_CONNECTION_H_
