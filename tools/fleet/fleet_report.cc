@@ -363,9 +363,8 @@ std::string LanguagesToJson(const std::vector<LanguageRun>& languages) {
   return all.Finish();
 }
 
-}  // namespace
-
-std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
+// The run's settings, totals, verdict and the library's own counts: the report's first fields.
+void AddRunAndTotals(JsonWriter& w, const FleetRun& run, const Verdict& verdict) {
   JsonWriter policy;
   policy.Number("capacity", run.policy.capacity)
       .Number("refill_per_second", run.policy.refill_per_second)
@@ -385,7 +384,6 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("successes_credited_locally", t.lib_successes_credited_locally)
       .String("shutdown_status", t.shutdown_status);
 
-  JsonWriter w;
   w.String("tenant", run.tenant)
       .String("strategy", run.strategy)
       .Number("workers", run.workers)
@@ -410,7 +408,11 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("utilisation_vs_ideal", verdict.utilisation_vs_ideal)
       .Number("max_try_acquire_ms", t.max_try_acquire_ms)
       .Object("library", library.Finish());
+}
 
+// "fallback": the allowance, its rule and what was spent under it.
+std::string FallbackToJson(const FleetRun& run) {
+  const WorkerCounts& t = run.totals;
   JsonWriter fallback;
   fallback
       .String("allowance_rule",
@@ -430,149 +432,183 @@ std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
       .Number("workers_back_on_lease", t.lease_after_fallback)
       .Number("syncs_ok", t.syncs_ok)
       .Number("syncs_failed", t.syncs_failed);
-  w.Object("fallback", fallback.Finish());
+  return fallback.Finish();
+}
+
+// "server": the single server's own view of the tenant.
+std::string ServerToJson(const ServerView& s) {
+  JsonWriter server;
+  server.Number("tokens_start", s.tokens_start)
+      .Number("tokens_end", s.tokens_end)
+      .Number("granted", s.granted)
+      .Number("returned", s.returned)
+      .Number("reclaimed", s.reclaimed)
+      .Number("retries", s.retries)
+      .Number("retries_denied", s.retries_denied)
+      .Number("successes", s.successes)
+      .Number("active_instances_end", int64_t{s.active_instances_end})
+      .Number("level_samples", s.level_samples)
+      .Number("level_mean", s.level_mean)
+      .Number("level_max", s.level_max);
+  return server.Finish();
+}
+
+// "faults": what the fault proxy did.
+std::string FaultsToJson(const FaultCounters& f, double delay_ms) {
+  JsonWriter faults;
+  faults.Number("proxied_requests", f.proxied_requests)
+      .Number("dropped_responses", f.dropped_responses)
+      .Number("duplicated_requests", f.duplicated_requests)
+      .Number("replayed_requests", f.replayed_requests)
+      .Number("replays_stale", f.replays_stale)
+      .Number("replay_granted_tokens", f.replay_granted_tokens)
+      .Number("upstream_errors", f.upstream_errors)
+      .Number("delay_ms", delay_ms)
+      .Number("delayed_responses", f.delayed_responses);
+  return faults.Finish();
+}
+
+// "chaos": the single server's kill or stop, and the calls around it. The times of what did not
+// happen are left out.
+std::string ChaosToJson(const ChaosView& c) {
+  JsonWriter chaos;
+  chaos.Number("port", c.port).Bool("persistent", c.persistent);
+  auto optional = [&chaos](absl::string_view key, const std::optional<double>& value) {
+    if (value.has_value()) chaos.Number(key, *value);
+  };
+  optional("kill_at_seconds", c.kill_at);
+  optional("restart_at_seconds", c.restart_at);
+  if (c.kill_at.has_value()) chaos.Number("downtime_seconds", c.downtime_seconds);
+  optional("stop_at_seconds", c.stop_at);
+  optional("resume_at_seconds", c.resume_at);
+  if (c.stop_at.has_value()) chaos.Number("hung_seconds", c.hung_seconds);
+  if (!c.restart_error.empty()) chaos.String("restart_error", c.restart_error);
+  chaos.Number("calls_during_outage", c.calls_during_outage)
+      .Number("retries_during_outage", c.retries_during_outage)
+      .Number("retries_after_outage", c.retries_after_outage);
+  return chaos.Finish();
+}
+
+// The cluster's "owner_losses" (each lost owner and how long its tenants waited) and
+// "max_seconds_without_owner_key".
+void AddOwnerLosses(JsonWriter& cluster, const ClusterView& c) {
+  std::vector<std::string> losses;
+  for (const OwnerLoss& l : c.owner_losses) {
+    JsonWriter loss;
+    loss.Number("at_seconds", l.at)
+        .Number("server", l.server)
+        .String("what", l.what)
+        .Number("tenants", l.tenants);
+    if (l.new_owner_after_seconds.has_value()) {
+      loss.Number("new_owner_after_seconds", *l.new_owner_after_seconds);
+    }
+    if (l.leases_back_after_owner_seconds.has_value()) {
+      loss.Number("leases_back_after_owner_seconds", *l.leases_back_after_owner_seconds);
+    }
+    losses.push_back(loss.Finish());
+  }
+  cluster.Objects("owner_losses", losses)
+      .Number("max_seconds_without_owner_key", c.max_seconds_without_owner_key);
+}
+
+// The cluster's "stops" (each SIGTERM and how long the server took to exit) and "restarts" (each
+// start and how long until health SERVING), with their maxima and the starts that never served.
+void AddStopsAndRestarts(JsonWriter& cluster, const ClusterView& c) {
+  std::vector<std::string> stops;
+  double max_stop = 0;
+  for (const ServerStop& st : c.stops) {
+    max_stop = std::max(max_stop, st.seconds);
+    JsonWriter one;
+    one.Number("at_seconds", st.at)
+        .Number("server", st.server)
+        .Number("seconds", st.seconds)
+        .String("exit", st.exit);
+    stops.push_back(one.Finish());
+  }
+  std::vector<std::string> restarts;
+  double max_serving = 0;
+  int never = 0;
+  for (const ServerRestart& r : c.restarts) {
+    JsonWriter one;
+    one.Number("at_seconds", r.at).Number("server", r.server);
+    if (r.serving_after.has_value()) {
+      max_serving = std::max(max_serving, *r.serving_after);
+      one.Number("serving_after_seconds", *r.serving_after);
+    } else {
+      ++never;
+    }
+    if (!r.error.empty()) one.String("error", r.error);
+    restarts.push_back(one.Finish());
+  }
+  cluster.Objects("stops", stops)
+      .Number("max_stop_seconds", max_stop)
+      .Objects("restarts", restarts)
+      .Number("max_restart_to_serving_seconds", max_serving)
+      .Number("restarts_not_serving", never);
+}
+
+// "cluster": its size and events; owner losses for a run over several tenants or with any;
+// stops and restarts when there were some.
+std::string ClusterToJson(const ClusterView& c, bool several_tenants) {
+  JsonWriter cluster;
+  cluster.Number("servers", c.servers)
+      .Number("etcd_nodes", c.etcd_nodes)
+      .String("target", c.target)
+      .String("events", absl::StrJoin(c.events, "; "));
+  if (several_tenants || !c.owner_losses.empty()) AddOwnerLosses(cluster, c);
+  if (!c.stops.empty() || !c.restarts.empty()) AddStopsAndRestarts(cluster, c);
+  return cluster.Finish();
+}
+
+// "tenants" (each tenant's totals and verdict) and their summary: "tenant_count",
+// "tenants_within_budget", "utilisation_min".
+void AddTenants(JsonWriter& w, const std::vector<TenantRun>& runs,
+                const std::vector<Verdict>& verdicts) {
+  std::vector<std::string> tenants;
+  int within = 0;
+  double min_utilisation = std::numeric_limits<double>::infinity();
+  for (size_t i = 0; i < runs.size() && i < verdicts.size(); ++i) {
+    const TenantRun& t = runs[i];
+    const Verdict& v = verdicts[i];
+    within += v.within_budget ? 1 : 0;
+    min_utilisation = std::min(min_utilisation, v.utilisation);
+    JsonWriter one;
+    one.String("tenant", t.tenant)
+        .Number("initial_tokens", t.policy.initial_tokens)
+        .Number("successes", t.totals.successes)
+        .Number("retries_allowed", t.totals.retries_allowed)
+        .Number("retries_denied", t.totals.retries_denied)
+        .Number("lease_bound", v.lease_bound)
+        .Number("fallback_allowance", v.fallback_allowance)
+        .Number("bound", v.bound)
+        .Bool("within_budget", v.within_budget)
+        .Number("utilisation", v.utilisation)
+        .Number("utilisation_vs_ideal", v.utilisation_vs_ideal)
+        .Number("fallback_seconds", t.totals.fallback_seconds)
+        .Number("ungranted_gap_max_seconds", t.totals.ungranted_gap_max_seconds)
+        .Number("granted_again_at_seconds", t.totals.granted_again_at_seconds);
+    tenants.push_back(one.Finish());
+  }
+  w.Number("tenant_count", static_cast<int64_t>(runs.size()))
+      .Number("tenants_within_budget", within)
+      .Number("utilisation_min", min_utilisation)
+      .Objects("tenants", tenants);
+}
+
+}  // namespace
+
+std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
+  JsonWriter w;
+  AddRunAndTotals(w, run, verdict);
+  w.Object("fallback", FallbackToJson(run));
   if (!run.languages.empty()) w.Object("languages", LanguagesToJson(run.languages));
-  if (run.server.has_value()) {
-    const ServerView& s = *run.server;
-    JsonWriter server;
-    server.Number("tokens_start", s.tokens_start)
-        .Number("tokens_end", s.tokens_end)
-        .Number("granted", s.granted)
-        .Number("returned", s.returned)
-        .Number("reclaimed", s.reclaimed)
-        .Number("retries", s.retries)
-        .Number("retries_denied", s.retries_denied)
-        .Number("successes", s.successes)
-        .Number("active_instances_end", int64_t{s.active_instances_end})
-        .Number("level_samples", s.level_samples)
-        .Number("level_mean", s.level_mean)
-        .Number("level_max", s.level_max);
-    w.Object("server", server.Finish());
-  }
-  if (run.faults.has_value()) {
-    const FaultCounters& f = *run.faults;
-    JsonWriter faults;
-    faults.Number("proxied_requests", f.proxied_requests)
-        .Number("dropped_responses", f.dropped_responses)
-        .Number("duplicated_requests", f.duplicated_requests)
-        .Number("replayed_requests", f.replayed_requests)
-        .Number("replays_stale", f.replays_stale)
-        .Number("replay_granted_tokens", f.replay_granted_tokens)
-        .Number("upstream_errors", f.upstream_errors)
-        .Number("delay_ms", run.fault_delay_ms)
-        .Number("delayed_responses", f.delayed_responses);
-    w.Object("faults", faults.Finish());
-  }
-  if (run.chaos.has_value()) {
-    const ChaosView& c = *run.chaos;
-    JsonWriter chaos;
-    chaos.Number("port", c.port).Bool("persistent", c.persistent);
-    auto optional = [&chaos](absl::string_view key, const std::optional<double>& value) {
-      if (value.has_value()) chaos.Number(key, *value);
-    };
-    optional("kill_at_seconds", c.kill_at);
-    optional("restart_at_seconds", c.restart_at);
-    if (c.kill_at.has_value()) chaos.Number("downtime_seconds", c.downtime_seconds);
-    optional("stop_at_seconds", c.stop_at);
-    optional("resume_at_seconds", c.resume_at);
-    if (c.stop_at.has_value()) chaos.Number("hung_seconds", c.hung_seconds);
-    if (!c.restart_error.empty()) chaos.String("restart_error", c.restart_error);
-    chaos.Number("calls_during_outage", c.calls_during_outage)
-        .Number("retries_during_outage", c.retries_during_outage)
-        .Number("retries_after_outage", c.retries_after_outage);
-    w.Object("chaos", chaos.Finish());
-  }
+  if (run.server.has_value()) w.Object("server", ServerToJson(*run.server));
+  if (run.faults.has_value()) w.Object("faults", FaultsToJson(*run.faults, run.fault_delay_ms));
+  if (run.chaos.has_value()) w.Object("chaos", ChaosToJson(*run.chaos));
   if (run.cluster.has_value()) {
-    JsonWriter cluster;
-    cluster.Number("servers", run.cluster->servers)
-        .Number("etcd_nodes", run.cluster->etcd_nodes)
-        .String("target", run.cluster->target)
-        .String("events", absl::StrJoin(run.cluster->events, "; "));
-    if (!run.tenants.empty() || !run.cluster->owner_losses.empty()) {
-      std::vector<std::string> losses;
-      for (const OwnerLoss& l : run.cluster->owner_losses) {
-        JsonWriter loss;
-        loss.Number("at_seconds", l.at)
-            .Number("server", l.server)
-            .String("what", l.what)
-            .Number("tenants", l.tenants);
-        if (l.new_owner_after_seconds.has_value()) {
-          loss.Number("new_owner_after_seconds", *l.new_owner_after_seconds);
-        }
-        if (l.leases_back_after_owner_seconds.has_value()) {
-          loss.Number("leases_back_after_owner_seconds", *l.leases_back_after_owner_seconds);
-        }
-        losses.push_back(loss.Finish());
-      }
-      cluster.Objects("owner_losses", losses)
-          .Number("max_seconds_without_owner_key", run.cluster->max_seconds_without_owner_key);
-    }
-    if (!run.cluster->stops.empty() || !run.cluster->restarts.empty()) {
-      std::vector<std::string> stops;
-      double max_stop = 0;
-      for (const ServerStop& st : run.cluster->stops) {
-        max_stop = std::max(max_stop, st.seconds);
-        JsonWriter one;
-        one.Number("at_seconds", st.at)
-            .Number("server", st.server)
-            .Number("seconds", st.seconds)
-            .String("exit", st.exit);
-        stops.push_back(one.Finish());
-      }
-      std::vector<std::string> restarts;
-      double max_serving = 0;
-      int never = 0;
-      for (const ServerRestart& r : run.cluster->restarts) {
-        JsonWriter one;
-        one.Number("at_seconds", r.at).Number("server", r.server);
-        if (r.serving_after.has_value()) {
-          max_serving = std::max(max_serving, *r.serving_after);
-          one.Number("serving_after_seconds", *r.serving_after);
-        } else {
-          ++never;
-        }
-        if (!r.error.empty()) one.String("error", r.error);
-        restarts.push_back(one.Finish());
-      }
-      cluster.Objects("stops", stops)
-          .Number("max_stop_seconds", max_stop)
-          .Objects("restarts", restarts)
-          .Number("max_restart_to_serving_seconds", max_serving)
-          .Number("restarts_not_serving", never);
-    }
-    w.Object("cluster", cluster.Finish());
+    w.Object("cluster", ClusterToJson(*run.cluster, /*several_tenants=*/!run.tenants.empty()));
   }
-  if (!run.tenants.empty()) {
-    std::vector<std::string> tenants;
-    int within = 0;
-    double min_utilisation = std::numeric_limits<double>::infinity();
-    for (size_t i = 0; i < run.tenants.size() && i < verdict.tenants.size(); ++i) {
-      const TenantRun& t = run.tenants[i];
-      const Verdict& v = verdict.tenants[i];
-      within += v.within_budget ? 1 : 0;
-      min_utilisation = std::min(min_utilisation, v.utilisation);
-      JsonWriter one;
-      one.String("tenant", t.tenant)
-          .Number("initial_tokens", t.policy.initial_tokens)
-          .Number("successes", t.totals.successes)
-          .Number("retries_allowed", t.totals.retries_allowed)
-          .Number("retries_denied", t.totals.retries_denied)
-          .Number("lease_bound", v.lease_bound)
-          .Number("fallback_allowance", v.fallback_allowance)
-          .Number("bound", v.bound)
-          .Bool("within_budget", v.within_budget)
-          .Number("utilisation", v.utilisation)
-          .Number("utilisation_vs_ideal", v.utilisation_vs_ideal)
-          .Number("fallback_seconds", t.totals.fallback_seconds)
-          .Number("ungranted_gap_max_seconds", t.totals.ungranted_gap_max_seconds)
-          .Number("granted_again_at_seconds", t.totals.granted_again_at_seconds);
-      tenants.push_back(one.Finish());
-    }
-    w.Number("tenant_count", static_cast<int64_t>(run.tenants.size()))
-        .Number("tenants_within_budget", within)
-        .Number("utilisation_min", min_utilisation)
-        .Objects("tenants", tenants);
-  }
+  if (!run.tenants.empty()) AddTenants(w, run.tenants, verdict.tenants);
   return w.Finish();
 }
 
