@@ -74,6 +74,15 @@ bool AnyPolicyField(const FleetOptions& o) {
          o.lease_ttl_ms;
 }
 
+// The policy fields given on the command line (only those) into `p`.
+void SetPolicyFields(const FleetOptions& o, v1::BudgetPolicy* p) {
+  if (o.capacity) p->set_capacity(*o.capacity);
+  if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
+  if (o.success_credit) p->set_success_credit(*o.success_credit);
+  if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
+  if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+}
+
 // Makes the budget of `tenant` exist with the asked policy.
 absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
                            const std::shared_ptr<grpc::Channel>& channel) {
@@ -93,12 +102,7 @@ absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
   if (AnyPolicyField(o)) {
     v1::PutPolicyRequest request;
     request.set_tenant(tenant);
-    v1::BudgetPolicy* p = request.mutable_policy();
-    if (o.capacity) p->set_capacity(*o.capacity);
-    if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
-    if (o.success_credit) p->set_success_credit(*o.success_credit);
-    if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
-    if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+    SetPolicyFields(o, request.mutable_policy());
     v1::PutPolicyResponse response;
     grpc::Status s =
         CallAdmin(*admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
@@ -209,12 +213,7 @@ v1::PolicyConfig PolicyFileFor(const FleetOptions& o) {
   for (int i = 0; i < o.tenants; ++i) {
     v1::TenantPolicy* t = config.add_tenants();
     t->set_tenant(FleetTenantName(o.tenant, o.tenants, i));
-    v1::BudgetPolicy* p = t->mutable_policy();
-    if (o.capacity) p->set_capacity(*o.capacity);
-    if (o.refill_per_second) p->set_refill_per_second(*o.refill_per_second);
-    if (o.success_credit) p->set_success_credit(*o.success_credit);
-    if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
-    if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+    SetPolicyFields(o, t->mutable_policy());
   }
   return config;
 }
@@ -264,6 +263,17 @@ class OwnedTempDir {
   std::string path_;
 };
 
+// Writes the tenants' policy (PolicyFileFor) to <dir>/policy.textproto; its path.
+absl::StatusOr<std::string> WritePolicyFile(const FleetOptions& o, const OwnedTempDir& dir) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(PolicyFileFor(o), &text);
+  std::string path = absl::StrCat(dir.path(), "/policy.textproto");
+  std::ofstream out(path);
+  out << text;
+  if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return path;
+}
+
 // Starts the server of a --spawn-server run: its temporary directory, policy file, data dir.
 absl::StatusOr<std::unique_ptr<ServerSupervisor>> SpawnServer(const FleetOptions& o,
                                                               const OwnedTempDir& dir) {
@@ -279,14 +289,9 @@ absl::StatusOr<std::unique_ptr<ServerSupervisor>> SpawnServer(const FleetOptions
         absl::StrCat("--server-data-dir '", s.data_dir, "': ", error.message()));
   }
   if (AnyPolicyField(o)) {
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(PolicyFileFor(o), &text);
-    s.policy_file = absl::StrCat(dir.path(), "/policy.textproto");
-    std::ofstream out(s.policy_file);
-    out << text;
-    if (!out.flush()) {
-      return absl::InternalError(absl::StrCat("cannot write ", s.policy_file));
-    }
+    absl::StatusOr<std::string> policy_file = WritePolicyFile(o, dir);
+    if (!policy_file.ok()) return policy_file.status();
+    s.policy_file = *std::move(policy_file);
   }
   return ServerSupervisor::Start(std::move(s));
 }
@@ -335,6 +340,403 @@ void CountOutage(const WorkerCounts& totals, double from, double to, ChaosView& 
     }
     if (begin >= to) view.retries_after_outage += totals.retries_timeline[i];
   }
+}
+
+// The servers of a run: the tool's own (--spawn-server: one server on a port picked once and
+// kept across restarts; --cluster: etcd and N servers), or none (--server). Members are destroyed
+// in reverse: the servers are killed (if still running) before their directory is removed.
+struct FleetServers {
+  std::unique_ptr<OwnedTempDir> dir;  // port file, policy file, default data dir
+  std::unique_ptr<ServerSupervisor> spawned;
+  std::unique_ptr<testing::ClusterUnderTest> cluster;
+  // What the tool reaches: --server, the spawned server's address or the cluster's target.
+  std::string address;
+};
+
+// --cluster: etcd and o.cluster servers given the tenants' policy file, settled.
+absl::Status StartCluster(const FleetOptions& o, FleetServers& servers) {
+  std::vector<std::string> flags = o.server_args;
+  if (AnyPolicyField(o)) {
+    absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
+    if (!dir.ok()) return dir.status();
+    servers.dir = *std::move(dir);
+    absl::StatusOr<std::string> policy_file = WritePolicyFile(o, *servers.dir);
+    if (!policy_file.ok()) return policy_file.status();
+    flags.insert(flags.begin(), absl::StrCat("--policy=", *policy_file));
+  }
+  absl::StatusOr<std::unique_ptr<testing::ClusterUnderTest>> started =
+      testing::ClusterUnderTest::Start(
+          {.etcd = {.etcd_nodes = o.etcd_nodes, .etcd_binary = o.etcd_binary},
+           .servers = o.cluster,
+           .server_binary = o.spawn_server,
+           .server_flags = std::move(flags),
+           .shards = o.cluster_shards,
+           .lease_ttl = o.cluster_lease_ttl});
+  if (!started.ok()) return started.status();
+  servers.cluster = *std::move(started);
+  // The run starts on a settled cluster: shards still moving between the servers that just
+  // joined would be measured as part of whatever fault the run is about.
+  if (absl::Status balanced = servers.cluster->WaitUntilBalanced(absl::Seconds(30));
+      !balanced.ok()) {
+    return balanced;
+  }
+  servers.address = servers.cluster->target();
+  return absl::OkStatus();
+}
+
+// --spawn-server: the tool's own server, in a directory of the run.
+absl::Status StartSpawnedServer(const FleetOptions& o, FleetServers& servers) {
+  absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
+  if (!dir.ok()) return dir.status();
+  servers.dir = *std::move(dir);
+  absl::StatusOr<std::unique_ptr<ServerSupervisor>> started = SpawnServer(o, *servers.dir);
+  if (!started.ok()) return started.status();
+  servers.spawned = *std::move(started);
+  servers.address = servers.spawned->address();
+  if (!servers.spawned->persistent()) {
+    std::cerr << "retry-budget-fleet: WARNING: " << o.spawn_server
+              << " has no --data_dir flag: a restarted server starts from an empty state "
+                 "(a kill -9 may then create tokens; chaos.persistent = false)\n";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StartServers(const FleetOptions& o, FleetServers& servers) {
+  servers.address = o.server;
+  if (o.cluster > 0) return StartCluster(o, servers);
+  if (!o.spawn_server.empty()) return StartSpawnedServer(o, servers);
+  return absl::OkStatus();
+}
+
+// The run's tenant names, each made ready on the server (PrepareTenant).
+absl::StatusOr<std::vector<std::string>> PrepareTenants(
+    const FleetOptions& o, const std::shared_ptr<grpc::Channel>& channel) {
+  std::vector<std::string> names;
+  for (int i = 0; i < o.tenants; ++i) {
+    names.push_back(FleetTenantName(o.tenant, o.tenants, i));
+    if (absl::Status s = PrepareTenant(o, names.back(), channel); !s.ok()) return s;
+  }
+  return names;
+}
+
+// The fault proxy in front of `server` when a --fault-* option asks for one; null otherwise.
+absl::StatusOr<std::unique_ptr<FaultProxy>> StartFaultProxy(const FleetOptions& o,
+                                                            const std::string& server) {
+  const bool faults = o.fault_drop_response > 0 || o.fault_duplicate_request > 0 ||
+                      o.fault_replay_old > 0 || o.fault_delay > absl::ZeroDuration();
+  if (!faults) return nullptr;
+  return FaultProxy::Start({.upstream = server,
+                            .drop_response = o.fault_drop_response,
+                            .duplicate_request = o.fault_duplicate_request,
+                            .replay_old = o.fault_replay_old,
+                            .response_delay = o.fault_delay,
+                            .seed = o.seed});
+}
+
+// Starts every worker (the tool's own, then the foreign ones) and waits until each has loaded
+// and parsed its flags ("ready"): process start-up is outside the measured run. A worker creates
+// its client only after "go", so no token leaves the bucket before the level is read.
+absl::StatusOr<std::vector<std::unique_ptr<Subprocess>>> StartWorkers(
+    const FleetOptions& o, const std::vector<ForeignWorker>& foreign, const std::string& target) {
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (int i = 0; i < o.workers + static_cast<int>(foreign.size()); ++i) {
+    absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(
+        ArgvOfWorker(o, foreign, i, target), {.pipe_stdin = true, .pipe_stdout = true});
+    if (!child.ok()) return child.status();
+    workers.push_back(*std::move(child));
+  }
+  const absl::Time ready_deadline = absl::Now() + kWorkerStartTimeout;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::StatusOr<std::string> line = workers[i]->ReadLine(ready_deadline);
+    if (!line.ok() || *line != "ready") {
+      std::optional<int> exited = workers[i]->Poll();
+      return absl::InternalError(absl::StrCat(
+          "worker ", i, " did not start: ",
+          line.ok() ? absl::StrCat("unexpected line '", *line, "'") : line.status().ToString(),
+          exited ? absl::StrCat(" (", DescribeWaitStatus(*exited), ")") : ""));
+    }
+  }
+  return workers;
+}
+
+// Where the run starts: each tenant's budget, and the instant tenant 0's answer arrived.
+struct RunStart {
+  std::vector<v1::BudgetStatus> statuses;  // one per tenant
+  std::chrono::steady_clock::time_point t0;
+};
+
+// The run starts at the level read: elapsed is measured from the response, so the bound never
+// counts refill from before the level it starts from. With several tenants, from the first
+// tenant's: the later ones' levels are read later, so their bounds are generous by the refill of
+// those few milliseconds.
+absl::StatusOr<RunStart> ReadStartLevels(const FleetOptions& o,
+                                         v1::BudgetAdminService::StubInterface& admin,
+                                         const std::vector<std::string>& tenants) {
+  RunStart start;
+  for (size_t i = 0; i < tenants.size(); ++i) {
+    absl::StatusOr<v1::BudgetStatus> status = GetBudget(admin, tenants[i], o.connect_timeout);
+    if (!status.ok()) return status.status();
+    if (i == 0) start.t0 = std::chrono::steady_clock::now();
+    start.statuses.push_back(*std::move(status));
+  }
+  return start;
+}
+
+// Tells every worker to start: "go", then the end of its stdin.
+absl::Status SendGo(std::vector<std::unique_ptr<Subprocess>>& workers) {
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (absl::Status s = workers[i]->WriteStdin("go\n"); !s.ok()) {
+      return absl::InternalError(absl::StrCat("worker ", i, " lost before start: ", s.ToString()));
+    }
+    workers[i]->CloseStdin();
+  }
+  return absl::OkStatus();
+}
+
+// What runs beside the workers from the start on: the server faults (--chaos) and the cluster
+// faults (--cluster-chaos), timed from the run's start; who owns each tenant (cluster runs, for
+// the report's owner_losses); the bucket level (a diagnostic: a standing level means tokens the
+// leases do not take; see the "server" object of the report; never part of the verdict). They
+// use the servers and the admin stub, so they go before them.
+struct RunWatchers {
+  std::unique_ptr<ChaosSchedule> chaos;
+  std::unique_ptr<ClusterChaos> cluster_chaos;
+  std::unique_ptr<OwnerWatch> owner_watch;
+  std::unique_ptr<LevelSampler> sampler;
+};
+
+RunWatchers StartWatchers(const FleetOptions& o, FleetServers& servers,
+                          v1::BudgetAdminService::StubInterface& admin,
+                          const std::vector<std::string>& tenants,
+                          std::chrono::steady_clock::time_point t0) {
+  RunWatchers w;
+  if (o.chaos.any()) w.chaos = std::make_unique<ChaosSchedule>(*servers.spawned, o.chaos, t0);
+  if (servers.cluster != nullptr) {
+    testing::ClusterUnderTest& cluster = *servers.cluster;
+    w.cluster_chaos = std::make_unique<ClusterChaos>(
+        cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster, o.etcd_nodes), tenants[0], t0);
+    std::vector<std::string> addresses;
+    for (int i = 0; i < cluster.server_count(); ++i) {
+      addresses.push_back(cluster.server(i).address());
+    }
+    w.owner_watch = std::make_unique<OwnerWatch>(cluster.etcd_client(), cluster.etcd_prefix(),
+                                                 std::move(addresses), tenants, t0);
+  }
+  w.sampler = std::make_unique<LevelSampler>(
+      admin, tenants[0], o.tenants == 1 ? o.sample_level : absl::ZeroDuration());
+  return w;
+}
+
+// What the watchers saw.
+struct Watched {
+  LevelStats levels;
+  std::optional<ChaosView> chaos;
+  std::vector<std::string> cluster_events;
+  std::vector<ServerHit> server_hits;
+  std::vector<ServerStop> server_stops;
+  std::vector<ServerRestart> server_restarts;
+  std::vector<OwnerSample> owner_samples;
+};
+
+// Ends the watchers. The faults not yet due are ended too: a hung server is resumed, a killed one
+// restarted, so that the end of the run can be read.
+Watched FinishWatchers(RunWatchers& w) {
+  Watched seen;
+  seen.levels = w.sampler->Stop();
+  if (w.chaos != nullptr) seen.chaos = w.chaos->Finish();
+  if (w.cluster_chaos != nullptr) {
+    seen.cluster_events = w.cluster_chaos->Finish();
+    seen.server_hits = w.cluster_chaos->hits();
+    seen.server_stops = w.cluster_chaos->stops();
+    seen.server_restarts = w.cluster_chaos->restarts();
+  }
+  if (w.owner_watch != nullptr) seen.owner_samples = w.owner_watch->Finish();
+  return seen;
+}
+
+// Worker `i`'s lines of counts (one per tenant its threads use), once it exited with code 0.
+absl::StatusOr<std::vector<WorkerCounts>> ReadWorkerCounts(const FleetOptions& o,
+                                                           const std::vector<ForeignWorker>& f,
+                                                           int i, Subprocess& worker,
+                                                           absl::Time deadline) {
+  std::vector<absl::StatusOr<std::string>> lines;
+  for (size_t k = 0; k < LinesOfWorker(o, i); ++k) lines.push_back(worker.ReadLine(deadline));
+  absl::StatusOr<int> status = worker.Wait(deadline);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("worker ", i, " hung: ", status.status().ToString()));
+  }
+  if (!ExitedWith(*status, 0)) {
+    return absl::InternalError(
+        absl::StrCat("worker ", i, " failed: ", DescribeWaitStatus(*status)));
+  }
+  std::vector<WorkerCounts> counts;
+  for (const absl::StatusOr<std::string>& line : lines) {
+    if (!line.ok()) {
+      return absl::InternalError(
+          absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
+    }
+    absl::StatusOr<WorkerCounts> parsed = ParseWorkerLine(o, f, i, *line);
+    if (!parsed.ok()) {
+      return absl::InternalError(absl::StrCat("worker ", i, ": ", parsed.status().message()));
+    }
+    if (parsed->tenant_index < 0 || parsed->tenant_index >= o.tenants) {
+      return absl::InternalError(
+          absl::StrCat("worker ", i, ": tenant_index ", parsed->tenant_index, " out of range"));
+    }
+    counts.push_back(*std::move(parsed));
+  }
+  return counts;
+}
+
+// Every worker's lines of counts: each prints them at its end, then exits.
+absl::StatusOr<std::vector<WorkerCounts>> CollectWorkerCounts(
+    const FleetOptions& o, const std::vector<ForeignWorker>& foreign,
+    std::vector<std::unique_ptr<Subprocess>>& workers) {
+  const absl::Time end_deadline = absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
+  std::vector<WorkerCounts> counts;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::StatusOr<std::vector<WorkerCounts>> of_worker =
+        ReadWorkerCounts(o, foreign, static_cast<int>(i), *workers[i], end_deadline);
+    if (!of_worker.ok()) return of_worker.status();
+    counts.insert(counts.end(), of_worker->begin(), of_worker->end());
+  }
+  return counts;
+}
+
+// --worker-lines: every line of counts, one JSON object a line.
+absl::Status WriteWorkerLines(const FleetOptions& o, const std::vector<WorkerCounts>& counts) {
+  if (o.worker_lines.empty()) return absl::OkStatus();
+  std::ofstream out(o.worker_lines);
+  for (const WorkerCounts& c : counts) out << WorkerCountsToJson(c) << "\n";
+  if (!out.flush()) {
+    return absl::InternalError(absl::StrCat("cannot write --worker-lines ", o.worker_lines));
+  }
+  return absl::OkStatus();
+}
+
+// The run's settings, its policy as it started and the workers' totals (with each language's
+// part when there are foreign workers).
+FleetRun FleetRunOf(const FleetOptions& o, const v1::BudgetStatus& start,
+                    const std::vector<WorkerCounts>& counts, size_t workers,
+                    const std::vector<ForeignWorker>& foreign, double elapsed) {
+  FleetRun run;
+  run.tenant = o.tenant;
+  run.strategy = std::string(RetryStrategyName(o.strategy));
+  run.workers = o.workers;
+  run.threads = o.threads;
+  run.failure_rate = o.failure_rate;
+  run.duration_seconds = o.duration_seconds;
+  run.call_latency_ms = absl::ToDoubleMilliseconds(o.call_latency);
+  run.policy = PolicyViewOf(start);
+  run.elapsed_seconds = elapsed;
+  run.totals = SumWorkers(counts);
+  run.totals.worker = static_cast<int>(workers);
+  if (!foreign.empty()) run.languages = SumByLanguage(counts, o.workers, foreign);
+  run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
+  return run;
+}
+
+// With several tenants, each tenant's part of the run; empty with one.
+std::vector<TenantRun> TenantRunsOf(const FleetOptions& o, const std::vector<std::string>& tenants,
+                                    const RunStart& start,
+                                    const std::vector<WorkerCounts>& counts) {
+  std::vector<TenantRun> runs;
+  if (o.tenants == 1) return runs;
+  for (int i = 0; i < o.tenants; ++i) {
+    std::vector<WorkerCounts> lines;
+    for (const WorkerCounts& c : counts) {
+      if (c.tenant_index == i) lines.push_back(c);
+    }
+    runs.push_back({.tenant = tenants[i],
+                    .policy = PolicyViewOf(start.statuses[i]),
+                    .totals = SumWorkers(lines)});
+  }
+  return runs;
+}
+
+// Each tenant's longest wait for a grant and when it ended (for the owner losses).
+std::vector<GrantGapView> GrantGapsOf(const FleetRun& run) {
+  if (run.tenants.empty()) {
+    return {{.longest = run.totals.ungranted_gap_max_seconds,
+             .ended_at = run.totals.granted_again_at_seconds}};
+  }
+  std::vector<GrantGapView> gaps;
+  for (const TenantRun& t : run.tenants) {
+    gaps.push_back({.longest = t.totals.ungranted_gap_max_seconds,
+                    .ended_at = t.totals.granted_again_at_seconds});
+  }
+  return gaps;
+}
+
+// The cluster's part of the report: its size, the faults played, the owners lost.
+ClusterView ClusterViewOf(testing::ClusterUnderTest& cluster, Watched& seen,
+                          const std::vector<GrantGapView>& grant_gaps, double elapsed) {
+  return ClusterView{
+      .servers = cluster.server_count(),
+      .etcd_nodes = cluster.etcd().etcd_node_count(),
+      .target = cluster.target(),
+      .events = std::move(seen.cluster_events),
+      .owner_losses = OwnerLosses(seen.owner_samples, seen.server_hits, grant_gaps),
+      .max_seconds_without_owner_key = MaxSecondsWithoutOwnerKey(seen.owner_samples, elapsed),
+      .stops = std::move(seen.server_stops),
+      .restarts = std::move(seen.server_restarts)};
+}
+
+// The single server's fault with the calls and retries of its outage: from the kill to the
+// restart, or from the stop to the resume (to the run's end when it did not end).
+ChaosView WithOutage(ChaosView view, const WorkerCounts& totals, double elapsed) {
+  if (view.kill_at.has_value()) {
+    CountOutage(totals, *view.kill_at, view.restart_at.value_or(elapsed), view);
+  } else if (view.stop_at.has_value()) {
+    CountOutage(totals, *view.stop_at, view.resume_at.value_or(elapsed), view);
+  }
+  return view;
+}
+
+// Adds the budget totals of `add` (level, grants, returns, reclaims, retries, successes,
+// instances) to `sum`.
+void AddBudgetTotals(v1::BudgetStatus& sum, const v1::BudgetStatus& add) {
+  sum.set_tokens(sum.tokens() + add.tokens());
+  sum.set_granted_total(sum.granted_total() + add.granted_total());
+  sum.set_returned_total(sum.returned_total() + add.returned_total());
+  sum.set_reclaimed_total(sum.reclaimed_total() + add.reclaimed_total());
+  sum.set_retries_total(sum.retries_total() + add.retries_total());
+  sum.set_retries_denied_total(sum.retries_denied_total() + add.retries_denied_total());
+  sum.set_successes_total(sum.successes_total() + add.successes_total());
+  sum.set_active_instances(sum.active_instances() + add.active_instances());
+}
+
+// The server's own view of the run, summed over every tenant: its totals now against those at
+// the start, and the levels sampled. Nullopt when a tenant cannot be read (a diagnostic: that
+// does not void the verdict).
+std::optional<ServerView> ServerViewAtEnd(const FleetOptions& o,
+                                          v1::BudgetAdminService::StubInterface& admin,
+                                          const std::vector<std::string>& tenants,
+                                          const RunStart& start, const LevelStats& levels) {
+  v1::BudgetStatus s = start.statuses[0];
+  v1::BudgetStatus end;
+  for (size_t i = 0; i < tenants.size(); ++i) {
+    absl::StatusOr<v1::BudgetStatus> now = GetBudget(admin, tenants[i], o.connect_timeout);
+    if (!now.ok()) return std::nullopt;
+    if (i == 0) {
+      end = *std::move(now);
+      continue;
+    }
+    AddBudgetTotals(s, start.statuses[i]);
+    AddBudgetTotals(end, *now);
+  }
+  return ServerView{.tokens_start = s.tokens(),
+                    .tokens_end = end.tokens(),
+                    .granted = Delta(end.granted_total(), s.granted_total()),
+                    .returned = Delta(end.returned_total(), s.returned_total()),
+                    .reclaimed = Delta(end.reclaimed_total(), s.reclaimed_total()),
+                    .retries = Delta(end.retries_total(), s.retries_total()),
+                    .retries_denied = Delta(end.retries_denied_total(), s.retries_denied_total()),
+                    .successes = Delta(end.successes_total(), s.successes_total()),
+                    .active_instances_end = end.active_instances(),
+                    .level_samples = levels.samples,
+                    .level_mean = levels.mean(),
+                    .level_max = levels.max};
 }
 
 }  // namespace
@@ -427,324 +829,49 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
 
 absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
   if (absl::Status s = ValidateFleetOptions(o); !s.ok()) return s;
-
-  // --spawn-server: the tool's own server, on a port picked once and kept across restarts.
-  // Declared first so that it is destroyed (killed if still running) last.
-  std::unique_ptr<OwnedTempDir> server_dir;
-  std::unique_ptr<ServerSupervisor> spawned;
-  std::unique_ptr<testing::ClusterUnderTest> cluster;
-  std::string server = o.server;
-  if (o.cluster > 0) {
-    std::vector<std::string> flags = o.server_args;
-    std::string policy_file;
-    if (AnyPolicyField(o)) {
-      absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
-      if (!dir.ok()) return dir.status();
-      server_dir = *std::move(dir);
-      std::string text;
-      google::protobuf::TextFormat::PrintToString(PolicyFileFor(o), &text);
-      policy_file = absl::StrCat(server_dir->path(), "/policy.textproto");
-      std::ofstream out(policy_file);
-      out << text;
-      if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", policy_file));
-      flags.insert(flags.begin(), absl::StrCat("--policy=", policy_file));
-    }
-    absl::StatusOr<std::unique_ptr<testing::ClusterUnderTest>> started =
-        testing::ClusterUnderTest::Start({.etcd = {.etcd_nodes = o.etcd_nodes,
-                                                   .etcd_binary = o.etcd_binary},
-                                          .servers = o.cluster,
-                                          .server_binary = o.spawn_server,
-                                          .server_flags = std::move(flags),
-                                          .shards = o.cluster_shards,
-                                          .lease_ttl = o.cluster_lease_ttl});
-    if (!started.ok()) return started.status();
-    cluster = *std::move(started);
-    // The run starts on a settled cluster: shards still moving between the servers that just
-    // joined would be measured as part of whatever fault the run is about.
-    if (absl::Status balanced = cluster->WaitUntilBalanced(absl::Seconds(30)); !balanced.ok()) {
-      return balanced;
-    }
-    server = cluster->target();
-  } else if (!o.spawn_server.empty()) {
-    absl::StatusOr<std::unique_ptr<OwnedTempDir>> dir = OwnedTempDir::Create();
-    if (!dir.ok()) return dir.status();
-    server_dir = *std::move(dir);
-    absl::StatusOr<std::unique_ptr<ServerSupervisor>> started = SpawnServer(o, *server_dir);
-    if (!started.ok()) return started.status();
-    spawned = *std::move(started);
-    server = spawned->address();
-    if (!spawned->persistent()) {
-      std::cerr << "retry-budget-fleet: WARNING: " << o.spawn_server
-                << " has no --data_dir flag: a restarted server starts from an empty state "
-                   "(a kill -9 may then create tokens; chaos.persistent = false)\n";
-    }
-  }
-
-  auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
-  std::vector<std::string> tenant_names;
-  for (int i = 0; i < o.tenants; ++i) {
-    tenant_names.push_back(FleetTenantName(o.tenant, o.tenants, i));
-    if (absl::Status s = PrepareTenant(o, tenant_names.back(), channel); !s.ok()) return s;
-  }
+  // Declared first: destroyed (the servers killed if still running) last.
+  FleetServers servers;
+  if (absl::Status s = StartServers(o, servers); !s.ok()) return s;
+  auto channel = grpc::CreateChannel(servers.address, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::vector<std::string>> tenants = PrepareTenants(o, channel);
+  if (!tenants.ok()) return tenants.status();
   auto admin = v1::BudgetAdminService::NewStub(channel);
 
+  absl::StatusOr<std::unique_ptr<FaultProxy>> proxy = StartFaultProxy(o, servers.address);
+  if (!proxy.ok()) return proxy.status();
   // Workers reach the server directly, or through the fault proxy.
-  std::unique_ptr<FaultProxy> proxy;
-  std::string target = server;
-  const bool faults = o.fault_drop_response > 0 || o.fault_duplicate_request > 0 ||
-                      o.fault_replay_old > 0 || o.fault_delay > absl::ZeroDuration();
-  if (faults) {
-    absl::StatusOr<std::unique_ptr<FaultProxy>> started =
-        FaultProxy::Start({.upstream = server,
-                           .drop_response = o.fault_drop_response,
-                           .duplicate_request = o.fault_duplicate_request,
-                           .replay_old = o.fault_replay_old,
-                           .response_delay = o.fault_delay,
-                           .seed = o.seed});
-    if (!started.ok()) return started.status();
-    proxy = *std::move(started);
-    target = proxy->address();
-  }
-
-  // Start every worker and wait until each has loaded and parsed its flags: process start-up
-  // is outside the measured run. A worker creates its client only after "go", so no token
-  // leaves the bucket before the level is read.
+  const std::string target = *proxy != nullptr ? (*proxy)->address() : servers.address;
   const std::vector<ForeignWorker> foreign = PlanForeign(o, target);
-  std::vector<std::unique_ptr<Subprocess>> workers;
-  for (int i = 0; i < o.workers + static_cast<int>(foreign.size()); ++i) {
-    absl::StatusOr<std::unique_ptr<Subprocess>> child = Subprocess::Spawn(
-        ArgvOfWorker(o, foreign, i, target), {.pipe_stdin = true, .pipe_stdout = true});
-    if (!child.ok()) return child.status();
-    workers.push_back(*std::move(child));
-  }
-  const absl::Time ready_deadline = absl::Now() + kWorkerStartTimeout;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    absl::StatusOr<std::string> line = workers[i]->ReadLine(ready_deadline);
-    if (!line.ok() || *line != "ready") {
-      std::optional<int> exited = workers[i]->Poll();
-      return absl::InternalError(absl::StrCat(
-          "worker ", i, " did not start: ",
-          line.ok() ? absl::StrCat("unexpected line '", *line, "'") : line.status().ToString(),
-          exited ? absl::StrCat(" (", DescribeWaitStatus(*exited), ")") : ""));
-    }
-  }
+  absl::StatusOr<std::vector<std::unique_ptr<Subprocess>>> workers =
+      StartWorkers(o, foreign, target);
+  if (!workers.ok()) return workers.status();
 
-  // The run starts at the level read: elapsed is measured from the response, so the bound
-  // never counts refill from before the level it starts from. With several tenants, from the
-  // first tenant's: the later ones' levels are read later, so their bounds are generous by the
-  // refill of those few milliseconds.
-  absl::StatusOr<v1::BudgetStatus> start_status =
-      GetBudget(*admin, tenant_names[0], o.connect_timeout);
-  if (!start_status.ok()) return start_status.status();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<v1::BudgetStatus> start_statuses = {*start_status};
-  for (size_t i = 1; i < tenant_names.size(); ++i) {
-    absl::StatusOr<v1::BudgetStatus> status =
-        GetBudget(*admin, tenant_names[i], o.connect_timeout);
-    if (!status.ok()) return status.status();
-    start_statuses.push_back(*status);
-  }
-  for (size_t i = 0; i < workers.size(); ++i) {
-    if (absl::Status s = workers[i]->WriteStdin("go\n"); !s.ok()) {
-      return absl::InternalError(absl::StrCat("worker ", i, " lost before start: ", s.ToString()));
-    }
-    workers[i]->CloseStdin();
-  }
-  // The server faults, timed from the same start.
-  std::unique_ptr<ChaosSchedule> chaos;
-  if (o.chaos.any()) chaos = std::make_unique<ChaosSchedule>(*spawned, o.chaos, t0);
-  std::unique_ptr<ClusterChaos> cluster_chaos;
-  if (cluster != nullptr) {
-    cluster_chaos = std::make_unique<ClusterChaos>(
-        *cluster, *ParseClusterChaos(o.cluster_chaos, o.cluster, o.etcd_nodes), tenant_names[0],
-        t0);
-  }
-  // Who owns each tenant while the fleet runs (for the report's owner_losses).
-  std::unique_ptr<OwnerWatch> owner_watch;
-  if (cluster != nullptr) {
-    std::vector<std::string> addresses;
-    for (int i = 0; i < cluster->server_count(); ++i) {
-      addresses.push_back(cluster->server(i).address());
-    }
-    owner_watch = std::make_unique<OwnerWatch>(cluster->etcd_client(), cluster->etcd_prefix(),
-                                               std::move(addresses), tenant_names, t0);
-  }
-
-  // Diagnostic: the bucket level while the fleet runs (a standing level means tokens the leases
-  // do not take; see the "server" object of the report). Never part of the verdict.
-  LevelSampler sampler(*admin, tenant_names[0], o.tenants == 1 ? o.sample_level
-                                                                : absl::ZeroDuration());
-
-  // Each worker prints one line of counts, then exits.
-  const absl::Time end_deadline =
-      absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
-  std::vector<WorkerCounts> counts;
-  std::vector<std::string> raw_lines;
-  for (size_t i = 0; i < workers.size(); ++i) {
-    std::vector<absl::StatusOr<std::string>> lines;
-    for (size_t k = 0; k < LinesOfWorker(o, static_cast<int>(i)); ++k) {
-      lines.push_back(workers[i]->ReadLine(end_deadline));
-    }
-    absl::StatusOr<int> status = workers[i]->Wait(end_deadline);
-    if (!status.ok()) {
-      return absl::InternalError(absl::StrCat("worker ", i, " hung: ", status.status().ToString()));
-    }
-    if (!ExitedWith(*status, 0)) {
-      return absl::InternalError(
-          absl::StrCat("worker ", i, " failed: ", DescribeWaitStatus(*status)));
-    }
-    for (const absl::StatusOr<std::string>& line : lines) {
-      if (!line.ok()) {
-        return absl::InternalError(
-            absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
-      }
-      absl::StatusOr<WorkerCounts> parsed =
-          ParseWorkerLine(o, foreign, static_cast<int>(i), *line);
-      if (!parsed.ok()) {
-        return absl::InternalError(absl::StrCat("worker ", i, ": ", parsed.status().message()));
-      }
-      if (parsed->tenant_index < 0 || parsed->tenant_index >= o.tenants) {
-        return absl::InternalError(
-            absl::StrCat("worker ", i, ": tenant_index ", parsed->tenant_index, " out of range"));
-      }
-      counts.push_back(*parsed);
-      raw_lines.push_back(WorkerCountsToJson(*parsed));
-    }
-  }
-  if (!o.worker_lines.empty()) {
-    std::ofstream out(o.worker_lines);
-    for (const std::string& line : raw_lines) out << line << "\n";
-    if (!out.flush()) {
-      return absl::InternalError(absl::StrCat("cannot write --worker-lines ", o.worker_lines));
-    }
-  }
+  absl::StatusOr<RunStart> start = ReadStartLevels(o, *admin, *tenants);
+  if (!start.ok()) return start.status();
+  if (absl::Status s = SendGo(*workers); !s.ok()) return s;
+  RunWatchers watchers = StartWatchers(o, servers, *admin, *tenants, start->t0);
+  absl::StatusOr<std::vector<WorkerCounts>> counts = CollectWorkerCounts(o, foreign, *workers);
+  if (!counts.ok()) return counts.status();
+  if (absl::Status s = WriteWorkerLines(o, *counts); !s.ok()) return s;
   const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const LevelStats levels = sampler.Stop();
-  // Ends the faults not yet due: a hung server is resumed, a killed one restarted, so that the
-  // end of the run can be read.
-  std::optional<ChaosView> chaos_view;
-  if (chaos != nullptr) chaos_view = chaos->Finish();
-  std::vector<std::string> cluster_events;
-  std::vector<ServerHit> server_hits;
-  std::vector<ServerStop> server_stops;
-  std::vector<ServerRestart> server_restarts;
-  if (cluster_chaos != nullptr) {
-    cluster_events = cluster_chaos->Finish();
-    server_hits = cluster_chaos->hits();
-    server_stops = cluster_chaos->stops();
-    server_restarts = cluster_chaos->restarts();
-  }
-  std::vector<OwnerSample> owner_samples;
-  if (owner_watch != nullptr) owner_samples = owner_watch->Finish();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start->t0).count();
+  Watched seen = FinishWatchers(watchers);
 
-  FleetRun run;
-  run.tenant = o.tenant;
-  run.strategy = std::string(RetryStrategyName(o.strategy));
-  run.workers = o.workers;
-  run.threads = o.threads;
-  run.failure_rate = o.failure_rate;
-  run.duration_seconds = o.duration_seconds;
-  run.call_latency_ms = absl::ToDoubleMilliseconds(o.call_latency);
-  run.policy = PolicyViewOf(*start_status);
-  run.elapsed_seconds = elapsed;
-  run.totals = SumWorkers(counts);
-  run.totals.worker = static_cast<int>(workers.size());
-  if (!foreign.empty()) run.languages = SumByLanguage(counts, o.workers, foreign);
-  std::vector<GrantGapView> grant_gaps(tenant_names.size());
-  if (o.tenants > 1) {
-    for (int i = 0; i < o.tenants; ++i) {
-      std::vector<WorkerCounts> lines;
-      for (const WorkerCounts& c : counts) {
-        if (c.tenant_index == i) lines.push_back(c);
-      }
-      run.tenants.push_back({.tenant = tenant_names[i],
-                             .policy = PolicyViewOf(start_statuses[i]),
-                             .totals = SumWorkers(lines)});
-      grant_gaps[i] = {.longest = run.tenants.back().totals.ungranted_gap_max_seconds,
-                       .ended_at = run.tenants.back().totals.granted_again_at_seconds};
-    }
-  } else {
-    grant_gaps[0] = {.longest = run.totals.ungranted_gap_max_seconds,
-                     .ended_at = run.totals.granted_again_at_seconds};
+  FleetRun run = FleetRunOf(o, start->statuses[0], *counts, workers->size(), foreign, elapsed);
+  run.tenants = TenantRunsOf(o, *tenants, *start, *counts);
+  if (servers.cluster != nullptr) {
+    run.cluster = ClusterViewOf(*servers.cluster, seen, GrantGapsOf(run), elapsed);
   }
-  run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
-  if (cluster != nullptr) {
-    run.cluster = ClusterView{.servers = cluster->server_count(),
-                              .etcd_nodes = cluster->etcd().etcd_node_count(),
-                              .target = cluster->target(),
-                              .events = std::move(cluster_events),
-                              .owner_losses = OwnerLosses(owner_samples, server_hits,
-                                                          grant_gaps),
-                              .max_seconds_without_owner_key =
-                                  MaxSecondsWithoutOwnerKey(owner_samples, elapsed),
-                              .stops = std::move(server_stops),
-                              .restarts = std::move(server_restarts)};
+  if (seen.chaos.has_value()) run.chaos = WithOutage(*seen.chaos, run.totals, elapsed);
+  if (*proxy != nullptr) {
+    (*proxy)->Shutdown();
+    run.faults = (*proxy)->counters();
   }
-  if (chaos_view.has_value()) {
-    if (chaos_view->kill_at.has_value()) {
-      CountOutage(run.totals, *chaos_view->kill_at, chaos_view->restart_at.value_or(elapsed),
-                  *chaos_view);
-    } else if (chaos_view->stop_at.has_value()) {
-      CountOutage(run.totals, *chaos_view->stop_at, chaos_view->resume_at.value_or(elapsed),
-                  *chaos_view);
-    }
-    run.chaos = chaos_view;
+  if (servers.spawned == nullptr || servers.spawned->running()) {
+    run.server = ServerViewAtEnd(o, *admin, *tenants, *start, seen.levels);
   }
-
-  if (proxy != nullptr) {
-    proxy->Shutdown();
-    run.faults = proxy->counters();
-  }
-  // Diagnostic view of the server; a failure here does not void the verdict.
-  absl::StatusOr<v1::BudgetStatus> end =
-      spawned != nullptr && !spawned->running()
-          ? absl::StatusOr<v1::BudgetStatus>(absl::UnavailableError("server down"))
-          : GetBudget(*admin, tenant_names[0], o.connect_timeout);
-  // With several tenants: the sums over every tenant.
-  v1::BudgetStatus start_sum = *start_status;
-  for (size_t i = 1; end.ok() && i < tenant_names.size(); ++i) {
-    absl::StatusOr<v1::BudgetStatus> more = GetBudget(*admin, tenant_names[i], o.connect_timeout);
-    if (!more.ok()) {
-      end = more.status();
-      break;
-    }
-    const v1::BudgetStatus& a = start_statuses[i];
-    start_sum.set_tokens(start_sum.tokens() + a.tokens());
-    start_sum.set_granted_total(start_sum.granted_total() + a.granted_total());
-    start_sum.set_returned_total(start_sum.returned_total() + a.returned_total());
-    start_sum.set_reclaimed_total(start_sum.reclaimed_total() + a.reclaimed_total());
-    start_sum.set_retries_total(start_sum.retries_total() + a.retries_total());
-    start_sum.set_retries_denied_total(start_sum.retries_denied_total() +
-                                       a.retries_denied_total());
-    start_sum.set_successes_total(start_sum.successes_total() + a.successes_total());
-    end->set_tokens(end->tokens() + more->tokens());
-    end->set_granted_total(end->granted_total() + more->granted_total());
-    end->set_returned_total(end->returned_total() + more->returned_total());
-    end->set_reclaimed_total(end->reclaimed_total() + more->reclaimed_total());
-    end->set_retries_total(end->retries_total() + more->retries_total());
-    end->set_retries_denied_total(end->retries_denied_total() + more->retries_denied_total());
-    end->set_successes_total(end->successes_total() + more->successes_total());
-    end->set_active_instances(end->active_instances() + more->active_instances());
-  }
-  if (end.ok()) {
-    const v1::BudgetStatus& s = start_sum;
-    run.server = ServerView{
-        .tokens_start = s.tokens(),
-        .tokens_end = end->tokens(),
-        .granted = Delta(end->granted_total(), s.granted_total()),
-        .returned = Delta(end->returned_total(), s.returned_total()),
-        .reclaimed = Delta(end->reclaimed_total(), s.reclaimed_total()),
-        .retries = Delta(end->retries_total(), s.retries_total()),
-        .retries_denied = Delta(end->retries_denied_total(), s.retries_denied_total()),
-        .successes = Delta(end->successes_total(), s.successes_total()),
-        .active_instances_end = end->active_instances(),
-        .level_samples = levels.samples,
-        .level_mean = levels.mean(),
-        .level_max = levels.max};
-  }
-  if (spawned != nullptr) {
-    if (absl::Status s = spawned->Shutdown(absl::Seconds(10)); !s.ok()) {
+  if (servers.spawned != nullptr) {
+    if (absl::Status s = servers.spawned->Shutdown(absl::Seconds(10)); !s.ok()) {
       std::cerr << "retry-budget-fleet: spawned server: " << s << "\n";
     }
   }
