@@ -20,6 +20,24 @@ namespace {
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
+// The error of a field of a worker line that is not what it must be.
+absl::Status MustBe(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker line: field '", field, "' must be ", what));
+}
+
+// The value of `field` when it is there and of `kind`; null otherwise.
+const Value* FieldOfKind(const Struct& s, absl::string_view field, Value::KindCase kind) {
+  auto it = s.fields().find(std::string(field));
+  return it == s.fields().end() || it->second.kind_case() != kind ? nullptr : &it->second;
+}
+
+// A whole, non-negative number, exact as a double (below 2^53).
+bool IsCount(const Value& v) {
+  return v.kind_case() == Value::kNumberValue && v.number_value() >= 0 &&
+         v.number_value() == std::floor(v.number_value()) && v.number_value() <= 9.007e15;
+}
+
 // Reads a JSON number that must be a whole, non-negative count (exact below 2^53).
 absl::Status ReadCount(const Struct& s, absl::string_view field, uint64_t* out) {
   auto it = s.fields().find(std::string(field));
@@ -27,63 +45,66 @@ absl::Status ReadCount(const Struct& s, absl::string_view field, uint64_t* out) 
     return absl::InvalidArgumentError(absl::StrCat("worker line: missing field '", field, "'"));
   }
   const Value& v = it->second;
-  if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
-      v.number_value() != std::floor(v.number_value()) || v.number_value() > 9.007e15) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be a whole count, got ",
-                     v.ShortDebugString()));
-  }
+  if (!IsCount(v)) return MustBe(field, absl::StrCat("a whole count, got ", v.ShortDebugString()));
   *out = static_cast<uint64_t>(v.number_value());
   return absl::OkStatus();
 }
 
 absl::Status ReadSigned(const Struct& s, absl::string_view field, int64_t* out) {
-  auto it = s.fields().find(std::string(field));
-  if (it == s.fields().end() || it->second.kind_case() != Value::kNumberValue ||
-      it->second.number_value() != std::floor(it->second.number_value())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be a whole number"));
+  const Value* v = FieldOfKind(s, field, Value::kNumberValue);
+  if (v == nullptr || v->number_value() != std::floor(v->number_value())) {
+    return MustBe(field, "a whole number");
   }
-  *out = static_cast<int64_t>(it->second.number_value());
+  *out = static_cast<int64_t>(v->number_value());
   return absl::OkStatus();
 }
 
 absl::Status ReadDouble(const Struct& s, absl::string_view field, double* out) {
-  auto it = s.fields().find(std::string(field));
-  if (it == s.fields().end() || it->second.kind_case() != Value::kNumberValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be a number"));
-  }
-  *out = it->second.number_value();
+  const Value* v = FieldOfKind(s, field, Value::kNumberValue);
+  if (v == nullptr) return MustBe(field, "a number");
+  *out = v->number_value();
   return absl::OkStatus();
 }
 
 absl::Status ReadString(const Struct& s, absl::string_view field, std::string* out) {
-  auto it = s.fields().find(std::string(field));
-  if (it == s.fields().end() || it->second.kind_case() != Value::kStringValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be a string"));
-  }
-  *out = it->second.string_value();
+  const Value* v = FieldOfKind(s, field, Value::kStringValue);
+  if (v == nullptr) return MustBe(field, "a string");
+  *out = v->string_value();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const Struct& s, absl::string_view field, bool* out) {
+  const Value* v = FieldOfKind(s, field, Value::kBoolValue);
+  if (v == nullptr) return MustBe(field, "true or false");
+  *out = v->bool_value();
   return absl::OkStatus();
 }
 
 absl::Status ReadCountArray(const Struct& s, absl::string_view field, std::vector<uint64_t>* out) {
-  auto it = s.fields().find(std::string(field));
-  if (it == s.fields().end() || it->second.kind_case() != Value::kListValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be an array of counts"));
-  }
+  const Value* list = FieldOfKind(s, field, Value::kListValue);
+  if (list == nullptr) return MustBe(field, "an array of counts");
   out->clear();
-  for (const Value& v : it->second.list_value().values()) {
-    if (v.kind_case() != Value::kNumberValue || v.number_value() < 0 ||
-        v.number_value() != std::floor(v.number_value()) || v.number_value() > 9.007e15) {
+  for (const Value& v : list->list_value().values()) {
+    if (!IsCount(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker line: field '", field, "' holds a non-count ", v.ShortDebugString()));
     }
     out->push_back(static_cast<uint64_t>(v.number_value()));
   }
   return absl::OkStatus();
+}
+
+// A worker line as a JSON object.
+absl::StatusOr<Struct> ParseObject(absl::string_view line) {
+  Struct s;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(line.data(), line.size()), &s);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker line is not a JSON object (", parsed.ToString(), "): ",
+                     line.substr(0, 200)));
+  }
+  return s;
 }
 
 void AddInto(std::vector<uint64_t>& sum, const std::vector<uint64_t>& add) {
@@ -133,16 +154,9 @@ std::string WorkerCountsToJson(const WorkerCounts& c) {
 }
 
 absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
-  Struct s;
-  google::protobuf::util::JsonParseOptions options;
-  options.ignore_unknown_fields = false;
-  auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(line.data(), line.size()), &s, options);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line is not a JSON object (", parsed.ToString(), "): ",
-                     line.substr(0, 200)));
-  }
+  absl::StatusOr<Struct> parsed = ParseObject(line);
+  if (!parsed.ok()) return parsed.status();
+  const Struct& s = *parsed;
   WorkerCounts c;
   absl::Status status;
   ForEachWorkerField(c, c, [&](absl::string_view name, Combine, auto& out, auto&) {
@@ -168,32 +182,6 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
   if (!status.ok()) return status;
   return c;
 }
-
-namespace {
-
-absl::Status ReadBool(const Struct& s, absl::string_view field, bool* out) {
-  auto it = s.fields().find(std::string(field));
-  if (it == s.fields().end() || it->second.kind_case() != Value::kBoolValue) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line: field '", field, "' must be true or false"));
-  }
-  *out = it->second.bool_value();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Struct> ParseObject(absl::string_view line) {
-  Struct s;
-  auto parsed = google::protobuf::util::JsonStringToMessage(
-      google::protobuf::StringPiece(line.data(), line.size()), &s);
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker line is not a JSON object (", parsed.ToString(), "): ",
-                     line.substr(0, 200)));
-  }
-  return s;
-}
-
-}  // namespace
 
 absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line, int worker,
                                                          int tenant_index, double slice_seconds) {
