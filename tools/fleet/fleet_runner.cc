@@ -83,40 +83,42 @@ void SetPolicyFields(const FleetOptions& o, v1::BudgetPolicy* p) {
   if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
 }
 
-// Makes the budget of `tenant` exist with the asked policy.
-absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
-                           const std::shared_ptr<grpc::Channel>& channel) {
-  auto admin = v1::BudgetAdminService::NewStub(channel);
-  if (o.reset_budget) {
-    v1::DeleteBudgetRequest request;
-    request.set_tenant(tenant);
-    v1::DeleteBudgetResponse response;
-    grpc::Status s =
-        CallAdmin(*admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
-          return stub.DeleteBudget(&c, request, &response);
-        });
-    if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
-      return FromGrpc(s, absl::StrCat("DeleteBudget(", tenant, ")"));
-    }
+// --reset-budget: deletes `tenant`'s budget (there may be none).
+absl::Status DeleteTenant(const FleetOptions& o, v1::BudgetAdminService::StubInterface& admin,
+                          const std::string& tenant) {
+  v1::DeleteBudgetRequest request;
+  request.set_tenant(tenant);
+  v1::DeleteBudgetResponse response;
+  grpc::Status s =
+      CallAdmin(admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
+        return stub.DeleteBudget(&c, request, &response);
+      });
+  if (!s.ok() && s.error_code() != grpc::StatusCode::NOT_FOUND) {
+    return FromGrpc(s, absl::StrCat("DeleteBudget(", tenant, ")"));
   }
-  if (AnyPolicyField(o)) {
-    v1::PutPolicyRequest request;
-    request.set_tenant(tenant);
-    SetPolicyFields(o, request.mutable_policy());
-    v1::PutPolicyResponse response;
-    grpc::Status s =
-        CallAdmin(*admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
-          return stub.PutPolicy(&c, request, &response);
-        });
-    if (!s.ok()) return FromGrpc(s, absl::StrCat("PutPolicy(", tenant, ")"));
-    return absl::OkStatus();
-  }
-  // Keep the server's policy. A tenant not created yet is created the way a worker would
-  // create it (first Sync, default policy): a final Sync that reports nothing and wants nothing.
-  absl::StatusOr<v1::BudgetStatus> existing = GetBudget(*admin, tenant, o.connect_timeout);
-  if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
-    return existing.status();
-  }
+  return absl::OkStatus();
+}
+
+// Sets `tenant`'s policy to the fields given on the command line.
+absl::Status PutTenantPolicy(const FleetOptions& o, v1::BudgetAdminService::StubInterface& admin,
+                             const std::string& tenant) {
+  v1::PutPolicyRequest request;
+  request.set_tenant(tenant);
+  SetPolicyFields(o, request.mutable_policy());
+  v1::PutPolicyResponse response;
+  grpc::Status s =
+      CallAdmin(admin, o.connect_timeout, [&](admin::AdminStub& stub, grpc::ClientContext& c) {
+        return stub.PutPolicy(&c, request, &response);
+      });
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("PutPolicy(", tenant, ")"));
+  return absl::OkStatus();
+}
+
+// Creates `tenant` the way a worker would (first Sync, the server's policy): a final Sync that
+// reports nothing and wants nothing.
+absl::Status CreateTenantBySync(const FleetOptions& o,
+                                const std::shared_ptr<grpc::Channel>& channel,
+                                const std::string& tenant) {
   auto budget = v1::RetryBudgetService::NewStub(channel);
   v1::SyncRequest request;
   request.set_instance_id(absl::StrCat("fleet-probe-", getpid()));
@@ -137,6 +139,23 @@ absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
                                      response.tenants(0).error().message()));
   }
   return absl::OkStatus();
+}
+
+// Makes the budget of `tenant` exist with the asked policy: deleted first with --reset-budget;
+// then given the policy of the command line, or, without one, kept with the server's policy
+// (created when missing).
+absl::Status PrepareTenant(const FleetOptions& o, const std::string& tenant,
+                           const std::shared_ptr<grpc::Channel>& channel) {
+  auto admin = v1::BudgetAdminService::NewStub(channel);
+  if (o.reset_budget) {
+    if (absl::Status s = DeleteTenant(o, *admin, tenant); !s.ok()) return s;
+  }
+  if (AnyPolicyField(o)) return PutTenantPolicy(o, *admin, tenant);
+  absl::StatusOr<v1::BudgetStatus> existing = GetBudget(*admin, tenant, o.connect_timeout);
+  if (existing.ok() || existing.status().code() != absl::StatusCode::kNotFound) {
+    return existing.status();
+  }
+  return CreateTenantBySync(o, channel, tenant);
 }
 
 std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std::string& target) {
