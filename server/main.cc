@@ -315,9 +315,10 @@ absl::StatusOr<ServerConfig> ConfigFromFlags() {
   // flags are wrong, the first in this order is the one reported.
   using ConfigStep = absl::Status (*)(ServerConfig&);
   static constexpr ConfigStep kSteps[] = {
-      ListenConfigFromFlags, PolicyConfigFromFlags,   LimitsConfigFromFlags,
+      ListenConfigFromFlags,  PolicyConfigFromFlags,  LimitsConfigFromFlags,
       DataDirConfigFromFlags, TlsConfigFromFlags,     ShutdownConfigFromFlags,
-      MetricsConfigFromFlags, ClusterConfigFromFlags};
+      MetricsConfigFromFlags, ClusterConfigFromFlags,
+  };
   ServerConfig config;
   for (ConfigStep step : kSteps) {
     if (absl::Status s = step(config); !s.ok()) return s;
@@ -688,8 +689,9 @@ int ServeUntilStopped(const ServerConfig& config, ServerProcess& p) {
 
 int Run(const ServerConfig& config) {
   static constexpr StartStep kStart[] = {
-      InstallSignals, CreateAuthorizer, OpenDataDir,  CreateClusterMode,     CreateCore,
-      RecoverState,   StartMetrics,     StartServing, JoinClusterOnceServing};
+      InstallSignals, CreateAuthorizer, OpenDataDir,  CreateClusterMode,      CreateCore,
+      RecoverState,   StartMetrics,     StartServing, JoinClusterOnceServing,
+  };
   ServerProcess process;
   for (StartStep step : kStart) {
     if (std::optional<int> exit_code = step(config, process)) return *exit_code;
