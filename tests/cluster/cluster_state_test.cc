@@ -19,6 +19,7 @@
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "retrybudget/v1/state.pb.h"
 #include "tests/cluster/wait_for.h"
+#include "tests/support/server_connection.h"
 #include "tests/support/sync_spender.h"
 #include "tests/support/test_launcher.h"
 
@@ -85,21 +86,13 @@ class ClusterStateTest : public ::testing::Test {
     return state;
   }
 
-  std::unique_ptr<v1::RetryBudgetService::Stub> Budget(int server) {
-    return v1::RetryBudgetService::NewStub(grpc::CreateChannel(
-        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
-  }
-  std::unique_ptr<v1::BudgetAdminService::Stub> Admin(int server) {
-    return v1::BudgetAdminService::NewStub(grpc::CreateChannel(
-        cluster_->server(server).address(), grpc::InsecureChannelCredentials()));
-  }
-
-  grpc::Status GetBudget(int server, const std::string& tenant, v1::GetBudgetResponse* got) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-    v1::GetBudgetRequest get;
-    get.set_tenant(tenant);
-    return Admin(server)->GetBudget(&context, get, got);
+  // Both stubs of server `server`, each call within `deadline` (short for the reads polled
+  // while a shard moves).
+  ServerConnection Connect(int server, absl::Duration deadline = absl::Seconds(10)) {
+    ServerConnection c = ServerConnection::Create(cluster_->server(server).address(),
+                                                  grpc::InsecureChannelCredentials());
+    c.deadline = deadline;
+    return c;
   }
 
   std::unique_ptr<ClusterUnderTest> cluster_;
@@ -109,14 +102,14 @@ TEST_F(ClusterStateTest, BusyTenantCostsAtMostTenEtcdWritesPerThousandSyncs) {
   const std::string tenant = "checkout";
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
-  auto stub = Budget(*owner);
+  ServerConnection rpc = Connect(*owner);
   SyncSpender spender({tenant}, {.instance_id = "spender-1"});
   // Syncs on a fixed schedule, one every 5 ms (a tenant synced by a couple of busy workers); a
   // late Sync is caught up at once, so that the Syncs over the window do not depend on how loaded
   // the box is (unless a Sync takes more than 5 ms on average).
   absl::Time next = absl::Now();
   auto sync_on_schedule = [&] {
-    const bool ok = spender.Sync(*stub).ok();
+    const bool ok = spender.Sync(*rpc.budget).ok();
     next += absl::Milliseconds(5);
     const absl::Time now = absl::Now();
     if (next > now) absl::SleepFor(next - now);
@@ -150,30 +143,20 @@ TEST_F(ClusterStateTest, DeletedBudgetStaysDeletedAfterItsOwnerIsKilled) {
   const std::string tenant = "ephemeral";
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
-  {
-    grpc::ClientContext context;
-    v1::PutPolicyRequest put;
-    put.set_tenant(tenant);
-    put.mutable_policy()->set_capacity(7);
-    put.mutable_policy()->set_refill_per_second(1);
-    v1::PutPolicyResponse response;
-    grpc::Status s = Admin(*owner)->PutPolicy(&context, put, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
-  auto stub = Budget(*owner);
+  ServerConnection rpc = Connect(*owner);
+  v1::BudgetPolicy small;
+  small.set_capacity(7);
+  small.set_refill_per_second(1);
+  const grpc::Status put = rpc.PutPolicy(tenant, small);
+  ASSERT_TRUE(put.ok()) << put.error_message();
   SyncSpender spender({tenant}, {.instance_id = "spender-1"});
-  ASSERT_TRUE(WaitFor([&] { return spender.Sync(*stub).ok() && spender.received(tenant) > 0; },
-                      absl::Seconds(2)));
+  ASSERT_TRUE(
+      WaitFor([&] { return spender.Sync(*rpc.budget).ok() && spender.received(tenant) > 0; },
+              absl::Seconds(2)));
   ASSERT_TRUE(WaitFor([&] { return StoredState(tenant).has_value(); }, absl::Seconds(5)));
 
-  {
-    grpc::ClientContext context;
-    v1::DeleteBudgetRequest del;
-    del.set_tenant(tenant);
-    v1::DeleteBudgetResponse response;
-    grpc::Status s = Admin(*owner)->DeleteBudget(&context, del, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  const grpc::Status deleted = rpc.DeleteBudget(tenant);
+  ASSERT_TRUE(deleted.ok()) << deleted.error_message();
   EXPECT_FALSE(StoredState(tenant).has_value()) << "the state key outlived DeleteBudget";
   absl::StatusOr<etcd::RangeResult> policy = cluster_->etcd_client().Get(PolicyKey(tenant));
   ASSERT_TRUE(policy.ok()) << policy.status();
@@ -191,11 +174,11 @@ TEST_F(ClusterStateTest, DeletedBudgetStaysDeletedAfterItsOwnerIsKilled) {
       absl::Seconds(10)));
   // Once the new owner has loaded the shard it answers for the tenant: no budget.
   grpc::Status got;
-  v1::GetBudgetResponse budget;
+  v1::BudgetStatus budget;
   ASSERT_TRUE(WaitFor(
       [&] {
         budget.Clear();
-        got = GetBudget(next, tenant, &budget);
+        got = Connect(next, absl::Seconds(1)).GetBudget(tenant, &budget);
         return got.error_code() != grpc::StatusCode::UNAVAILABLE &&
                got.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED;
       },
@@ -209,14 +192,11 @@ TEST_F(ClusterStateTest, BudgetCreatedByPutPolicyHasItsFirstBlockReservedInEtcd)
   const std::string tenant = "new-by-policy";
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
-  grpc::ClientContext context;
-  v1::PutPolicyRequest put;
-  put.set_tenant(tenant);
-  put.mutable_policy()->set_capacity(800);
-  put.mutable_policy()->set_refill_per_second(10);
-  v1::PutPolicyResponse response;
-  grpc::Status s = Admin(*owner)->PutPolicy(&context, put, &response);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  v1::BudgetPolicy policy;
+  policy.set_capacity(800);
+  policy.set_refill_per_second(10);
+  const grpc::Status put = Connect(*owner).PutPolicy(tenant, policy);
+  ASSERT_TRUE(put.ok()) << put.error_message();
   // No Sync yet: the reservation of its first block (800 / 8) is in etcd all the same.
   std::optional<v1::TenantState> state;
   EXPECT_TRUE(WaitFor(
@@ -232,13 +212,13 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
   const std::string tenant = "handed-over";
   absl::StatusOr<int> owner = cluster_->OwnerOf(tenant);
   ASSERT_TRUE(owner.ok()) << owner.status();
-  auto stub = Budget(*owner);
+  ServerConnection rpc = Connect(*owner);
   SyncSpender spender({tenant}, {.instance_id = "spender-1"});
   // A few grants, well inside the capacity, until etcd holds a reservation ahead of them.
   std::optional<v1::TenantState> state;
   ASSERT_TRUE(WaitFor(
       [&] {
-        if (spender.received(tenant) < 20) spender.Sync(*stub);
+        if (spender.received(tenant) < 20) spender.Sync(*rpc.budget);
         state = StoredState(tenant);
         return spender.received(tenant) >= 20 && state.has_value() &&
                state->grant_limit() > state->granted_total();
@@ -259,20 +239,20 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
   // The next owner starts from that level (refill restarts at the takeover): not lower, as it
   // would be after a kill -9, when the whole reservation counts as granted.
   int next = -1;
-  v1::GetBudgetResponse got;
+  v1::BudgetStatus got;
   ASSERT_TRUE(WaitFor(
       [&] {
         absl::StatusOr<int> o = cluster_->OwnerOf(tenant);
         if (!o.ok() || *o == *owner) return false;
         next = *o;
-        return GetBudget(next, tenant, &got).ok();
+        return Connect(next, absl::Seconds(1)).GetBudget(tenant, &got).ok();
       },
       absl::Seconds(10)));
   std::printf("handed over at level %.3f (granted %llu); the next owner starts at %.3f\n",
               state->level(), static_cast<unsigned long long>(state->granted_total()),
-              got.budget().tokens());
-  EXPECT_GE(got.budget().tokens(), state->level() - 1e-9);
-  EXPECT_EQ(got.budget().granted_total(), state->granted_total());
+              got.tokens());
+  EXPECT_GE(got.tokens(), state->level() - 1e-9);
+  EXPECT_EQ(got.granted_total(), state->granted_total());
 }
 
 }  // namespace

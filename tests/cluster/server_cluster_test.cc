@@ -29,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/cluster/wait_for.h"
+#include "tests/support/server_connection.h"
 #include "tests/support/sync_spender.h"
 #include "tests/support/test_launcher.h"
 
@@ -41,11 +42,10 @@ constexpr absl::Duration kLeaseTtl = absl::Seconds(2);
 constexpr double kCapacity = 50;
 constexpr double kRefill = 20;
 
-// Stubs of one server of the cluster.
+// One server of the cluster: its address and both its stubs.
 struct ServerStubs {
   std::string address;  // 127.0.0.1:PORT, also its server id
-  std::unique_ptr<v1::RetryBudgetService::Stub> budget;
-  std::unique_ptr<v1::BudgetAdminService::Stub> admin;
+  ServerConnection rpc;
 };
 
 class ServerClusterTest : public ::testing::Test {
@@ -64,9 +64,7 @@ class ServerClusterTest : public ::testing::Test {
     for (int i = 0; i < cluster_->server_count(); ++i) {
       ServerStubs& s = servers_.emplace_back();
       s.address = cluster_->server(i).address();
-      auto channel = grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials());
-      s.budget = v1::RetryBudgetService::NewStub(channel);
-      s.admin = v1::BudgetAdminService::NewStub(channel);
+      s.rpc = ServerConnection::Create(s.address, grpc::InsecureChannelCredentials());
     }
     ASSERT_NO_FATAL_FAILURE(WaitBalanced());
   }
@@ -118,7 +116,7 @@ class ServerClusterTest : public ::testing::Test {
                     absl::Duration timeout = absl::Milliseconds(500)) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    return servers_[server].budget->Sync(&context, request, response);
+    return servers_[server].rpc.budget->Sync(&context, request, response);
   }
 
   std::unique_ptr<ClusterUnderTest> cluster_;
@@ -136,7 +134,7 @@ class Worker {
 
   // One Sync round; true when the owner granted (or answered without error).
   bool Round() {
-    const SyncSpender::Answer answer = spender_.Sync(*(*servers_)[current_].budget);
+    const SyncSpender::Answer answer = spender_.Sync(*(*servers_)[current_].rpc.budget);
     if (!answer.rpc.ok() || answer.response.tenants_size() != 1) {
       current_ = (current_ + 1) % static_cast<int>(servers_->size());
       return false;
@@ -204,24 +202,13 @@ TEST_F(ServerClusterTest, NonOwnerAnswersFailedPreconditionWithTheOwnerAndChange
   EXPECT_EQ(response.tenants(0).error().owner(), servers_[owner].address);
 
   // Nothing was applied anywhere: the owner has no budget for the tenant yet.
-  {
-    grpc::ClientContext context;
-    v1::GetBudgetRequest get;
-    get.set_tenant(tenant);
-    v1::GetBudgetResponse got;
-    EXPECT_EQ(servers_[owner].admin->GetBudget(&context, get, &got).error_code(),
-              grpc::StatusCode::NOT_FOUND);
-  }
+  v1::BudgetStatus budget;
+  EXPECT_EQ(servers_[owner].rpc.GetBudget(tenant, &budget).error_code(),
+            grpc::StatusCode::NOT_FOUND);
   // An admin read on a non-owner names the owner.
-  {
-    grpc::ClientContext context;
-    v1::GetBudgetRequest get;
-    get.set_tenant(tenant);
-    v1::GetBudgetResponse got;
-    grpc::Status s = servers_[other].admin->GetBudget(&context, get, &got);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_THAT(s.error_message(), ::testing::HasSubstr(servers_[owner].address));
-  }
+  const grpc::Status on_other = servers_[other].rpc.GetBudget(tenant, &budget);
+  EXPECT_EQ(on_other.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(on_other.error_message(), ::testing::HasSubstr(servers_[owner].address));
   // The owner grants (from the first Sync, or the next once the first reservation is in etcd).
   uint64_t seq = 1;
   EXPECT_TRUE(WaitFor(
@@ -243,9 +230,9 @@ TEST_F(ServerClusterTest, ListShardsNamesEveryShardsOwner) {
         [&] {
           grpc::ClientContext context;
           response.Clear();
-          if (!servers_[i].admin->ListShards(&context, v1::ListShardsRequest(), &response).ok()) {
-            return false;
-          }
+          const grpc::Status listed =
+              servers_[i].rpc.admin->ListShards(&context, v1::ListShardsRequest(), &response);
+          if (!listed.ok()) return false;
           for (const v1::ShardInfo& s : response.shards()) {
             if (s.owner_id() != owners.at(s.shard())) return false;
           }
@@ -266,25 +253,16 @@ TEST_F(ServerClusterTest, PolicyPutThroughAnyServerReachesTheOwnerWithinASecond)
   const int owner = OwnerIndex(tenant);
   ASSERT_GE(owner, 0);
   const int other = (owner + 1) % 3;
-  {
-    grpc::ClientContext context;
-    v1::PutPolicyRequest put;
-    put.set_tenant(tenant);
-    put.mutable_policy()->set_capacity(7);
-    put.mutable_policy()->set_refill_per_second(1);
-    v1::PutPolicyResponse response;
-    grpc::Status s = servers_[other].admin->PutPolicy(&context, put, &response);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  v1::BudgetPolicy policy;
+  policy.set_capacity(7);
+  policy.set_refill_per_second(1);
+  const grpc::Status put = servers_[other].rpc.PutPolicy(tenant, policy);
+  ASSERT_TRUE(put.ok()) << put.error_message();
   const absl::Time put_at = absl::Now();
-  v1::GetBudgetResponse got;
+  v1::BudgetStatus got;
   EXPECT_TRUE(WaitFor(
       [&] {
-        grpc::ClientContext context;
-        v1::GetBudgetRequest get;
-        get.set_tenant(tenant);
-        return servers_[owner].admin->GetBudget(&context, get, &got).ok() &&
-               got.budget().policy().capacity() == 7;
+        return servers_[owner].rpc.GetBudget(tenant, &got).ok() && got.policy().capacity() == 7;
       },
       absl::Seconds(1)))
       << got.DebugString();
