@@ -5,10 +5,9 @@
 // SIGTERM of the tenant's owner, with its restart), an etcd member's restart and a quorum lost and
 // regained, drawn from the seed (printed). The verdict is the fleet tool's, counted from every
 // worker's own spending: the tenant within its bound, every language spent and shut down cleanly.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <iostream>
-#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,18 +15,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/fleet_run.h"
 #include "tools/fleet/subprocess.h"
 
 namespace retrybudget::fleet {
 namespace {
 
-using google::protobuf::Struct;
-using google::protobuf::Value;
+using ::retrybudget::testing::FleetRun;
+using ::retrybudget::testing::RunFleetTool;
 using ::testing::HasSubstr;
 
 constexpr double kDuration = 24;  // seconds of load
@@ -92,21 +90,14 @@ TEST(FleetLanguagesTest, EveryLanguageOnOneTenantThroughARandomClusterSchedule) 
       absl::StrCat("--foreign-workers=python:2:", RETRYBUDGET_PYTHON, " ",
                    RETRYBUDGET_MIXED_FLEET, " --worker"),
       absl::StrCat("--cluster-chaos=", chaos)};
-  absl::StatusOr<std::unique_ptr<Subprocess>> child =
-      Subprocess::Spawn(argv, {.pipe_stdout = true});
-  ASSERT_TRUE(child.ok()) << child.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(kDuration + 90);
-  absl::StatusOr<std::string> line = (*child)->ReadLine(deadline);
-  absl::StatusOr<int> status = (*child)->Wait(deadline);
-  ASSERT_TRUE(status.ok()) << status.status();
-  ASSERT_TRUE(line.ok()) << line.status() << " (" << DescribeWaitStatus(*status) << ")";
-  std::cerr << "[fleet] " << *line << "\n";
-  Struct report;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(*line, &report).ok()) << *line;
-  const auto& r = report.fields();
+  const FleetRun run = RunFleetTool(argv[0], std::vector<std::string>(argv.begin() + 1, argv.end()),
+                                    absl::Seconds(kDuration + 90));
+  ASSERT_TRUE(run.Has("within_budget")) << "no JSON report: " << run.line << " ("
+                                        << DescribeWaitStatus(run.wait_status) << ")";
+  const auto& r = run.json.fields();
 
   // The one tenant, every language's own spending in its bound.
-  EXPECT_TRUE(ExitedWith(*status, 0)) << DescribeWaitStatus(*status);
+  EXPECT_TRUE(ExitedWith(run.wait_status, 0)) << DescribeWaitStatus(run.wait_status);
   EXPECT_TRUE(r.at("within_budget").bool_value());
   EXPECT_LE(r.at("retries_allowed").number_value(), r.at("bound").number_value());
   const auto& languages = r.at("languages").struct_value().fields();
