@@ -390,14 +390,19 @@ def judge(results, cells, fleet_sizes, main_w):
     by = {}
     for r in results:
         by[(r["fraction"], r["duration"], r["workers"], label(r))] = r
-    out = {"caps_metastable_cells": [], "fleet_within_floor": [], "process_by_w": []}
+    out = {"caps_metastable_cells": [], "caps_down_cells": [], "fleet_within_floor": [],
+           "process_by_w": []}
     for f, d in cells:
         floor = by.get((f, d, main_w, "none"))
         for series in ("immediate", "jitter"):
             caps = by.get((f, d, main_w, f"caps/{series}"))
-            if caps is None or not caps["stays_down_30s"]:
+            # Caps "stay down": not recovered within the observation; the stricter
+            # "metastable" adds goodput < 20% of offered in each of the 30 s after the trigger.
+            if caps is None or not (caps["stays_down_30s"] or caps["recovery_s"] is None):
                 continue
-            out["caps_metastable_cells"].append({"cell": f"{f}x{d}", "series": series})
+            out["caps_down_cells"].append({"cell": f"{f}x{d}", "series": series})
+            if caps["stays_down_30s"]:
+                out["caps_metastable_cells"].append({"cell": f"{f}x{d}", "series": series})
             for w in sorted({main_w} | set(fleet_sizes)):
                 fl = by.get((f, d, w, f"fleet/{series}"))
                 fw = by.get((f, d, w, "none")) or floor
@@ -471,6 +476,28 @@ def markdown(cfg, results, cells, main_w, targets):
             if rr:
                 lines.append(f"| {w} | " + " | ".join(
                     "-" if rr.get(l) is None else fmt_rec(rr[l]["recovery_s"]) for l in wl) + " |")
+    down = {x["cell"] for x in targets["caps_down_cells"]}
+    for f, d in cells:
+        if f"{f}x{d}" not in down:
+            continue
+        lines.append("")
+        lines.append(f"Cell {f} x {d} s (W = {main_w}): attempts the backend saw per offered "
+                     "call, during the trigger and in the 30 s after it; resends refused; the "
+                     "longest queue; work served for callers that had given up:")
+        lines.append("")
+        lines.append("| strategy | recovery | attempts/offered, trigger | attempts/offered, 30 s "
+                     "after | resends refused | max queue | wasted |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for r in results:
+            if (r["fraction"], r["duration"], r["workers"]) != (f, d, main_w) or r.get("w_sweep"):
+                continue
+            after = sums(r["rows"], r["trigger_end"], r["trigger_end"] + DOWN_FOR)
+            lines.append(
+                f'| {label(r)} | {fmt_rec(r["recovery_s"])} | '
+                f'{r["trigger"]["attempts"] / max(1, r["trigger"]["offered"]):.2f} | '
+                f'{after["attempts"] / max(1, after["offered"]):.2f} | '
+                f'{r["totals"]["denied"]} | {r["max_queue"]} | '
+                f'{r.get("backend_totals", {}).get("wasted", "-")} |')
     lines.append("")
     lines.append("Targets:")
     lines.append("")
