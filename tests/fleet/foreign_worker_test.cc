@@ -1,10 +1,17 @@
 // Workers of other languages in a fleet run: the --foreign-workers flag, where each worker goes
 // (index, tenant, argv), its protocol line read into the fleet's counts, and the per-language
-// sums of the report. No processes here (fleet_languages_test runs the real ones).
+// sums of the report; the start signal every worker counts its timelines from, and what a late
+// worker's timeline does to the ideal bucket. No processes here (fleet_languages_test runs the
+// real ones).
 #include "tools/fleet/foreign_worker.h"
 
+#include <time.h>
+
+#include <chrono>
 #include <string>
 #include <vector>
+
+#include "tools/fleet/start_signal.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -107,6 +114,117 @@ TEST(ForeignWorkerCountsTest, RefusesAMissingFieldOrAnotherSlice) {
   EXPECT_THAT(c.status().message(), HasSubstr("timeline_slice_seconds"));
   c = ForeignWorkerCountsFromJson("not json", 0, 0, 0.1);
   EXPECT_FALSE(c.ok());
+}
+
+TEST(ForeignWorkerCountsTest, ChecksTheTimelineOriginAgainstTheStartSignal) {
+  std::string line = kLine;
+  line.insert(line.size() - 1, R"(,"timeline_origin_us":3287851894)");
+  absl::StatusOr<WorkerCounts> c = ForeignWorkerCountsFromJson(line, 0, 0, 0.1, 3287851894);
+  EXPECT_TRUE(c.ok()) << c.status();
+  c = ForeignWorkerCountsFromJson(line, 0, 0, 0.1, 3287851000);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("'timeline_origin_us' is 3287851894"));
+  EXPECT_THAT(c.status().message(), HasSubstr("3287851000"));
+  // A worker that does not echo the origin (an older one: its own start) is refused too.
+  c = ForeignWorkerCountsFromJson(kLine, 0, 0, 0.1, 3287851894);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("timeline_origin_us"));
+}
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+TEST(StartSignalTest, CarriesTheFleetsStartAsTheTimelinesOrigin) {
+  EXPECT_EQ(StartSignalLine(1234567), "go 1234567");
+  const Clock::time_point now = FromMonotonicMicros(2000000);
+  absl::StatusOr<Clock::time_point> origin = ParseStartSignal("go 1234567", now);
+  ASSERT_TRUE(origin.ok()) << origin.status();
+  EXPECT_EQ(MonotonicMicros(*origin), 1234567);
+  // A bare "go" (mixed_fleet.py's workers' own tests): from the moment it is read.
+  origin = ParseStartSignal("go", now);
+  ASSERT_TRUE(origin.ok()) << origin.status();
+  EXPECT_EQ(*origin, now);
+  for (const char* bad : {"stop", "go ", "go x", "go -5", "go 12 13", "go 1.5"}) {
+    origin = ParseStartSignal(bad, now);
+    ASSERT_FALSE(origin.ok()) << bad;
+    EXPECT_THAT(origin.status().message(), HasSubstr(bad));
+  }
+  origin = ParseStartSignal("go 2000001", now);
+  ASSERT_FALSE(origin.ok());
+  EXPECT_THAT(origin.status().message(), HasSubstr("after this worker's clock"));
+  // Rounded down: the origin is never after the instant it stands for, so no call is counted
+  // in a slice before the one it started in.
+  EXPECT_EQ(MonotonicMicros(Clock::time_point(std::chrono::nanoseconds(5999))), 5);
+}
+
+TEST(StartSignalTest, MonotonicMicrosIsCLOCK_MONOTONIC) {
+  // What the Go, Node and Python workers read (clock_gettime, process.hrtime, time.monotonic).
+  timespec ts{};
+  ASSERT_EQ(clock_gettime(CLOCK_MONOTONIC, &ts), 0);
+  const int64_t theirs = int64_t{ts.tv_sec} * 1000000 + ts.tv_nsec / 1000;
+  const int64_t ours = MonotonicMicros(Clock::now());
+  EXPECT_GE(ours, theirs);
+  EXPECT_LT(ours - theirs, 1000000);  // the same clock, read twice (not a speed assertion)
+}
+
+// A worker that began calling 230 ms after the fleet's start (its client made late, as the Node
+// worker's is) counts on the fleet's grid: its first call, at 0.23 s, is in slice 2; a call
+// 99 ms after its own start (its own slice 0) is in slice 3; its last, 4.0 s after its start,
+// in slice 42, not 40.
+TEST(TimelineSliceTest, ALateWorkerCountsOnTheFleetsGrid) {
+  const Clock::time_point t0 = FromMonotonicMicros(1000000000);
+  const Clock::duration slice = milliseconds(100);
+  const Clock::time_point begin = t0 + milliseconds(230);
+  EXPECT_EQ(TimelineSliceOf(t0, t0, slice), 0u);
+  EXPECT_EQ(TimelineSliceOf(t0, t0 + milliseconds(99), slice), 0u);
+  EXPECT_EQ(TimelineSliceOf(t0, t0 + milliseconds(100), slice), 1u);
+  EXPECT_EQ(TimelineSliceOf(t0, begin, slice), 2u);
+  EXPECT_EQ(TimelineSliceOf(t0, begin + milliseconds(99), slice), 3u);
+  EXPECT_EQ(TimelineSliceOf(t0, begin + milliseconds(3999), slice), 42u);
+  EXPECT_EQ(TimelineSliceOf(t0, t0 - milliseconds(1), slice), 0u);
+}
+
+// The ideal bucket of a fleet with a late worker, by hand. Capacity 1, refill 10/s, slices of
+// 0.1 s (one token each), bucket empty at the start, no credit; the run lasts 0.6 s, so a
+// central bucket hands out at most 6. Worker A calls from the start and retries once in each
+// of its 4 slices (0-0.4 s); worker B starts 0.2 s late and retries 3 times in its last slice
+// (0.5-0.6 s of the run). Together they send 6 retries, each of which a central bucket had.
+//
+// On the fleet's grid: demand 1,1,1,1,0,3. Slices 0-3 spend their token; slice 4 banks one
+// (capacity 1); slice 5 has 1 + 1: the ideal allows 4 + 2 = 6, and 6 spent read 1.0.
+// With B's slices from its own start (the old way) the demand reads 1,1,1,4 in 0.4 s, the
+// 0.2 s left over goes to a bucket already full, and slice 3 has 2 for 4: 5, and 6 read 1.2.
+TEST(TimelineSliceTest, ALateWorkerOnTheFleetsGridKeepsTheIdealExact) {
+  const Clock::time_point t0 = FromMonotonicMicros(1000000000);
+  const Clock::duration slice = milliseconds(100);
+  auto place = [&](Clock::time_point origin, const std::vector<Clock::time_point>& retries) {
+    WorkerCounts w;
+    w.timeline_slice_seconds = 0.1;
+    for (Clock::time_point at : retries) {
+      const size_t i = TimelineSliceOf(origin, at, slice);
+      if (w.retries_timeline.size() <= i) {
+        w.retries_timeline.resize(i + 1, 0);
+        w.calls_timeline.resize(i + 1, 0);
+      }
+      ++w.retries_timeline[i];
+      ++w.calls_timeline[i];
+    }
+    w.retries_allowed = retries.size();
+    return w;
+  };
+  const std::vector<Clock::time_point> a = {t0 + milliseconds(10), t0 + milliseconds(110),
+                                            t0 + milliseconds(210), t0 + milliseconds(310)};
+  const Clock::time_point b_start = t0 + milliseconds(200);
+  const std::vector<Clock::time_point> b(3, b_start + milliseconds(350));
+  const PolicyView policy = {.capacity = 1, .refill_per_second = 10, .initial_tokens = 0};
+
+  const WorkerCounts aligned = SumWorkers({place(t0, a), place(t0, b)});
+  EXPECT_THAT(aligned.retries_timeline, ElementsAre(1, 1, 1, 1, 0, 3));
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/0.6, aligned), 6);
+
+  const WorkerCounts own_start = SumWorkers({place(t0, a), place(b_start, b)});
+  EXPECT_THAT(own_start.retries_timeline, ElementsAre(1, 1, 1, 4));
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, 0.6, own_start), 5);
 }
 
 TEST(SumByLanguageTest, SumsEachLanguagesLines) {

@@ -3,11 +3,14 @@
 // One binary, two roles: the parent (default) runs the fleet and judges it; started with the
 // hidden --worker it is one worker process, which talks to its parent over stdin/stdout:
 //   worker -> parent  "ready\n"           flags parsed, process loaded
-//   parent -> worker  "go\n"              the run starts now (the parent has read the level)
+//   parent -> worker  "go <t0>\n"         the run starts now (the parent has read the level at
+//                                         t0, CLOCK_MONOTONIC microseconds: the timelines'
+//                                         origin, start_signal.h)
 //   worker -> parent  <one JSON line>     its own counts (WorkerCountsToJson), then exit 0
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -16,6 +19,7 @@
 #include "tools/fleet/fleet_flags.h"
 #include "tools/fleet/fleet_report.h"
 #include "tools/fleet/fleet_runner.h"
+#include "tools/fleet/start_signal.h"
 #include "tools/fleet/worker.h"
 
 namespace retrybudget::fleet {
@@ -33,10 +37,18 @@ int WorkerMain(pid_t parent) {
   }
   std::cout << "ready" << std::endl;
   std::string line;
-  if (!std::getline(std::cin, line) || line != "go") {
+  if (!std::getline(std::cin, line)) {
     std::cerr << "retry-budget-fleet worker " << options->index << ": no start signal\n";
     return kExitRunFailed;
   }
+  absl::StatusOr<std::chrono::steady_clock::time_point> origin =
+      ParseStartSignal(line, std::chrono::steady_clock::now());
+  if (!origin.ok()) {
+    std::cerr << "retry-budget-fleet worker " << options->index << ": " << origin.status()
+              << "\n";
+    return kExitRunFailed;
+  }
+  options->timeline_origin = *origin;
   absl::StatusOr<std::vector<WorkerCounts>> counts = RunWorker(*options);
   if (!counts.ok()) {
     std::cerr << "retry-budget-fleet worker " << options->index << ": " << counts.status()

@@ -184,7 +184,8 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line) {
 }
 
 absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line, int worker,
-                                                         int tenant_index, double slice_seconds) {
+                                                         int tenant_index, double slice_seconds,
+                                                         std::optional<int64_t> origin_micros) {
   absl::StatusOr<Struct> parsed = ParseObject(line);
   if (!parsed.ok()) return parsed.status();
   const Struct& s = *parsed;
@@ -224,6 +225,15 @@ absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line,
     return absl::InvalidArgumentError(
         absl::StrCat("worker line: field 'timeline_slice_seconds' is ", c.timeline_slice_seconds,
                      ", the fleet's slice is ", slice_seconds));
+  }
+  if (origin_micros.has_value()) {
+    int64_t origin = 0;
+    if (absl::Status st = ReadSigned(s, "timeline_origin_us", &origin); !st.ok()) return st;
+    if (origin != *origin_micros) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker line: field 'timeline_origin_us' is ", origin, ", the start signal's is ",
+          *origin_micros, " (the worker did not count its timelines from the fleet's start)"));
+    }
   }
   return c;
 }

@@ -78,7 +78,8 @@ struct WorkerCounts {
   double ungranted_gap_max_seconds = 0;
   double granted_again_at_seconds = 0;
 
-  // The run in slices of `timeline_slice_seconds` from the start signal: calls started,
+  // The run in slices of `timeline_slice_seconds` from the origin the start signal carried
+  // (the fleet's start, start_signal.h; the same for every worker): calls started,
   // retries sent, retries denied and successes in each (sum: element-wise), counted by the
   // call's start. Lets the tool count what happened between a server kill and its restart, and
   // replay the run's demand and deposits through an ideal bucket (IdealAllowed()).
@@ -164,10 +165,13 @@ absl::StatusOr<WorkerCounts> WorkerCountsFromJson(absl::string_view line);
 // shutdown_status, max_try_acquire_ms and its timelines (timeline_slice_seconds, calls_timeline,
 // retries_timeline, denied_timeline, successes_timeline). What the protocol does not report
 // (time in fallback and its episodes, Syncs, the grant gap) stays 0. Other fields are ignored.
-// INVALID_ARGUMENT naming the field for a missing or malformed one, and for a timeline slice
-// other than `slice_seconds` (the fleet's timelines add up slice by slice).
-absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line, int worker,
-                                                         int tenant_index, double slice_seconds);
+// INVALID_ARGUMENT naming the field for a missing or malformed one, for a timeline slice
+// other than `slice_seconds` (the fleet's timelines add up slice by slice) and, when
+// `origin_micros` is given, for a `timeline_origin_us` other than it: the origin of the start
+// signal the tool sent (start_signal.h), so every worker's slices are the same instants.
+absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(
+    absl::string_view line, int worker, int tenant_index, double slice_seconds,
+    std::optional<int64_t> origin_micros = std::nullopt);
 
 // The tenant's policy as the run used it. `initial_tokens` is the bucket level the tool read at
 // the start of the run (not the policy field of that name).

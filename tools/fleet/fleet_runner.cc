@@ -28,6 +28,7 @@
 #include "tools/fleet/cluster_chaos.h"
 #include "tools/fleet/fault_proxy.h"
 #include "tools/fleet/foreign_worker.h"
+#include "tools/fleet/start_signal.h"
 #include "tools/fleet/owner_watch.h"
 #include "tools/fleet/server_supervisor.h"
 #include "tools/fleet/subprocess.h"
@@ -337,13 +338,15 @@ std::vector<std::string> ArgvOfWorker(const FleetOptions& o, const std::vector<F
   return i < o.workers ? WorkerArgv(o, i, target) : f[static_cast<size_t>(i - o.workers)].argv;
 }
 
-// One line of worker `i`: the tool's own format, or the worker protocol's.
+// One line of worker `i`: the tool's own format, or the worker protocol's (whose timelines must
+// count from `origin_micros`, the start signal's).
 absl::StatusOr<WorkerCounts> ParseWorkerLine(const FleetOptions& o,
                                              const std::vector<ForeignWorker>& f, int i,
-                                             absl::string_view line) {
+                                             absl::string_view line, int64_t origin_micros) {
   if (i < o.workers) return WorkerCountsFromJson(line);
   return ParseForeignWorkerLine(f[static_cast<size_t>(i - o.workers)], line,
-                                WorkerTimelineSlice(absl::Seconds(o.duration_seconds)));
+                                WorkerTimelineSlice(absl::Seconds(o.duration_seconds)),
+                                origin_micros);
 }
 
 // Calls and retries in the timeline slices wholly inside [from, to), and retries from `to` on.
@@ -501,10 +504,12 @@ absl::StatusOr<RunStart> ReadStartLevels(const FleetOptions& o,
   return start;
 }
 
-// Tells every worker to start: "go", then the end of its stdin.
-absl::Status SendGo(std::vector<std::unique_ptr<Subprocess>>& workers) {
+// Tells every worker to start: "go <origin_micros>" (start_signal.h: every worker counts its
+// timelines from the run's start, whenever it begins calling), then the end of its stdin.
+absl::Status SendGo(std::vector<std::unique_ptr<Subprocess>>& workers, int64_t origin_micros) {
+  const std::string go = absl::StrCat(StartSignalLine(origin_micros), "\n");
   for (size_t i = 0; i < workers.size(); ++i) {
-    if (absl::Status s = workers[i]->WriteStdin("go\n"); !s.ok()) {
+    if (absl::Status s = workers[i]->WriteStdin(go); !s.ok()) {
       return absl::InternalError(absl::StrCat("worker ", i, " lost before start: ", s.ToString()));
     }
     workers[i]->CloseStdin();
@@ -577,7 +582,8 @@ Watched FinishWatchers(RunWatchers& w) {
 absl::StatusOr<std::vector<WorkerCounts>> ReadWorkerCounts(const FleetOptions& o,
                                                            const std::vector<ForeignWorker>& f,
                                                            int i, Subprocess& worker,
-                                                           absl::Time deadline) {
+                                                           absl::Time deadline,
+                                                           int64_t origin_micros) {
   std::vector<absl::StatusOr<std::string>> lines;
   for (size_t k = 0; k < LinesOfWorker(o, i); ++k) lines.push_back(worker.ReadLine(deadline));
   absl::StatusOr<int> status = worker.Wait(deadline);
@@ -594,7 +600,7 @@ absl::StatusOr<std::vector<WorkerCounts>> ReadWorkerCounts(const FleetOptions& o
       return absl::InternalError(
           absl::StrCat("worker ", i, " printed no counts: ", line.status().ToString()));
     }
-    absl::StatusOr<WorkerCounts> parsed = ParseWorkerLine(o, f, i, *line);
+    absl::StatusOr<WorkerCounts> parsed = ParseWorkerLine(o, f, i, *line, origin_micros);
     if (!parsed.ok()) {
       return absl::InternalError(absl::StrCat("worker ", i, ": ", parsed.status().message()));
     }
@@ -610,12 +616,13 @@ absl::StatusOr<std::vector<WorkerCounts>> ReadWorkerCounts(const FleetOptions& o
 // Every worker's lines of counts: each prints them at its end, then exits.
 absl::StatusOr<std::vector<WorkerCounts>> CollectWorkerCounts(
     const FleetOptions& o, const std::vector<ForeignWorker>& foreign,
-    std::vector<std::unique_ptr<Subprocess>>& workers) {
+    std::vector<std::unique_ptr<Subprocess>>& workers, int64_t origin_micros) {
   const absl::Time end_deadline = absl::Now() + absl::Seconds(o.duration_seconds) + o.worker_grace;
   std::vector<WorkerCounts> counts;
   for (size_t i = 0; i < workers.size(); ++i) {
     absl::StatusOr<std::vector<WorkerCounts>> of_worker =
-        ReadWorkerCounts(o, foreign, static_cast<int>(i), *workers[i], end_deadline);
+        ReadWorkerCounts(o, foreign, static_cast<int>(i), *workers[i], end_deadline,
+                         origin_micros);
     if (!of_worker.ok()) return of_worker.status();
     counts.insert(counts.end(), of_worker->begin(), of_worker->end());
   }
@@ -867,9 +874,12 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
 
   absl::StatusOr<RunStart> start = ReadStartLevels(o, *admin, *tenants);
   if (!start.ok()) return start.status();
-  if (absl::Status s = SendGo(*workers); !s.ok()) return s;
+  // Every worker's timelines count from t0, the start of the bound's elapsed time.
+  const int64_t origin_micros = MonotonicMicros(start->t0);
+  if (absl::Status s = SendGo(*workers, origin_micros); !s.ok()) return s;
   RunWatchers watchers = StartWatchers(o, servers, *admin, *tenants, start->t0);
-  absl::StatusOr<std::vector<WorkerCounts>> counts = CollectWorkerCounts(o, foreign, *workers);
+  absl::StatusOr<std::vector<WorkerCounts>> counts =
+      CollectWorkerCounts(o, foreign, *workers, origin_micros);
   if (!counts.ok()) return counts.status();
   if (absl::Status s = WriteWorkerLines(o, *counts); !s.ok()) return s;
   const double elapsed =

@@ -72,9 +72,11 @@ std::vector<ForeignWorker> PlanForeignWorkers(const std::vector<ForeignWorkerKin
 
 absl::StatusOr<WorkerCounts> ParseForeignWorkerLine(const ForeignWorker& worker,
                                                     absl::string_view line,
-                                                    absl::Duration timeline_slice) {
-  absl::StatusOr<WorkerCounts> counts = ForeignWorkerCountsFromJson(
-      line, worker.index, worker.tenant_index, absl::ToDoubleSeconds(timeline_slice));
+                                                    absl::Duration timeline_slice,
+                                                    int64_t origin_micros) {
+  absl::StatusOr<WorkerCounts> counts =
+      ForeignWorkerCountsFromJson(line, worker.index, worker.tenant_index,
+                                  absl::ToDoubleSeconds(timeline_slice), origin_micros);
   if (!counts.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(worker.language, " worker ", worker.index,
                                                    ": ", counts.status().message()));

@@ -67,10 +67,12 @@ std::vector<ForeignWorker> PlanForeignWorkers(const std::vector<ForeignWorkerKin
                                               const ForeignRunParameters& run);
 
 // A foreign worker's one JSON line as the fleet's WorkerCounts (ForeignWorkerCountsFromJson,
-// fleet_report.h), checked against its plan: INVALID_ARGUMENT naming the worker otherwise.
+// fleet_report.h), checked against its plan and the origin of the start signal it was sent
+// (start_signal.h): INVALID_ARGUMENT naming the worker otherwise.
 absl::StatusOr<WorkerCounts> ParseForeignWorkerLine(const ForeignWorker& worker,
                                                     absl::string_view line,
-                                                    absl::Duration timeline_slice);
+                                                    absl::Duration timeline_slice,
+                                                    int64_t origin_micros);
 
 // The lines of each language, summed: "cpp" for the workers below `cpp_workers`, then each
 // foreign language in the order of first appearance in `foreign`. `counts[i].worker` says whose

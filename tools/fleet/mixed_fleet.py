@@ -52,12 +52,30 @@ _WORKER_ROLE = "--worker"
 # The Python worker process
 # ---------------------------------------------------------------------------------------------
 
+def start_signal_origin_us(line: str, now_us: int):
+    """The timelines' origin (CLOCK_MONOTONIC microseconds) a start signal gives a worker that
+    read it at `now_us`: N for "go N" (the fleet's start, tools/fleet/start_signal.h), `now_us`
+    for a bare "go"; None for anything else or an origin after `now_us`."""
+    words = line.split()
+    if words == ["go"]:
+        return now_us
+    if len(words) != 2 or words[0] != "go" or not words[1].isdigit() or int(words[1]) > now_us:
+        return None
+    return int(words[1])
+
+
 def run_worker(args) -> int:
     import retrybudget
 
     print("ready", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    signal = sys.stdin.readline()
+    # time.monotonic() is CLOCK_MONOTONIC, the clock of the start signal's origin.
+    origin_us = start_signal_origin_us(signal, time.monotonic_ns() // 1000)
+    if origin_us is None:
+        print(f"python worker: bad start signal {signal.strip()!r} (want 'go' or 'go "
+              "<CLOCK_MONOTONIC microseconds, not after now>')", file=sys.stderr)
         return 3
+    origin = origin_us / 1e6
     client = retrybudget.BudgetClient(retrybudget.ClientOptions(target=args.server))
     budget = client.tenant(args.tenant)
     lock = threading.Lock()
@@ -67,9 +85,10 @@ def run_worker(args) -> int:
     begin = time.monotonic()
     end = begin + args.duration
     done = threading.Event()
-    # Per slice of --timeline-slice seconds from `go`, by the call's start: calls, retries sent,
-    # retries denied, successes (the fleet tool's timelines).
-    slices = int(args.duration / args.timeline_slice) + 2
+    # Per slice of --timeline-slice seconds from the start signal's origin (the fleet's start,
+    # whenever this worker began), by the call's start: calls, retries sent, retries denied,
+    # successes (the fleet tool's timelines).
+    slices = int((end - origin) / args.timeline_slice) + 2
     timelines = {k: [0] * slices for k in ("calls", "retries", "denied", "successes")}
 
     def thread_main(seed):
@@ -81,7 +100,7 @@ def run_worker(args) -> int:
             now = time.monotonic()
             if now >= end:
                 break
-            i = min(int((now - begin) / args.timeline_slice), slices - 1)
+            i = min(int((now - origin) / args.timeline_slice), slices - 1)  # now < end: < slices - 1
             counts["calls"] += 1
             mine["calls"][i] += 1
             while True:
@@ -148,6 +167,7 @@ def run_worker(args) -> int:
     while slices > 0 and timelines["calls"][slices - 1] == 0:  # the empty tail
         slices -= 1
     line["timeline_slice_seconds"] = args.timeline_slice
+    line["timeline_origin_us"] = origin_us
     for k, v in timelines.items():
         line[f"{k}_timeline"] = v[:slices]
     print(json.dumps(line), flush=True)
@@ -314,7 +334,8 @@ def drive(args, deployment) -> int:
             lease_ttl_ms=args.lease_ttl_ms)))
     initial = admin_call(admin, "GetBudget",
                          budget_pb2.GetBudgetRequest(tenant=args.tenant)).budget.tokens
-    start = time.monotonic()
+    start_ns = time.monotonic_ns()
+    start = start_ns / 1e9
     fleet = None
     if args.cpp_workers > 0:
         fleet = subprocess.Popen(
@@ -324,7 +345,7 @@ def drive(args, deployment) -> int:
              f"--call-latency={int(args.call_latency * 1e6)}us", f"--seed={args.seed}"],
             stdout=subprocess.PIPE, text=True)
     for _, w in workers:
-        w.stdin.write("go\n")
+        w.stdin.write(f"go {start_ns // 1000}\n")  # the timelines' origin: the level read
         w.stdin.flush()
     chaos = {}
     chaos_thread = None

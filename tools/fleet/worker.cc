@@ -22,6 +22,7 @@
 #include "tools/fleet/fallback_monitor.h"
 #include "tools/fleet/measured_budget.h"
 #include "tools/fleet/observing_stub.h"
+#include "tools/fleet/start_signal.h"
 
 namespace retrybudget::fleet {
 namespace {
@@ -45,6 +46,13 @@ struct ThreadExtras {
   std::chrono::steady_clock::duration max_try_acquire{0};
   uint64_t retries_allowed_in_fallback = 0;
   uint64_t retries_allowed_after_fallback = 0;
+
+  void GrowTimelines(size_t slices) {
+    calls_timeline.resize(slices, 0);
+    retries_timeline.resize(slices, 0);
+    denied_timeline.resize(slices, 0);
+    successes_timeline.resize(slices, 0);
+  }
 };
 
 }  // namespace
@@ -144,16 +152,19 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
 
   const auto slice = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       absl::ToChronoNanoseconds(WorkerTimelineSlice(options.duration, options.timeline_slice)));
-  const size_t slices =
-      static_cast<size_t>(absl::ToChronoNanoseconds(options.duration) / slice) + 2;
+  // The timelines count from the fleet's start (the start signal's origin), which may be well
+  // before this worker's first call: the client's creation and first Sync come in between.
+  const auto now = std::chrono::steady_clock::now();
+  const auto start = std::min(now, options.timeline_origin.value_or(now));
+  const absl::Time start_time = absl::Now() - absl::FromChrono(now - start);
+  const size_t slices = TimelineSliceOf(start, now + absl::ToChronoNanoseconds(options.duration),
+                                        slice) + 2;
 
   std::stop_source stop;
   std::vector<CallCounts> per_thread(static_cast<size_t>(options.threads));
   std::vector<ThreadExtras> extras(per_thread.size());
   std::vector<std::thread> threads;
   threads.reserve(per_thread.size());
-  const auto start = std::chrono::steady_clock::now();
-  const absl::Time start_time = absl::Now();
   for (int t = 0; t < options.threads; ++t) {
     threads.emplace_back([&, t] {
       SimulatedBackend backend({.failure_rate = options.failure_rate,
@@ -161,18 +172,15 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
                                 .seed = ThreadSeed(options.seed, options.index, t)});
       CallCounts& counts = per_thread[static_cast<size_t>(t)];
       ThreadExtras& x = extras[static_cast<size_t>(t)];
-      x.calls_timeline.assign(slices, 0);
-      x.retries_timeline.assign(slices, 0);
-      x.denied_timeline.assign(slices, 0);
-      x.successes_timeline.assign(slices, 0);
+      x.GrowTimelines(slices);
       const size_t slot = slot_of(thread_tenant[static_cast<size_t>(t)]);
       std::optional<MeasuredBudget> measured;
       if (budgets[slot] != nullptr) measured.emplace(*budgets[slot], monitors[slot].get());
       TenantBudget* b = measured.has_value() ? &*measured : nullptr;
       const std::stop_token token = stop.get_token();
       while (!token.stop_requested()) {
-        const size_t i = std::min<size_t>(
-            static_cast<size_t>((std::chrono::steady_clock::now() - start) / slice), slices - 1);
+        const size_t i = TimelineSliceOf(start, std::chrono::steady_clock::now(), slice);
+        if (i >= x.calls_timeline.size()) x.GrowTimelines(i + 1);  // a late call: never clamped
         if (measured.has_value() && measured->Phase() == FallbackPhase::kInFallback) {
           ++x.calls_in_fallback;
         }
@@ -201,10 +209,6 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
     WorkerCounts& out = outs[k];
     CallCounts total;
     std::chrono::steady_clock::duration max_try_acquire{0};
-    out.calls_timeline.assign(slices, 0);
-    out.retries_timeline.assign(slices, 0);
-    out.denied_timeline.assign(slices, 0);
-    out.successes_timeline.assign(slices, 0);
     for (int t = 0; t < options.threads; ++t) {
       if (slot_of(thread_tenant[static_cast<size_t>(t)]) != k) continue;
       total += per_thread[static_cast<size_t>(t)];
@@ -213,7 +217,13 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       out.retries_allowed_in_fallback += x.retries_allowed_in_fallback;
       out.retries_allowed_after_fallback += x.retries_allowed_after_fallback;
       max_try_acquire = std::max(max_try_acquire, x.max_try_acquire);
-      for (size_t i = 0; i < slices; ++i) {
+      if (out.calls_timeline.size() < x.calls_timeline.size()) {
+        out.calls_timeline.resize(x.calls_timeline.size(), 0);
+        out.retries_timeline.resize(x.calls_timeline.size(), 0);
+        out.denied_timeline.resize(x.calls_timeline.size(), 0);
+        out.successes_timeline.resize(x.calls_timeline.size(), 0);
+      }
+      for (size_t i = 0; i < x.calls_timeline.size(); ++i) {
         out.calls_timeline[i] += x.calls_timeline[i];
         out.retries_timeline[i] += x.retries_timeline[i];
         out.denied_timeline[i] += x.denied_timeline[i];

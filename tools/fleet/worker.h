@@ -6,7 +6,9 @@
 #ifndef RETRYBUDGET_TOOLS_FLEET_WORKER_H_
 #define RETRYBUDGET_TOOLS_FLEET_WORKER_H_
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,10 @@ struct WorkerOptions {
   absl::Duration monitor_period = absl::Milliseconds(5);
   // Width of one slice of the calls/retries timelines, widened by WorkerTimelineSlice().
   absl::Duration timeline_slice = absl::Milliseconds(100);
+  // The origin of the timelines: the fleet's start the start signal carried (start_signal.h),
+  // so that every worker's slices are the same instants; unset: when RunWorker starts calling.
+  // Also the origin of `granted_again_at_seconds` and `run_seconds`.
+  std::optional<std::chrono::steady_clock::time_point> timeline_origin = std::nullopt;
 };
 
 // The width of one slice of a worker's timelines for a run of `duration`: `base`, or wider so

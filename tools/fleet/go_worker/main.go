@@ -4,7 +4,9 @@
 //	go_worker --server=TARGET --tenant=T --threads=N --duration=SECONDS --failure-rate=F
 //	          --call-latency=SECONDS --seed=K [--timeline-slice=SECONDS]
 //
-// It prints "ready", waits for the line "go" on stdin (anything else: exit 3), then creates
+// It prints "ready", waits for the start signal on stdin: "go ORIGIN" (the fleet's start,
+// CLOCK_MONOTONIC microseconds: its timelines count from there, tools/fleet/start_signal.h) or a
+// bare "go" (from now); anything else: exit 3. Then it creates
 // its client (default options), runs N concurrent loops for DURATION (a logical call is
 // attempts to a simulated backend that sleeps CALL_LATENCY and fails with probability F; a
 // failed attempt is retried only when TryAcquire allows; a denied retry ends the call as
@@ -23,9 +25,12 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	retrybudget "github.com/retry-budget/retry-budget/client/go"
 )
@@ -52,8 +57,9 @@ type report struct {
 	LeaseAfterFallback          bool    `json:"lease_after_fallback"`
 	ShutdownStatus              string  `json:"shutdown_status"`
 	MaxTryAcquireMs             float64 `json:"max_try_acquire_ms"`
-	// Per slice of --timeline-slice seconds from "go", by the call's start.
+	// Per slice of --timeline-slice seconds from the start signal's origin, by the call's start.
 	TimelineSliceSeconds float64 `json:"timeline_slice_seconds"`
+	TimelineOriginUs     int64   `json:"timeline_origin_us"`
 	CallsTimeline        []int64 `json:"calls_timeline"`
 	RetriesTimeline      []int64 `json:"retries_timeline"`
 	DeniedTimeline       []int64 `json:"denied_timeline"`
@@ -117,10 +123,39 @@ func main() {
 	os.Exit(run(*server, *tenant, *threads, *duration, *failureRate, *callLatency, *seed, *slice))
 }
 
+// monotonicNow reads CLOCK_MONOTONIC, the clock of the start signal's origin (time.Now's
+// monotonic reading is on the same clock but relative to the process's start).
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return time.Duration(ts.Nano())
+}
+
+// startSignalOrigin is the timelines' origin a start signal gives a worker that read it at
+// now: the line's for "go MICROSECONDS", now for a bare "go"; false for anything else or an
+// origin after now.
+func startSignalOrigin(line string, now time.Duration) (time.Duration, bool) {
+	if line == "go" {
+		return now, true
+	}
+	rest := strings.TrimPrefix(line, "go ")
+	us, err := strconv.ParseInt(rest, 10, 64)
+	if rest == line || err != nil || us < 0 || us > int64(now/time.Microsecond) {
+		return 0, false
+	}
+	return time.Duration(us) * time.Microsecond, true
+}
+
 func run(server, tenant string, threads int, duration, failureRate, callLatency float64, seed int64, slice float64) int {
 	fmt.Println("ready")
 	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
-	if strings.TrimSpace(line) != "go" {
+	line = strings.TrimSpace(line)
+	origin, ok := startSignalOrigin(line, monotonicNow())
+	if !ok {
+		fmt.Fprintf(os.Stderr, "go_worker: bad start signal %q (want \"go\" or \"go "+
+			"<CLOCK_MONOTONIC microseconds, not after now>\")\n", line)
 		return 3
 	}
 	opts := retrybudget.DefaultClientOptions()
@@ -140,8 +175,10 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 	begin := time.Now()
 	end := begin.Add(time.Duration(duration * float64(time.Second)))
 	latency := time.Duration(callLatency * float64(time.Second))
-	slices := int(duration/slice) + 2
+	// The timelines count from the start signal's origin (the fleet's start), however late this
+	// worker began.
 	sliceWidth := time.Duration(slice * float64(time.Second))
+	slices := int((monotonicNow()-origin+end.Sub(begin))/sliceWidth) + 2
 	all := newTimelines(slices)
 
 	var mu sync.Mutex
@@ -161,8 +198,8 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 				if !now.Before(end) {
 					break
 				}
-				i := int(now.Sub(begin) / sliceWidth)
-				if i >= slices {
+				i := int((monotonicNow() - origin) / sliceWidth)
+				if i >= slices { // not reached: now < end
 					i = slices - 1
 				}
 				c.Calls++
@@ -254,6 +291,7 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		ShutdownStatus:              shutdown,
 		MaxTryAcquireMs:             float64(maxTry) / float64(time.Millisecond),
 		TimelineSliceSeconds:        slice,
+		TimelineOriginUs:            int64(origin / time.Microsecond),
 		CallsTimeline:               t.calls,
 		RetriesTimeline:             t.retries,
 		DeniedTimeline:              t.denied,

@@ -6,7 +6,9 @@
 //        --duration=SECONDS --failure-rate=F --call-latency=SECONDS --seed=K
 //        [--timeline-slice=SECONDS]
 //
-//  1. prints `ready` once loaded and waits for the line `go` on stdin (anything else: exit 3);
+//  1. prints `ready` once loaded and waits for the start signal on stdin: `go <origin>` (the
+//     fleet's start, CLOCK_MONOTONIC microseconds: its timelines count from there,
+//     tools/fleet/start_signal.h) or a bare `go` (from now); anything else: exit 3;
 //  2. then creates its client (TARGET, default options) and the tenant's handle, and runs N
 //     concurrent async loops for DURATION: a logical call is attempts to a simulated backend
 //     (sleep CALL_LATENCY, fail with probability F); a failed attempt is retried only when
@@ -49,6 +51,17 @@ function rng(seed) {
   };
 }
 
+// The timelines' origin (CLOCK_MONOTONIC nanoseconds, a BigInt) a start signal gives a worker that
+// read it at `nowNs`: the line's for `go <microseconds>`, `nowNs` for a bare `go`; null for
+// anything else or an origin after `nowNs`.
+function startSignalOriginNs(line, nowNs) {
+  if (line === 'go') return nowNs;
+  const m = /^go (\d+)$/.exec(line ?? '');
+  if (!m) return null;
+  const origin = BigInt(m[1]) * 1000n;
+  return origin > nowNs ? null : origin;
+}
+
 function firstLine() {
   return new Promise((resolve) => {
     const rl = createInterface({ input: process.stdin });
@@ -76,16 +89,24 @@ async function main() {
     return 2;
   }
   process.stdout.write('ready\n');
-  if ((await firstLine()) !== 'go') return 3;
+  const signal = await firstLine();
+  // process.hrtime is CLOCK_MONOTONIC (libuv), the clock of the start signal's origin.
+  const originNs = startSignalOriginNs(signal, process.hrtime.bigint());
+  if (originNs === null) {
+    process.stderr.write(`js_worker: bad start signal ${JSON.stringify(signal)} (want 'go' or 'go <CLOCK_MONOTONIC microseconds, not after now>')\n`);
+    return 3;
+  }
   const client = new BudgetClient({ target: args.server });
   const budget = client.tenant(args.tenant);
   const totals = { calls: 0, attempts: 0, successes: 0, failures: 0, retries_allowed: 0, retries_denied: 0 };
   let maxTryAcquire = 0;
   const begin = performance.now();
   const end = begin + args.duration * 1000;
-  // Per slice of --timeline-slice seconds from `go`, by the call's start.
+  // Per slice of --timeline-slice seconds from the start signal's origin (the fleet's start,
+  // however late this worker began), by the call's start.
   const sliceMs = args['timeline-slice'] * 1000;
-  const slices = Math.floor(args.duration / args['timeline-slice']) + 2;
+  const sinceOriginMs = () => Number(process.hrtime.bigint() - originNs) / 1e6;
+  const slices = Math.floor((sinceOriginMs() + args.duration * 1000) / sliceMs) + 2;
   const timelines = { calls: new Array(slices).fill(0), retries: new Array(slices).fill(0), denied: new Array(slices).fill(0), successes: new Array(slices).fill(0) };
   const latencyMs = args['call-latency'] * 1000;
   const failureRate = args['failure-rate'];
@@ -95,7 +116,7 @@ async function main() {
     for (;;) {
       const now = performance.now();
       if (now >= end) break;
-      const slice = Math.min(Math.floor((now - begin) / sliceMs), slices - 1);
+      const slice = Math.min(Math.floor(sinceOriginMs() / sliceMs), slices - 1); // < slices - 1: now < end
       totals.calls++;
       timelines.calls[slice]++;
       for (;;) {
@@ -150,6 +171,7 @@ async function main() {
   let used = slices;
   while (used > 0 && timelines.calls[used - 1] === 0) used--; // the empty tail
   line.timeline_slice_seconds = args['timeline-slice'];
+  line.timeline_origin_us = Number(originNs / 1000n);
   for (const [k, v] of Object.entries(timelines)) line[`${k}_timeline`] = v.slice(0, used);
   process.stdout.write(`${JSON.stringify(line)}\n`);
   return 0;
