@@ -273,8 +273,10 @@ double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
   auto at = [](const std::vector<uint64_t>& v, size_t i) -> double {
     return i < v.size() ? static_cast<double>(v[i]) : 0.0;
   };
-  // The run's refill outside the timeline (the start before the workers began, the end after
-  // their last call) is given to the bucket up front: the ideal never loses refill to timing.
+  // Every worker's timeline counts from the run's start (start_signal.h), so the time before a
+  // worker's first call is in the timeline (empty slices). The refill outside it (the end after
+  // the last call's slice) is given to the bucket up front: the ideal never loses refill to
+  // timing.
   const double outside = std::max(0.0, elapsed_seconds - slice * static_cast<double>(n));
   level = std::min(policy.capacity, level + policy.refill_per_second * outside);
   for (size_t i = 0; i < n; ++i) {

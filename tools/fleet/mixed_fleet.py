@@ -13,7 +13,7 @@ one server on 127.0.0.1:0 with a policy file and a data directory (a restart kee
 or with --cluster=N a real etcd cluster and N servers through tests/support/cluster-under-test.
 It starts the non-C++ workers (each prints `ready`), creates the bucket and reads its level on
 the tenant's server (PutPolicy, GetBudget: `initial`), starts the clock, starts
-retry-budget-fleet --server=TARGET (which keeps the server's policy) and writes `go` to the
+retry-budget-fleet --server=TARGET (which keeps the server's policy) and writes `go T0` to the
 other workers. --kill-server-after=S SIGKILLs the server S seconds into the run (in a cluster:
 the server that owns the tenant's shard) and --restart-after=R starts it again R seconds later
 (on the same port). The clock stops when every process has exited. One JSON line on stdout;
@@ -21,7 +21,8 @@ exit 0 within budget, 1 over it, 3 no verdict.
 
 Every non-C++ worker speaks one protocol (tools/fleet/README.md, "The mixed fleet"): flags
 --server --tenant --threads --duration --failure-rate --call-latency --seed [--timeline-slice];
-`ready`, then `go` on stdin; `--threads` loops make logical calls to a simulated backend
+`ready`, then the start signal `go T0` on stdin (T0: the run's start on CLOCK_MONOTONIC, in
+microseconds, which the timelines count from; tools/fleet/start_signal.h); `--threads` loops make logical calls to a simulated backend
 (`--call-latency`, failing with `--failure-rate`), a failed attempt is retried only when the
 budget's try-acquire allows, a success is recorded; then the client is closed (final Sync) and
 one JSON line of counts (with their timelines per --timeline-slice) is printed. The fleet tool
