@@ -1,6 +1,6 @@
-"""The leasing protocol of one client, without its transport (a port of the C++ Refresher's
-RunOnce / SyncLocked / ApplyResponseLocked / FinalSyncLocked). The thread of BudgetClient and
-the task of AsyncBudgetClient drive it and only do the I/O:
+"""The leasing protocol of one client, without its transport and without a clock of its own
+(the shape of the C++ SyncEngine, client/cpp/sync_engine.h, and of the JS one). The thread of
+BudgetClient and the task of AsyncBudgetClient drive it and only do the I/O:
 
     plan = engine.begin_step()        # steps the tenants; a Sync attempt to send, or None
     while plan:                       # one per route (main target, owners) that is due
@@ -12,31 +12,26 @@ and at shutdown, if engine.begin_final(): for each (address, request) engine.nex
 gives, send it until engine.end_final(outcome, attempt) says None (else sleep the delay it
 returns); at last engine.finish_final().
 
-Protocol rules kept here (docs/DESIGN.md, "Leasing protocol"), each per route:
- * One request carries every tenant of the route. A NEW request gets seq + 1 (seq is per
-   instance, across every route). A failed request (any error, deadline included) is resent
-   unchanged, same seq, to the same address, after a backoff, while it is younger than
-   refresh_period (from its first send); an older one is abandoned for a new request.
- * A failure other than UNAUTHENTICATED / PERMISSION_DENIED means the server is unreachable
-   (tenants whose lease ended fall back); those two mean it refuses (deny); a response means it
-   answers. A `stale` response is dropped.
- * Leases end at the request's FIRST send + lease_ttl_ms.
- * Syncs are never closer than min_sync_interval, except the first to carry a new tenant (it
-   goes out at once: until its first answer the tenant denies); an attempt's deadline is the
-   earliest of sync_timeout, the next lease expiry, and the next fallback step or moment a
-   route (or a parked tenant) turns DOWN (>= 20 ms away), so that a spent lease falls back on
-   time while an attempt waits for the channel; an attempt cut short by it, or cancelled by a
-   wake while waiting for a connection, is "interrupted": no verdict, no backoff, the same
-   request goes out again at once.
- * The first attempt after a success is fail-fast; later ones wait for the channel to connect.
-
-Routing (a cluster): a tenant entry refused with FAILED_PRECONDITION and an `owner` moves the
-tenant to that owner's route (plan.address), and it is sent there in the same step (at most
-MAX_REDIRECT_HOPS redirects without a grant; past that, a loop, it is parked). UNAVAILABLE with
-no owner parks the tenant: back on the main target, unreachable until its next grant (its lease
-runs to expiry, then the fallback share), asked again after a refresh period. An owner whose
-request fails for a whole refresh period has its tenants parked the same way. Without any
-redirect, every tenant is on the main route (address None).
+The rules kept here (with TenantBudget) are the client rulebook's, client/conformance/RULES.md,
+by id; tests/python/test_conformance.py runs the conformance corpus that pins them through this
+engine:
+ * Requests and seq: one-request-per-route, seq-new-request, resend-unchanged (retry_backoff),
+   abandon-after-refresh-period, server-state-from-outcome (the state each tenant's step()
+   sees: ANSWERING, UNREACHABLE, REFUSING, or DOWN once unreachable for a refresh period),
+   stale-dropped, grants-match-request, lease-ends-at-first-send, min-sync-interval,
+   first-sync-at-once (BudgetClient.tenant() wakes the refresher), next-sync-from-grant;
+   low-water-wakes and want-from-demand in TenantBudget.
+ * Deadlines and connections: sync-deadline (MIN_FALLBACK_STEP_WINDOW),
+   cut-short-is-interrupted (also an attempt a wake cancelled: Outcome.woken),
+   fail-fast-then-wait-for-ready (Plan.wait_for_ready).
+ * Refusals: request-refused-split (tenant_limit_in), tenant-refused.
+ * Routing (a cluster): every rule above holds per route, the main target (address None) or one
+   owner (plan.address), each with its own pending request, backoff, failures and server state:
+   redirect-followed, redirect-hop-limit (MAX_REDIRECT_HOPS), owner-route-limit
+   (MAX_OWNER_ROUTES), unavailable-parks, owner-unreachable-parks. Nothing of it runs until a
+   redirect is seen.
+ * final-sync: begin_final .. finish_final.
+Why some of them are as they are: client/cpp/sync_engine.h and refresher.h.
 
 Not thread-safe: the driver serialises calls (it holds `mu` for a whole step)."""
 
