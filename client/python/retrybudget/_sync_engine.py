@@ -1,5 +1,5 @@
-"""The leasing protocol of one client, without its transport and without a clock of its own
-(the shape of the C++ SyncEngine, client/cpp/sync_engine.h, and of the JS one). The thread of
+"""The leasing protocol of one client, without its transport, on the clock it is given (the
+shape of the C++ SyncEngine, client/cpp/sync_engine.h, and of the JS one). The thread of
 BudgetClient and the task of AsyncBudgetClient drive it and only do the I/O:
 
     plan = engine.begin_step()        # steps the tenants; a Sync attempt to send, or None
