@@ -106,6 +106,23 @@ TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
   EXPECT_DOUBLE_EQ(IdealAllowed(empty, /*elapsed_seconds=*/0.6, one), 2 + 10);
 }
 
+// Every timeline counts from the run's start, so the run's end is known on the slices: a run of
+// 4.02 s in 0.1 s slices has calls in slice 40 (4.0-4.1 s), and that slice refills only for
+// the 0.02 s inside the run. Capacity 20, full, refill 60/s, demand far above it in every
+// slice: a central bucket allows 20 + 60 * 4.02 = 261.2, so 261 whole tokens; giving slice 40
+// a whole slice of refill read 266, above what the run could produce.
+TEST(IdealAllowedTest, ALastSliceThatEndsAfterTheRunRefillsOnlyInsideIt) {
+  const PolicyView policy = {.capacity = 20, .refill_per_second = 60, .success_credit = 0,
+                             .initial_tokens = 20, .lease_ttl_ms = 1000};
+  WorkerCounts totals;
+  totals.timeline_slice_seconds = 0.1;
+  totals.retries_timeline.assign(41, 6);
+  totals.denied_timeline.assign(41, 20);
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/4.02, totals), 261);
+  // The run as long as its slices: every slice whole.
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/4.1, totals), 20 + 246);
+}
+
 // The case where the ideal allowed too little when a slice's deposits met the cap before its
 // demand took them: capacity 10, full at the start, refill 20/s, a retry asked every 25 ms for
 // one second (t = 0, 25, ..., 975 ms). Event by event, by hand: the bucket's 10 go to the first

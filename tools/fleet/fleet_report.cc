@@ -280,7 +280,11 @@ double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
   const double outside = std::max(0.0, elapsed_seconds - slice * static_cast<double>(n));
   level = std::min(policy.capacity, level + policy.refill_per_second * outside);
   for (size_t i = 0; i < n; ++i) {
-    const double available = level + policy.refill_per_second * slice +
+    // Slice i is [i, i + 1) slices from the run's start; the last one may end after the run
+    // did (every call started before its end): only its part inside the run refills.
+    const double inside =
+        std::clamp(elapsed_seconds - slice * static_cast<double>(i), 0.0, slice);
+    const double available = level + policy.refill_per_second * inside +
                              policy.success_credit * at(totals.successes_timeline, i);
     const double demand = at(totals.retries_timeline, i) + at(totals.denied_timeline, i);
     const double take = std::min(demand, std::floor(available + 1e-9));

@@ -362,8 +362,10 @@ struct Verdict {
 // tenant that ideal allowed less than a real central bucket, and the fleet read above 1.) No
 // network and no split: no distributed design can allow more of the same demand, except by the
 // tokens clients hold in leases that the server does not count against the capacity
-// (docs/DESIGN.md), a few per instance. The refill of `elapsed_seconds` outside the timeline is
-// given at the start.
+// (docs/DESIGN.md), a few per instance. Every worker's timeline counts from the run's start
+// (start_signal.h), so slice i is [i, i + 1) slices of `elapsed_seconds`: a last slice that
+// ends after the run refills only for its part inside the run, and the refill of
+// `elapsed_seconds` after the timeline (no demand there) is given at the start.
 double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
                     const WorkerCounts& totals);
 
