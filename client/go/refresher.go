@@ -103,44 +103,31 @@ const (
 
 // refresher runs the leasing protocol: one Sync RPC for all the tenants of a client (one per
 // owning server once a cluster has redirected some), on a schedule, on demand, and a final one
-// at Close. A port of the C++ client's Refresher; every rule of its class comment holds:
+// at Close. A port of the C++ client's protocol (client/cpp), RPCs inside the step.
 //
-//   - One request carries every tenant of a route. A NEW request gets seq + 1 (the first is
-//     1; seq is per instance, across every route). A request that failed (any error, deadline
-//     included) is resent unchanged, same seq, after a backoff (20 ms doubling to 1 s), while
-//     it is younger than refreshPeriod (from its first send); an older one is abandoned for a
-//     new request (new seq, fresh counters). Abandoning is safe: counters are cumulative, a
-//     later seq makes the old one stale, and a grant of the old one the server applied is
-//     reclaimed through tokens_received.
-//   - The last attempt's outcome is the serverState each tenant's step sees: a failure other
-//     than UNAUTHENTICATED / PERMISSION_DENIED means unreachable (tenants whose lease ended
-//     fall back), and down once the route's run of failed attempts began at least a refresh
-//     period ago (a spent lease falls back at once; one failed attempt never does); those two
-//     codes mean refusing (deny), a response means answering. A request the
-//     server refuses as a whole (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION,
-//     OUT_OF_RANGE) is an answer: split, or its single tenant denied until its next refresh.
-//   - A `stale` response is dropped. Grants apply to the tenants of the request that produced
-//     them (same order, same names; anything else is taken as nothing), leases ending at that
-//     request's FIRST send + TTL.
-//   - Syncs are never closer than minSyncInterval, except the first Sync of a new tenant,
-//     which goes out at once (with every tenant of its route).
-//   - An attempt's deadline is the earliest of syncTimeout, the next lease expiry, and the next
-//     fallback step or moment a route (or a parked tenant) turns down, that one at least
-//     minFallbackStepWindow away: a spent lease falls back on time even while an attempt waits
-//     for the channel. An attempt cut short by it, or
-//     cancelled by a wake while it waited for a connection, is "interrupted": no verdict, no
-//     backoff; the tenants step and the same request (same seq) goes out again at once.
-//   - The first attempt after a success is fail-fast; once one failed, attempts are
-//     WaitForReady (they wait, up to their deadline, for the channel to connect), and the
-//     backoff counts from the failed attempt's start.
-//
-// Routing (a cluster): every rule above holds per route. A tenant entry refused with
-// FAILED_PRECONDITION and an `owner` moves the tenant to that owner's route and it is sent
-// there in the same step. UNAVAILABLE with no owner, a redirect loop (more than
-// maxRedirectHops redirects without a grant), more than maxOwnerRoutes owners, or an owner
-// route failing for a whole refresh period: the tenant goes back to the main target and counts
-// as down until its next grant (tokens left in its lease are spent first, then the fallback
-// share); it asks again after a refresh period. Without a redirect every tenant is on the main route.
+// The rules kept here (with TenantBudget) are the client rulebook's,
+// client/conformance/RULES.md, by id; conformance_test.go runs the corpus that pins them
+// through this refresher:
+//   - Requests and seq: one-request-per-route, seq-new-request, resend-unchanged
+//     (retryBackoff), abandon-after-refresh-period (abandoning is safe: counters are
+//     cumulative, a later seq makes the old one stale, and a grant of the old one the server
+//     applied is reclaimed through tokens_received), server-state-from-outcome (serverState;
+//     down: unreachable for a refresh period), stale-dropped, grants-match-request,
+//     lease-ends-at-first-send, min-sync-interval, first-sync-at-once (Tenant wakes the
+//     refresher: workers are denied until the answer), next-sync-from-grant; low-water-wakes
+//     and want-from-demand in TenantBudget.
+//   - Deadlines and connections: sync-deadline (minFallbackStepWindow: a spent lease falls
+//     back on time even while an attempt waits for the channel), cut-short-is-interrupted
+//     (also an attempt a wake cancelled while it waited for a connection),
+//     fail-fast-then-wait-for-ready (the backoff counts from the failed attempt's start).
+//   - Refusals: request-refused-split (isRequestRefusal, tenantLimitIn), tenant-refused.
+//   - Routing (a cluster): every rule above holds per route, the main target (address "") or
+//     one owner, each with its own pending request, backoff, failures and server state; seq
+//     grows across all routes. redirect-followed, redirect-hop-limit (maxRedirectHops),
+//     owner-route-limit (maxOwnerRoutes), unavailable-parks, owner-unreachable-parks. Without a
+//     redirect every tenant is on the main route.
+//   - Leases, fallback and the ledger: in TenantBudget (step, applyGrant) and tenantLedger.
+//   - final-sync: shutdown.
 //
 // Thread-safe. runOnce is the whole protocol step (tests call it with a FakeClock); start runs
 // it on a goroutine that sleeps (on the Clock) until the next step is due or wake interrupts.
