@@ -6,6 +6,8 @@ what each retry strategy does to it.
 
     bench/metastable.py --build=build --out=build/metastable           # the whole sweep
     bench/metastable.py --cells=0.30x10 --strategies=none,caps --fleet-sizes=  # one cell
+    bench/metastable.py --cells=0.30x10 --strategies=none,caps,fleet --series=immediate \\
+        --fleet-sizes= --languages=cpp,go,js,python  # the fleet budget in every language
     bench/metastable.py --check                                         # the ctest (< 60 s)
 
 Processes, all on loopback:
@@ -511,12 +513,13 @@ def markdown(cfg, results, cells, main_w, targets):
     return "\n".join(lines) + "\n"
 
 
-def plots(results, cells, main_w, plot_dir, work_dir, observe):
-    """metastable_timeseries.png: goodput/offered and queue per strategy in one metastable cell;
-    metastable_recovery.png: recovery time per strategy over the sweep's cells."""
+def plots(results, cells, main_w, plot_dir, work_dir, observe, prefer=()):
+    """metastable_timeseries.png: goodput/offered and queue per strategy in one metastable cell
+    (the first of `prefer`, the cells run to the end, where caps stay down; else the first such
+    cell); metastable_recovery.png: recovery time per strategy over the sweep's cells."""
     os.makedirs(plot_dir, exist_ok=True)
     meta = None
-    for f, d in cells:
+    for f, d in list(prefer) + list(cells):
         for r in results:
             if (r["fraction"], r["duration"], r["workers"]) == (f, d, main_w) and \
                     r["strategy"] == "caps" and r["stays_down_30s"]:
@@ -694,7 +697,8 @@ def sweep(cfg):
         f.write(table)
     print(table)
     if cfg.plots:
-        plots(results, cells, cfg.workers, cfg.plots, work, cfg.observe)
+        plots(results, cells, cfg.workers, cfg.plots, work, cfg.observe,
+              prefer=parse_cells(cfg.full_cells))
     return 0
 
 
@@ -799,13 +803,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--observe", type=int, default=60)
     ap.add_argument("--workers", type=int, default=16, help="W of the sweep")
-    ap.add_argument("--cells", default="0.45x5,0.45x7,0.45x10,0.40x5,0.40x7,0.40x10,"
-                    "0.30x5,0.30x7,0.30x10", help="FRACTIONxSECONDS,...")
+    ap.add_argument("--cells", default="0.45x4,0.45x7,0.45x10,0.40x4,0.40x7,0.40x10,"
+                    "0.30x4,0.30x7,0.30x10", help="FRACTIONxSECONDS,...")
     ap.add_argument("--strategies", default="none,caps,process,fleet")
     ap.add_argument("--series", default="immediate,jitter")
     ap.add_argument("--fleet-sizes", default="4,16,32")
     ap.add_argument("--w-cell", default="0.30x10")
-    ap.add_argument("--full-cells", default="", help="cells run to the end even once recovered")
+    ap.add_argument("--full-cells", default="0.30x10",
+                    help="cells run to the end even once recovered (the time-series plot's)")
     ap.add_argument("--parallel", type=int, default=1, choices=(1, 2),
                     help="2: the cells and the fleet sizes side by side")
     ap.add_argument("--resume", action="store_true", help="keep the runs already in OUT")
