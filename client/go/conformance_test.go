@@ -1,19 +1,19 @@
 package retrybudget
 
 // The Go runner of the client conformance corpus (client/conformance/README.md): every
-// scenario of client/conformance/scenarios runs through the real refresher and tenant budgets
-// (the code a worker runs), with only the clock (FakeClock) and the transport (a scripted
-// Sync stub) replaced. One subtest per scenario file. Strict: an unknown key anywhere fails the
-// scenario, each Sync request is compared whole (proto3 defaults for fields not written), and a
-// step must send exactly the attempts it lists.
+// scenario of client/conformance/scenarios runs through the real engine (sync_engine.go), its
+// driver (the refresher's runOnce) and tenant budgets (the code a worker runs), with only the
+// clock (FakeClock) and the transport (a scripted Sync stub) replaced. One subtest per scenario
+// file. Strict: an unknown key anywhere fails the scenario, each Sync request is compared whole
+// (proto3 defaults for fields not written), and a step must send exactly the attempts it lists.
 //
 // The corpus is found through RETRYBUDGET_CONFORMANCE_SCENARIOS, else next to this file's
 // real location (client/go/../conformance/scenarios, following the build tree's symlinks).
 //
 // The attempt's wait-for-ready is read from the call options (grpc.WaitForReady); its timeout
-// from the value callSync puts in the context (the deadline itself is real time). The final
-// Sync's backoff between attempts is real time in this client (Close never waits on a test's
-// FakeClock): the fake clock moves only by the attempts' after_ms.
+// from the value the refresher's send puts in the context (the deadline itself is real time).
+// The final Sync's backoff between attempts is real time in this client (Close never waits on a
+// test's FakeClock): the fake clock moves only by the attempts' after_ms.
 
 import (
 	"bytes"

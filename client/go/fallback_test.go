@@ -254,7 +254,7 @@ func fallbackWithCreditSteps(t *testing.T, credit float64) time.Duration {
 	h.ref.runOnce()
 	h.stub.answer = unavailable
 	stepUntilMode(t, h, b, ModeFallback, time.Minute)
-	for h.ref.main.failures < 8 { // the backoff is now 1 s
+	for h.ref.engine.main.failures < 8 { // the backoff is now 1 s
 		h.clock.Set(h.ref.runOnce())
 	}
 	h.ref.runOnce()
@@ -358,7 +358,7 @@ func TestAnAttemptWaitingForTheServerIsCutShortWhenTheServerTurnsDown(t *testing
 	}
 	t0 := h.clock.Now()
 	stub := &waitingStub{fakeStub: h.stub, clock: h.clock}
-	h.ref.main.stub = stub
+	h.ref.stub = stub
 	stepUntilMode(t, h, b, ModeFallback, 3*time.Second)
 	if stub.calls < 2 {
 		t.Fatalf("%d Sync attempts: none waited for the channel", stub.calls)
@@ -383,7 +383,7 @@ func TestALeaseWithTokensLeftIsSpentWhileTheServerIsDown(t *testing.T) {
 		h.clock.Set(next)
 		next = h.ref.runOnce()
 	}
-	if s := h.ref.stateForLocked(b, h.clock.Now()); s != down {
+	if s := h.ref.engine.stateFor(b, h.clock.Now()); s != down {
 		t.Fatalf("server state %v after 2 s of failures, want down", s)
 	}
 	// Down for far more than a refresh period, but the lease still holds 9 tokens: no fallback
@@ -409,8 +409,8 @@ func TestOneLostResponseDoesNotOpenAFallbackBucket(t *testing.T) {
 	h.stub.answer = unavailable
 	h.clock.Advance(10 * time.Millisecond)
 	next := h.ref.runOnce() // one failed attempt
-	if h.ref.main.failures != 1 {
-		t.Fatalf("%d failed attempts, want 1", h.ref.main.failures)
+	if h.ref.engine.main.failures != 1 {
+		t.Fatalf("%d failed attempts, want 1", h.ref.engine.main.failures)
 	}
 	if m := b.Stats().Mode; m != ModeLease || b.TryAcquire() {
 		t.Fatalf("one failed attempt opened a bucket: mode %v", m)
@@ -444,10 +444,10 @@ func TestAnAnswerEndsTheRunOfFailedAttempts(t *testing.T) {
 	h.stub.answer = unavailable
 	h.clock.Set(epoch.Add(510 * time.Millisecond))
 	h.ref.runOnce()
-	if f := h.ref.main.failures; f != 1 {
+	if f := h.ref.engine.main.failures; f != 1 {
 		t.Fatalf("%d failed attempts in the run, want 1", f)
 	}
-	if s := h.ref.stateForLocked(b, h.clock.Now()); s != unreachable {
+	if s := h.ref.engine.stateFor(b, h.clock.Now()); s != unreachable {
 		t.Fatalf("server state %v after one failure following an answer, want unreachable", s)
 	}
 	if m := b.Stats().Mode; m != ModeLease || b.TryAcquire() {

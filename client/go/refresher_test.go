@@ -434,8 +434,8 @@ func TestRequestRefusedAsAWholeIsSplitAtTheNamedLimit(t *testing.T) {
 			t.Fatalf("tenant %s got no grant after the split", b.name)
 		}
 	}
-	if h.ref.main.maxTenants != 2 {
-		t.Fatalf("the named limit was not kept: %d", h.ref.main.maxTenants)
+	if h.ref.engine.main.maxTenants != 2 {
+		t.Fatalf("the named limit was not kept: %d", h.ref.engine.main.maxTenants)
 	}
 }
 
@@ -479,7 +479,7 @@ func TestRedirectLoopParksTheTenant(t *testing.T) {
 	h.owners["127.0.0.1:7002"] = &fakeStub{answer: ownerAnswer("127.0.0.1:7003")}
 	h.owners["127.0.0.1:7003"] = &fakeStub{answer: ownerAnswer("127.0.0.1:7002")}
 	b := h.tenant(t, "a")
-	for i := 0; i < 10 && !(h.ref.routed[b] != nil && h.ref.routed[b].unavailable); i++ {
+	for i := 0; i < 10 && !(h.ref.engine.routed[b] != nil && h.ref.engine.routed[b].unavailable); i++ {
 		h.ref.runOnce()
 		h.clock.Advance(10 * time.Millisecond)
 	}
@@ -487,8 +487,8 @@ func TestRedirectLoopParksTheTenant(t *testing.T) {
 	if total != maxRedirectHops+1 {
 		t.Fatalf("%d Syncs before a redirect loop was parked, want %d", total, maxRedirectHops+1)
 	}
-	if !h.ref.routed[b].unavailable ||
-		h.ref.stateForLocked(b, h.clock.Now().Add(h.ref.opts.policy.refreshPeriod)) != down {
+	if !h.ref.engine.routed[b].unavailable ||
+		h.ref.engine.stateFor(b, h.clock.Now().Add(h.ref.opts.policy.refreshPeriod)) != down {
 		t.Fatal("a tenant in a redirect loop must be parked (down once a refresh period old)")
 	}
 	// Parked: lease to expiry, then fallback (never reached: capacity 1).
@@ -503,8 +503,8 @@ func TestGarbageOwnerAddressIsNeverDialled(t *testing.T) {
 		h := newHarness(t, ownerAnswer(addr))
 		b := h.tenant(t, "a")
 		h.ref.runOnce()
-		if len(h.ref.owners) != 0 || !h.ref.routed[b].unavailable {
-			t.Fatalf("owner %q: routes %d", addr, len(h.ref.owners))
+		if len(h.ref.engine.owners) != 0 || !h.ref.engine.routed[b].unavailable {
+			t.Fatalf("owner %q: routes %d", addr, len(h.ref.engine.owners))
 		}
 	}
 }
@@ -728,19 +728,19 @@ func TestSyncInFlightIsCutShortAtTheLeaseExpiryAndResentWithTheSameSeq(t *testin
 		h.clock.Set(epoch.Add(100 * time.Millisecond)) // the fake clock reaches it too
 	}
 	h.stub.answer = func(*pb.SyncRequest) (*pb.SyncResponse, error) { return nil, nil }
-	h.ref.main.stub = hangingStub{h.stub, hang}
+	h.ref.stub = hangingStub{h.stub, hang}
 	h.clock.Advance(50 * time.Millisecond)
 	b.TryAcquire()
 	b.TryAcquire() // low: a Sync is due now, and hangs
 	h.ref.runOnce()
-	if r := h.ref.main; r.failures != 0 || r.state != answering || r.pending == nil {
+	if r := h.ref.engine.main; r.failures != 0 || r.state != answering || r.pending == nil {
 		t.Fatalf("a cut-short attempt was judged: failures %d state %v pending %v", r.failures, r.state, r.pending != nil)
 	}
 	if b.Stats().Mode != ModeNoLease || b.TryAcquire() {
 		t.Fatalf("the lease outlived its expiry (mode %v)", b.Stats().Mode)
 	}
-	seq := h.ref.main.pending.request.Seq
-	h.ref.main.stub = h.stub
+	seq := h.ref.engine.main.pending.request.Seq
+	h.ref.stub = h.stub
 	h.stub.answer = grantAll(2, 1000)
 	h.ref.runOnce()
 	if last := h.stub.last(t); last.Seq != seq {
