@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import {
   DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, retryBackoff,
   wantFor, MAX_LEASE_TOKENS,
-} from '../../client/js/src/math.js';
+} from '../../client/js/src/bucket-math.js';
 import { TenantLedger, FALLBACK } from '../../client/js/src/ledger.js';
 import { SyncEngine, MAX_REDIRECT_HOPS, tenantLimitIn } from '../../client/js/src/sync-engine.js';
 import { TenantBudget } from '../../client/js/src/tenant-budget.js';

@@ -33,7 +33,7 @@
 import {
   FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS,
   retryBackoff,
-} from './math.js';
+} from './bucket-math.js';
 import { ANSWERING, DOWN, REFUSING, UNREACHABLE } from './tenant-budget.js';
 import { codeName, Status } from './codes.js';
 

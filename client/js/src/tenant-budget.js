@@ -7,7 +7,7 @@ import * as ledgerMod from './ledger.js';
 import {
   INFINITE_FUTURE, INFINITE_PAST, MAX_COUNTER, MAX_LEASE_TOKENS, MAX_LEASE_TTL_MS,
   DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
-} from './math.js';
+} from './bucket-math.js';
 
 const TENANT_RE = /^[A-Za-z0-9._:/-]{1,128}$/;
 
