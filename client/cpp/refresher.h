@@ -70,6 +70,15 @@ class OwnerStubs final : public OwnerChannels {
 // wait_for_ready flag and credentials, and tells it what came back. Wake() cancels an attempt
 // waiting for the channel to connect (the engine then resends it at once: a worker wants a
 // lease now, or a tenant was created).
+//
+// Why wait_for_ready once an attempt failed (fail-fast-then-wait-for-ready): while an attempt
+// waits, its thread drives the new connection's handshake; a fail-fast call on a channel in
+// TRANSIENT_FAILURE fails at once, and nothing but gRPC's backup poller, every 5 s, would read
+// the new connection's SETTINGS. With the backoff counted from the attempt's start, the
+// refresher keeps waiting on the channel during an outage, and a restarted server is seen as
+// soon as the channel reconnects. The first attempt after a success is fail-fast, so a refused
+// connection is known at once (tenants whose lease ends fall back without waiting for a
+// deadline).
 class Refresher final : public SyncWaker {
  public:
   // `stub`, owned. `clock` and `tenants` (not owned) must outlive the refresher. `metrics`,

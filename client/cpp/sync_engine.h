@@ -17,18 +17,17 @@
 // client/conformance/RULES.md, by id; tests/client/conformance_test.cc runs the conformance
 // corpus that pins them through this engine and the Refresher:
 //  * Requests and seq: one-request-per-route, seq-new-request, resend-unchanged (RetryBackoff),
-//    abandon-after-refresh-period (its lease would start at the old send time; abandoning is
-//    safe: counters are cumulative, a later seq makes the old one stale, and a grant of the old
-//    one the server applied is reclaimed through tokens_received), server-state-from-outcome,
+//    abandon-after-refresh-period (resent, its lease would start at the old send time, and
+//    during an outage the fresh counters carry the fallback spending; abandoning is safe:
+//    counters are cumulative, a later seq makes the old one stale, and a grant of the old one
+//    the server applied is reclaimed through tokens_received), server-state-from-outcome,
 //    stale-dropped, grants-match-request, lease-ends-at-first-send, min-sync-interval,
 //    first-sync-at-once (Tenant() wakes the refresher: workers are denied until the answer),
 //    next-sync-from-grant; low-water-wakes and want-from-demand in TenantBudgetImpl.
 //  * Deadlines and connections: sync-deadline (kMinFallbackStepWindow: a fallback token a few
 //    milliseconds late costs nothing, a Sync that can never finish would),
 //    cut-short-is-interrupted (also an attempt a Wake() cancelled: AttemptOutcome::woken),
-//    fail-fast-then-wait-for-ready (SyncPlan::wait_for_ready: a refused connection is known at
-//    once after a success; once an attempt failed, attempts wait for the channel, and the
-//    waiting thread drives its handshake, so a restarted server is seen as soon as it is back).
+//    fail-fast-then-wait-for-ready (SyncPlan::wait_for_ready; why: refresher.h).
 //  * Refusals: request-refused-split, tenant-refused.
 //  * Routing (a cluster, DESIGN.md): every rule above holds per route, the main target (address
 //    "") or one owner, each with its own pending request, backoff, failures and server state;
