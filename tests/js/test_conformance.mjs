@@ -432,6 +432,17 @@ test('the corpus is there, every rule pinned by a scenario and every scenario RU
   }
   assert.ok(named.length > 0, 'RULES.md lists no scenarios');
   assert.deepEqual([...new Set(named)].filter((n) => !files.includes(`${n}.json`)), [], 'scenarios RULES.md names that are not in scenarios/');
+  // And the other way: a scenario pinning a rule is named under that rule.
+  const ruleText = new Map();
+  for (const m of readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/\n- `([a-z0-9-]+)`:([^]*?)(?=\n- `|\n#|$)/g)) ruleText.set(m[1], m[2]);
+  const unlisted = [];
+  for (const file of files) {
+    const name = file.slice(0, -'.json'.length);
+    for (const id of JSON.parse(readFileSync(path.join(SCENARIOS, file), 'utf8')).rules ?? []) {
+      if (!(ruleText.get(id) ?? '').includes(`\`${name}\``)) unlisted.push(`${id}: ${name}`);
+    }
+  }
+  assert.deepEqual(unlisted, [], 'scenarios a rule of RULES.md does not name, though they pin it');
 });
 
 for (const file of files) {
