@@ -28,7 +28,7 @@
 //    (MAX_OWNER_ROUTES), unavailable-parks, owner-unreachable-parks. Nothing of it runs until a
 //    redirect is seen.
 //  * final-sync: beginFinal / nextFinal / endFinal / finishFinal, driven by BudgetClient.close().
-// Why some of them are as they are: client/cpp/refresher.h's class comment.
+// Why some of them are as they are: client/cpp/sync_engine.h and client/cpp/refresher.h.
 
 import {
   FINAL_SYNC_ATTEMPTS, INFINITE_FUTURE, INFINITE_PAST, MIN_FALLBACK_STEP_WINDOW, MAX_LEASE_TOKENS,
