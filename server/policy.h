@@ -18,22 +18,35 @@
 
 namespace retrybudget {
 
-// A policy with every default applied and every field checked.
+// A policy with every default applied and every field checked. Two shapes: the token bucket
+// (capacity, refill_per_second, success_credit, initial_tokens) and the windowed ratio
+// (retry_ratio, min_retries_per_second, ttl: budget.proto, DESIGN.md). A windowed policy has
+// capacity = initial_tokens = min_retries_per_second * ttl (the floor of one window),
+// refill_per_second = min_retries_per_second and success_credit = 0; its ToProto() names only
+// its own shape's fields.
 struct ResolvedPolicy {
   double capacity = 100;
   double refill_per_second = 1;
   double success_credit = 0.1;
   double initial_tokens = 100;
   absl::Duration lease_ttl = absl::Seconds(5);
+  // MODE_SHADOW: a dry run (clients allow every retry and count the would-be denials).
+  bool shadow = false;
+  // The windowed ratio shape; the three fields below are 0 for the token bucket.
+  bool windowed = false;
+  double retry_ratio = 0;
+  double min_retries_per_second = 0;
+  absl::Duration ttl = absl::ZeroDuration();
 
-  // The same policy as a message with every field set explicitly.
+  // The same policy as a message with every field of its shape set explicitly.
   v1::BudgetPolicy ToProto() const;
 
   friend bool operator==(const ResolvedPolicy&, const ResolvedPolicy&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const ResolvedPolicy& p) {
     return H::combine(std::move(h), p.capacity, p.refill_per_second, p.success_credit,
-                      p.initial_tokens, p.lease_ttl);
+                      p.initial_tokens, p.lease_ttl, p.shadow, p.windowed, p.retry_ratio,
+                      p.min_retries_per_second, p.ttl);
   }
 };
 

@@ -46,6 +46,87 @@ TEST(PolicyTableTest, OneSharedCopyPerDistinctPolicyAndNoneKeptForPoliciesNoLong
   EXPECT_EQ(table.Intern(b).get(), b1.get());
 }
 
+TEST(PolicyTest, WindowedShapeTakesLinkerdsDefaultsAndImpliesItsFloorAsTheBucket) {
+  v1::BudgetPolicy in;
+  in.set_retry_ratio(0.25);
+  auto p = ResolvePolicy(in);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->windowed);
+  EXPECT_EQ(p->retry_ratio, 0.25);
+  EXPECT_EQ(p->min_retries_per_second, 10);
+  EXPECT_EQ(p->ttl, absl::Seconds(10));
+  EXPECT_EQ(p->lease_ttl, absl::Seconds(1));  // ttl / 10
+  EXPECT_EQ(p->capacity, 100);                // the floor of one window
+  EXPECT_EQ(p->success_credit, 0);
+  // ToProto names only the windowed fields, so that it resolves to the same policy again.
+  const v1::BudgetPolicy out = p->ToProto();
+  EXPECT_FALSE(out.has_capacity());
+  EXPECT_FALSE(out.has_success_credit());
+  EXPECT_EQ(out.ttl_ms(), 10'000);
+  auto again = ResolvePolicy(out);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *p);
+}
+
+TEST(PolicyTest, WindowedFieldsAreCheckedAndNamedWithTheirValue) {
+  struct Case {
+    v1::BudgetPolicy policy;
+    const char* expected;
+  };
+  std::vector<Case> cases(6);
+  cases[0].policy.set_retry_ratio(10.5);
+  cases[0].expected = "p.retry_ratio = 10.5 is invalid: must be in [0, 10]";
+  cases[1].policy.set_min_retries_per_second(-1);
+  cases[1].expected = "p.min_retries_per_second = -1";
+  cases[2].policy.set_ttl_ms(999);
+  cases[2].expected = "p.ttl_ms = 999 is invalid: must be in [1000, 60000]";
+  cases[3].policy.set_ttl_ms(60'001);
+  cases[3].expected = "p.ttl_ms = 60001";
+  cases[4].policy.set_ttl_ms(2'000);
+  cases[4].policy.set_lease_ttl_ms(2'001);
+  cases[4].expected = "p.lease_ttl_ms = 2001 is invalid: must be in [100, ttl_ms = 2000]";
+  cases[5].policy.set_retry_ratio(std::numeric_limits<double>::infinity());
+  cases[5].expected = "p.retry_ratio = inf";
+  for (const auto& c : cases) {
+    auto p = ResolvePolicy(c.policy, "p");
+    ASSERT_FALSE(p.ok()) << c.expected;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(p.status().message(), HasSubstr(c.expected));
+  }
+}
+
+TEST(PolicyTest, APolicySettingBothShapesIsRefusedNamingTheFields) {
+  v1::BudgetPolicy in;
+  in.set_capacity(50);
+  in.set_success_credit(0.1);
+  in.set_retry_ratio(0.2);
+  in.set_ttl_ms(5'000);
+  auto p = ResolvePolicy(in, "p");
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("p sets fields of both shapes: capacity, success_credit (the token "
+                        "bucket) and retry_ratio, ttl_ms (the windowed ratio)"));
+}
+
+TEST(PolicyTest, ModeIsEnforceByDefaultShadowOnRequestAndAnUnknownValueIsNamed) {
+  v1::BudgetPolicy in;
+  auto p = ResolvePolicy(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->shadow);
+  EXPECT_EQ(p->ToProto().mode(), v1::MODE_ENFORCE);
+  in.set_mode(v1::MODE_SHADOW);
+  p = ResolvePolicy(in);
+  ASSERT_TRUE(p.ok());
+  EXPECT_TRUE(p->shadow);
+  EXPECT_EQ(p->ToProto().mode(), v1::MODE_SHADOW);
+  in.set_mode(static_cast<v1::Mode>(7));
+  p = ResolvePolicy(in, "p");
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(),
+              HasSubstr("p.mode = 7 is invalid: must be MODE_ENFORCE (1) or MODE_SHADOW (2)"));
+}
+
 TEST(PolicyTest, InitialTokensDefaultToCapacityAndExplicitZeroIsKept) {
   v1::BudgetPolicy in;
   in.set_capacity(40);
