@@ -31,7 +31,14 @@ struct CumulativeCounters {
   uint64_t successes_credited_locally = 0;
   uint64_t retries_refunded = 0;
   uint64_t fallback_refunded = 0;
+  uint64_t requests = 0;
+  uint64_t requests_credited_locally = 0;
+  uint64_t shadow_denied = 0;
+  uint64_t retries_allowed = 0;
 
+  // Requests the server deposits for (a windowed policy: not deposited by the client's fallback
+  // bucket). Validated requests have requests_credited_locally <= requests.
+  uint64_t centrally_deposited_requests() const { return Sub(requests, requests_credited_locally); }
   // Successes the server credits (not credited by the client's fallback bucket). Validated
   // requests have successes_credited_locally <= successes.
   uint64_t centrally_credited() const {
@@ -63,7 +70,7 @@ struct CounterField {
   bool fingerprint_only_when_set = false;
 };
 
-inline constexpr std::array<CounterField, 9> kCumulativeCounters = {{
+inline constexpr std::array<CounterField, 13> kCumulativeCounters = {{
     {"successes", &CumulativeCounters::successes, &v1::TenantSync::successes,
      &v1::InstanceTenantState::successes, &v1::InstanceTenantState::set_successes},
     {"retries_spent", &CumulativeCounters::retries_spent, &v1::TenantSync::retries_spent,
@@ -86,6 +93,42 @@ inline constexpr std::array<CounterField, 9> kCumulativeCounters = {{
     {"fallback_refunded", &CumulativeCounters::fallback_refunded,
      &v1::TenantSync::fallback_refunded, &v1::InstanceTenantState::fallback_refunded,
      &v1::InstanceTenantState::set_fallback_refunded, true},
+    {"requests", &CumulativeCounters::requests, &v1::TenantSync::requests,
+     &v1::InstanceTenantState::requests, &v1::InstanceTenantState::set_requests, true},
+    {"requests_credited_locally", &CumulativeCounters::requests_credited_locally,
+     &v1::TenantSync::requests_credited_locally,
+     &v1::InstanceTenantState::requests_credited_locally,
+     &v1::InstanceTenantState::set_requests_credited_locally, true},
+    {"shadow_denied", &CumulativeCounters::shadow_denied, &v1::TenantSync::shadow_denied,
+     &v1::InstanceTenantState::shadow_denied, &v1::InstanceTenantState::set_shadow_denied, true},
+    {"retries_allowed", &CumulativeCounters::retries_allowed, &v1::TenantSync::retries_allowed,
+     &v1::InstanceTenantState::retries_allowed, &v1::InstanceTenantState::set_retries_allowed,
+     true},
+}};
+
+// A counter that counts a part of another: at most the whole (`part <= whole`, validated for
+// every request entry, the error naming both).
+struct PartOfCounter {
+  absl::string_view part_name;
+  uint64_t CumulativeCounters::*part;
+  absl::string_view whole_name;
+  uint64_t CumulativeCounters::*whole;
+};
+
+inline constexpr std::array<PartOfCounter, 6> kPartsOfCounters = {{
+    {"fallback_spent", &CumulativeCounters::fallback_spent, "retries_spent",
+     &CumulativeCounters::retries_spent},
+    {"successes_credited_locally", &CumulativeCounters::successes_credited_locally, "successes",
+     &CumulativeCounters::successes},
+    {"requests_credited_locally", &CumulativeCounters::requests_credited_locally, "requests",
+     &CumulativeCounters::requests},
+    {"retries_refunded", &CumulativeCounters::retries_refunded, "retries_spent",
+     &CumulativeCounters::retries_spent},
+    // A retry allowed spends its cost, at least one token.
+    {"retries_allowed", &CumulativeCounters::retries_allowed, "retries_spent",
+     &CumulativeCounters::retries_spent},
+    {"fallback_refunded", &CumulativeCounters::fallback_refunded, "fallback_spent",
+     &CumulativeCounters::fallback_spent},
 }};
 
 // Calls f(field) for each of kCumulativeCounters, in order, unrolled at compile time: each call

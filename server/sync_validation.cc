@@ -65,28 +65,17 @@ absl::Status ValidateRequest(const v1::SyncRequest& request, const SyncLimits& l
           "tenants[%d].%s = %d for tenant %s is over the limit of 2^53 = %d", i, f->name,
           sent.*f->value, QuoteForError(t.tenant()), kMaxCounter));
     }
-    if (sent.fallback_spent > sent.retries_spent) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].fallback_spent = %d exceeds retries_spent = %d for tenant %s", i,
-          sent.fallback_spent, sent.retries_spent, QuoteForError(t.tenant())));
+    for (const PartOfCounter& c : kPartsOfCounters) {
+      if (sent.*c.part > sent.*c.whole) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "tenants[%d].%s = %d exceeds %s = %d for tenant %s", i, c.part_name, sent.*c.part,
+            c.whole_name, sent.*c.whole, QuoteForError(t.tenant())));
+      }
     }
-    if (sent.successes_credited_locally > sent.successes) {
+    if (sent.fallback_refunded > sent.retries_refunded) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].successes_credited_locally = %d exceeds successes = %d for tenant %s", i,
-          sent.successes_credited_locally, sent.successes, QuoteForError(t.tenant())));
-    }
-    if (sent.retries_refunded > sent.retries_spent) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].retries_refunded = %d exceeds retries_spent = %d for tenant %s", i,
-          sent.retries_refunded, sent.retries_spent, QuoteForError(t.tenant())));
-    }
-    if (sent.fallback_refunded > sent.fallback_spent ||
-        sent.fallback_refunded > sent.retries_refunded) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "tenants[%d].fallback_refunded = %d exceeds fallback_spent = %d or retries_refunded = "
-          "%d for tenant %s",
-          i, sent.fallback_refunded, sent.fallback_spent, sent.retries_refunded,
-          QuoteForError(t.tenant())));
+          "tenants[%d].fallback_refunded = %d exceeds retries_refunded = %d for tenant %s", i,
+          sent.fallback_refunded, sent.retries_refunded, QuoteForError(t.tenant())));
     }
     // Refunds of lease tokens are at most the lease tokens spent.
     const uint64_t lease_gross = sent.retries_spent - sent.fallback_spent;
