@@ -146,16 +146,55 @@ func wantFor(rate float64, period time.Duration, burst, held uint64) uint64 {
 	return uint64(w)
 }
 
-// bucketShape is a bucket's capacity (tokens), refill (tokens per second) and success credit
-// (tokens per success recorded in fallback, not divided: SafeShare.success_credit).
+// bucketShape is a bucket's capacity (tokens), refill (tokens per second), success credit
+// and request credit (tokens per success / request recorded in fallback, not divided:
+// SafeShare.success_credit, request_credit).
 type bucketShape struct {
-	capacity, refillPerSecond, successCredit float64
+	capacity, refillPerSecond, successCredit, requestCredit float64
 }
 
 // smaller is the smaller of two shapes in each dimension.
 func (s bucketShape) smaller(o bucketShape) bucketShape {
 	return bucketShape{math.Min(s.capacity, o.capacity), math.Min(s.refillPerSecond, o.refillPerSecond),
-		math.Min(s.successCredit, o.successCredit)}
+		math.Min(s.successCredit, o.successCredit), math.Min(s.requestCredit, o.requestCredit)}
+}
+
+// localCredit is the books of one counter that funds fallback buckets (successes, requests):
+// the most any request built so far carried (the server may credit all of those), the count
+// up to which fallback steps have considered crediting, and how many the fallback buckets
+// credited (cumulative, never above the counter; TenantSync.*_credited_locally). Each count is
+// credited once, locally or by the server.
+type localCredit struct {
+	inRequests, considered, creditedLocally uint64
+}
+
+// creditOffer is what a fallback step may credit of one counter: `count` recorded since the
+// last step and carried by no request, `credited` of them taken by the bucket.
+type creditOffer struct {
+	count, credited uint64
+	into            *localCredit
+}
+
+// offer is the counts up to `total` recorded since the last fallback step that no request
+// built so far carries (the server may have applied any request built, so only later ones may
+// be credited by the fallback bucket); marks them as considered. The bucket's refill fills
+// the offer's credited count, which the offer adds to creditedLocally.
+func (c *localCredit) offer(total uint64) *creditOffer {
+	from := c.inRequests
+	if c.considered > from {
+		from = c.considered
+	}
+	if total > c.considered {
+		c.considered = total
+	}
+	return &creditOffer{count: subU64(total, from), into: c}
+}
+
+// carried: a request built now carries `total` (the server may credit them all).
+func (c *localCredit) carried(total uint64) {
+	if total > c.inRequests {
+		c.inRequests = total
+	}
 }
 
 // recentSmallest is the smallest shape noted within the last window: two aligned slots, as
@@ -220,11 +259,12 @@ func sanitize(v, most float64) float64 {
 // steps count as taken just before the later one, so over a run:
 // handed out <= cap + refill * elapsed + successCredit * (successes credited).
 //
-// Success-funded fallback: refill also takes the successes recorded since the last step that
-// may be credited here (the caller passes only successes it has put in no request: the server
-// may have applied any request built). Each deposits successCredit, up to the cap; a success
-// whose credit does not fit is not credited here, and the caller reports it to the server as an
-// ordinary success (credited there). So each success is credited once, locally or centrally.
+// Success- and request-funded fallback: refill also takes the successes and the requests
+// recorded since the last step that may be credited here (the caller offers only those it has
+// put in no request: the server may have applied any request built). Each success deposits
+// successCredit, then each request requestCredit, up to the cap; one whose credit does not fit
+// is not credited here, and the caller reports it to the server as an ordinary success or
+// request (credited there). So each is credited once, locally or centrally.
 type fallbackBucket struct {
 	shape bucketShape
 	cap   float64
@@ -238,7 +278,8 @@ type fallbackBucket struct {
 func newFallbackBucket(s bucketShape, now time.Time, startFull bool) *fallbackBucket {
 	shape := bucketShape{sanitize(s.capacity, float64(maxLeaseTokens)),
 		sanitize(s.refillPerSecond, float64(maxLeaseTokens)),
-		sanitize(s.successCredit, float64(maxLeaseTokens))}
+		sanitize(s.successCredit, float64(maxLeaseTokens)),
+		sanitize(s.requestCredit, float64(maxLeaseTokens))}
 	c := shape.capacity
 	if shape.refillPerSecond > 0 {
 		c = math.Max(c, 1)
@@ -252,9 +293,9 @@ func newFallbackBucket(s bucketShape, now time.Time, startFull bool) *fallbackBu
 
 // refill is the whole tokens to put into the word at `now`, which holds `held` tokens right
 // now (taken tokens lower it, refunds raise it); the caller deposits exactly that count.
-// `successes` may be credited (see the type comment); credited is how many were: whole
-// successes only, as many as fit below the cap.
-func (b *fallbackBucket) refill(now time.Time, held, successes uint64) (add, credited uint64) {
+// `successes` then `requests` may be credited (see the type comment): whole ones only, as many
+// as fit below the cap; each offer's credited count and books are updated.
+func (b *fallbackBucket) refill(now time.Time, held uint64, successes, requests *creditOffer) (add uint64) {
 	dt := now.Sub(b.last).Seconds()
 	if dt < 0 {
 		dt = 0
@@ -263,17 +304,8 @@ func (b *fallbackBucket) refill(now time.Time, held, successes uint64) (add, cre
 	// Growth since the last step, as if every take since then happened just now.
 	grown := math.Max(b.level, math.Min(b.cap, b.level+b.shape.refillPerSecond*dt))
 	level := math.Max(grown-float64(b.held)+float64(held), float64(held))
-	// Success credit, whole successes only, up to the cap: those that do not fit stay the
-	// server's to credit.
-	if successes > 0 && b.shape.successCredit > 0 && level < b.cap {
-		room := math.Floor((b.cap-level)/b.shape.successCredit + bucketEpsilon)
-		if room >= float64(successes) {
-			credited = successes
-		} else {
-			credited = uint64(room)
-		}
-		level += float64(credited) * b.shape.successCredit
-	}
+	level = b.credit(level, successes, b.shape.successCredit)
+	level = b.credit(level, requests, b.shape.requestCredit)
 	// The epsilon absorbs rounding in rate * time (a token due at t is there at t).
 	whole := math.Floor(level + bucketEpsilon)
 	if whole > float64(held) {
@@ -281,7 +313,22 @@ func (b *fallbackBucket) refill(now time.Time, held, successes uint64) (add, cre
 	}
 	b.level = level
 	b.held = held + add
-	return add, credited
+	return add
+}
+
+// credit deposits `per` tokens for each of the offer's counts that fits below the cap (whole
+// ones only: those that do not fit stay the server's to credit); returns the new level.
+func (b *fallbackBucket) credit(level float64, o *creditOffer, per float64) float64 {
+	if o == nil || o.count == 0 || per <= 0 || level >= b.cap {
+		return level
+	}
+	room := math.Floor((b.cap-level)/per + bucketEpsilon)
+	o.credited = o.count
+	if room < float64(o.count) {
+		o.credited = uint64(room)
+	}
+	o.into.creditedLocally += o.credited
+	return level + float64(o.credited)*per
 }
 
 func (b *fallbackBucket) full() bool {
@@ -293,7 +340,7 @@ func (b *fallbackBucket) full() bool {
 // away. farFuture when the bucket is full or gains nothing. Valid after refill.
 func (b *fallbackBucket) nextTokenAt() time.Time {
 	creditStep := farFuture
-	if b.shape.successCredit > 0 && b.level+bucketEpsilon < b.cap {
+	if (b.shape.successCredit > 0 || b.shape.requestCredit > 0) && b.level+bucketEpsilon < b.cap {
 		creditStep = b.last.Add(creditStepInterval)
 	}
 	if b.shape.refillPerSecond <= 0 || b.full() {

@@ -65,7 +65,7 @@ func newClient(o ClientOptions, stub pb.RetryBudgetServiceClient, owners ownerSt
 	var ref *refresher
 	c.tenants = newTenantRegistry(o.Clock, func() { ref.wake() },
 		fallbackConfig{mode: o.Fallback, neverReached: bucketShape{capacity: o.FallbackCapacity,
-			refillPerSecond: o.FallbackRefillPerSecond}})
+			refillPerSecond: o.FallbackRefillPerSecond}}, o.Logger)
 	ref = newRefresher(refresherOptions{
 		logger:      o.Logger,
 		instanceID:  o.InstanceID,

@@ -489,7 +489,7 @@ func TestSuccessCreditFillsTheBucketUpToItsCapacityAndSaysHowManyFit(t *testing.
 	b := newFallbackBucket(bucketShape{capacity: 4, refillPerSecond: 0, successCredit: 0.5}, epoch, true)
 	check := func(at time.Duration, held, successes, wantAdd, wantCredited uint64) {
 		t.Helper()
-		add, credited := b.refill(epoch.Add(at), held, successes)
+		add, credited := refillS(b, epoch.Add(at), held, successes)
 		if add != wantAdd || credited != wantCredited {
 			t.Fatalf("refill(%v, held %d, %d successes) = %d tokens, %d credited; want %d, %d",
 				at, held, successes, add, credited, wantAdd, wantCredited)
@@ -505,14 +505,14 @@ func TestSuccessCreditFillsTheBucketUpToItsCapacityAndSaysHowManyFit(t *testing.
 
 func TestNeverHandsOutMoreThanCapacityRefillAndTheCreditOfWhatItCredited(t *testing.T) {
 	b := newFallbackBucket(bucketShape{capacity: 3, refillPerSecond: 0.7, successCredit: 0.1}, epoch, true)
-	handed, _ := b.refill(epoch, 0, 0)
+	handed, _ := refillS(b, epoch, 0, 0)
 	held := handed
 	var creditedTotal uint64
 	for ms := 1; ms <= 60000; ms += 37 {
 		if held > 0 {
 			held--
 		}
-		add, credited := b.refill(epoch.Add(time.Duration(ms)*time.Millisecond), held, uint64(ms%7))
+		add, credited := refillS(b, epoch.Add(time.Duration(ms)*time.Millisecond), held, uint64(ms%7))
 		creditedTotal += credited
 		held += add
 		handed += add
@@ -532,8 +532,8 @@ func TestNeverHandsOutMoreThanCapacityRefillAndTheCreditOfWhatItCredited(t *test
 func TestAHostileSuccessCreditCreditsNothing(t *testing.T) {
 	for _, credit := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -0.5, 1e300} {
 		b := newFallbackBucket(bucketShape{capacity: 4, successCredit: credit}, epoch, true)
-		b.refill(epoch, 0, 0)
-		if add, credited := b.refill(epoch.Add(time.Second), 0, 1000); add != 0 || credited != 0 {
+		refillS(b, epoch, 0, 0)
+		if add, credited := refillS(b, epoch.Add(time.Second), 0, 1000); add != 0 || credited != 0 {
 			t.Fatalf("success credit %v: %d tokens, %d credited", credit, add, credited)
 		}
 	}
@@ -542,18 +542,18 @@ func TestAHostileSuccessCreditCreditsNothing(t *testing.T) {
 func TestCreditStepsAreAtMost50msApartUntilTheBucketIsFull(t *testing.T) {
 	// Refill 0.1/s: the next token of refill is 10 s away, the next credit step 50 ms.
 	b := newFallbackBucket(bucketShape{capacity: 2, refillPerSecond: 0.1, successCredit: 0.5}, epoch, true)
-	b.refill(epoch, 0, 0)
+	refillS(b, epoch, 0, 0)
 	if got := b.nextTokenAt(); !got.Equal(farFuture) {
 		t.Fatalf("a full bucket steps %v after its last step, want never", got.Sub(epoch))
 	}
-	b.refill(epoch.Add(time.Second), 0, 0) // both taken
+	refillS(b, epoch.Add(time.Second), 0, 0) // both taken
 	if got := b.nextTokenAt(); !got.Equal(epoch.Add(time.Second + creditStepInterval)) {
 		t.Fatalf("next step %v after the last, want %v", got.Sub(epoch.Add(time.Second)), creditStepInterval)
 	}
 	// No credit: only the refill's next token (0.1/s from an empty bucket: 10 s).
 	n := newFallbackBucket(bucketShape{capacity: 2, refillPerSecond: 0.1}, epoch, true)
-	n.refill(epoch, 0, 0)
-	n.refill(epoch.Add(time.Second), 0, 0)
+	refillS(n, epoch, 0, 0)
+	refillS(n, epoch.Add(time.Second), 0, 0)
 	if got := n.nextTokenAt().Sub(epoch.Add(time.Second)); got < 9*time.Second {
 		t.Fatalf("a bucket without credit steps %v away, want its next token of refill", got)
 	}
@@ -561,10 +561,59 @@ func TestCreditStepsAreAtMost50msApartUntilTheBucketIsFull(t *testing.T) {
 
 func TestSmallerShapeTakesTheSmallestSuccessCredit(t *testing.T) {
 	r := recentSmallest{window: SafeShareMemory, start: farPast}
-	r.note(bucketShape{4, 1, 0.5}, epoch)
-	r.note(bucketShape{2, 3, 0.25}, epoch.Add(time.Second))
-	r.note(bucketShape{5, 2, 1}, epoch.Add(2*time.Second))
-	if got := r.get(epoch.Add(3 * time.Second)); got == nil || *got != (bucketShape{2, 1, 0.25}) {
+	r.note(bucketShape{4, 1, 0.5, 0}, epoch)
+	r.note(bucketShape{2, 3, 0.25, 0}, epoch.Add(time.Second))
+	r.note(bucketShape{5, 2, 1, 0}, epoch.Add(2*time.Second))
+	if got := r.get(epoch.Add(3 * time.Second)); got == nil || *got != (bucketShape{2, 1, 0.25, 0}) {
 		t.Fatalf("smallest of the minute: %+v, want {2 1 0.25}", got)
+	}
+}
+
+// refillS is refill with `successes` to credit (and no request); returns how many were.
+func refillS(b *fallbackBucket, at time.Time, held, successes uint64) (add, credited uint64) {
+	add, credited, _ = refillWith(b, at, held, successes, 0)
+	return add, credited
+}
+
+// refillWith is refill with `successes` and `requests` to credit; returns how many of each were.
+func refillWith(b *fallbackBucket, at time.Time, held, successes, requests uint64) (add, creditedSuccesses, creditedRequests uint64) {
+	s := &creditOffer{count: successes, into: &localCredit{}}
+	r := &creditOffer{count: requests, into: &localCredit{}}
+	add = b.refill(at, held, s, r)
+	return add, s.credited, r.credited
+}
+
+func TestRequestCreditFillsTheBucketAfterTheSuccessesUpToItsCapacity(t *testing.T) {
+	b := newFallbackBucket(bucketShape{capacity: 4, successCredit: 0.5, requestCredit: 0.2}, epoch, false)
+	// Empty: 2 successes (1 token), then 20 requests (4 tokens) of which 15 fit (3 tokens).
+	add, s, r := refillWith(b, epoch, 0, 2, 20)
+	if add != 4 || s != 2 || r != 15 {
+		t.Fatalf("refill = %d tokens, %d successes and %d requests credited; want 4, 2, 15", add, s, r)
+	}
+	// Full: nothing credited.
+	if add, s, r := refillWith(b, epoch.Add(time.Second), 4, 3, 3); add != 0 || s != 0 || r != 0 {
+		t.Fatalf("a full bucket: %d tokens, %d successes and %d requests credited", add, s, r)
+	}
+	// A request-funded bucket that is not full steps at most creditStepInterval apart.
+	if got := b.nextTokenAt(); !got.Equal(farFuture) {
+		t.Fatalf("a full bucket steps at %v", got.Sub(epoch))
+	}
+	refillWith(b, epoch.Add(2*time.Second), 0, 0, 0)
+	if got := b.nextTokenAt(); !got.Equal(epoch.Add(2*time.Second + creditStepInterval)) {
+		t.Fatalf("a request-funded bucket not full steps at %v", got.Sub(epoch))
+	}
+}
+
+func TestLocalCreditOffersOnlyCountsNoRequestCarried(t *testing.T) {
+	var c localCredit
+	if o := c.offer(5); o.count != 5 {
+		t.Fatalf("first offer %d, want 5", o.count)
+	}
+	if o := c.offer(5); o.count != 0 {
+		t.Fatalf("an offer again of the same counts: %d, want 0", o.count)
+	}
+	c.carried(9) // a request carries 9: the server may credit all of them
+	if o := c.offer(10); o.count != 1 {
+		t.Fatalf("offer after a request carried 9 of 10: %d, want 1", o.count)
 	}
 }

@@ -42,7 +42,9 @@ func ParseRetryPushback(trailer metadata.MD) (time.Duration, bool) {
 // the same `x-idempotency-key` on every attempt, `grpc-previous-rpc-attempts` on retries,
 // the server's `grpc-retry-pushback-ms` honoured, codes classified as the C++ RetryUnary()
 // (UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED while the call's deadline has
-// time left), and a success recorded. The call's context cancels every wait. A call the
+// time left), the request recorded once per call (RecordRequest), every retry priced by
+// WithCost / WithCostFunc (default 1 token), and a success recorded. The call's context
+// cancels every wait. A call the
 // budget denied fails with the last attempt's code and errors.Is(err, ErrBudgetExhausted).
 //
 //	conn, err := grpc.Dial(target, grpc.WithInsecure(),

@@ -32,9 +32,9 @@ const (
 type take int
 
 const (
-	taken    take = iota // a token was taken
-	takenLow             // taken, and the count fell to the low-water mark (or to 0)
-	empty                // no token: the count is 0 or the lease is closed
+	taken    take = iota // the tokens were taken
+	takenLow             // taken, and the count fell to the low-water mark (or below it, or to 0)
+	empty                // nothing taken: the count is below the cost or the lease is closed
 )
 
 func newLease() *lease {
@@ -45,17 +45,19 @@ func newLease() *lease {
 
 func wordTokens(w uint64) uint64 { return w & tokenMask }
 func wordMark(w uint64) uint64   { return (w &^ closedBit) >> markShift }
-func spendable(w uint64) bool    { return w&closedBit == 0 && wordTokens(w) != 0 }
 
-// tryTake takes one token if the lease is open and holds one. Lock-free, no allocation, no
-// clock read. A CAS loop rather than one atomic add: an unconditional decrement of an empty
-// word would borrow into the mark, and every exchange of the refresher would then have to
-// carry in-flight debts over (see the C++ Lease::TryTake for the whole argument).
-func (l *lease) tryTake() take {
+// tryTake takes `cost` (>= 1, at most maxCost) tokens if the lease is open and holds that
+// many: all or nothing, never a partial take. Lock-free, no allocation, no clock read. A CAS
+// loop rather than one atomic add: an unconditional subtraction from a word holding less would
+// borrow into the mark, and every exchange of the refresher would then have to carry
+// in-flight debts over (see the C++ Lease::TryTake for the whole argument). takenLow when the
+// take crosses the low-water mark (from above it to at or below it), so a take of several
+// tokens that jumps past the mark still wakes the refresher, once.
+func (l *lease) tryTake(cost uint64) take {
 	w := l.word.Load()
-	for spendable(w) {
-		if l.word.CompareAndSwap(w, w-1) {
-			if wordTokens(w-1) == wordMark(w) {
+	for w&closedBit == 0 && wordTokens(w) >= cost {
+		if l.word.CompareAndSwap(w, w-cost) {
+			if after, mark := wordTokens(w)-cost, wordMark(w); after <= mark && wordTokens(w) > mark {
 				return takenLow
 			}
 			return taken
@@ -65,9 +67,9 @@ func (l *lease) tryTake() take {
 	return empty
 }
 
-// refund puts back one token taken by tryTake. If the lease was closed meanwhile the token
-// stays unspendable until the refresher withdraws it.
-func (l *lease) refund() { l.word.Add(1) }
+// refund puts back `cost` tokens taken by tryTake. If the lease was closed meanwhile the
+// tokens stay unspendable until the refresher withdraws them.
+func (l *lease) refund(cost uint64) { l.word.Add(cost) }
 
 // deposit adds up to n tokens (the count is capped at maxLeaseTokens), sets the low-water mark
 // and opens the lease. Returns how many tokens were added; the caller accounts for the rest

@@ -27,12 +27,13 @@ func (noMetrics) tenantUpdated(string, TenantStats) {}
 // labels and meaning (client/prometheus_client_metrics.cc).
 type promMetrics struct {
 	allowed, denied, fallback, successes *prometheus.CounterVec
+	shadowDenied, requests               *prometheus.CounterVec
 	held, mode                           *prometheus.GaugeVec
 	syncs, syncErrors                    *prometheus.CounterVec
 	redirects                            prometheus.Counter
 
 	mu        sync.Mutex
-	published map[string]*[4]uint64 // per tenant: the cumulative counts already added
+	published map[string]*[6]uint64 // per tenant: the cumulative counts already added
 }
 
 func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
@@ -41,15 +42,22 @@ func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
 	}
 	m := &promMetrics{
 		allowed: counter("retry_budget_client_retries_allowed_total",
-			"Retries this process allowed (TryAcquire() true, net of refunds), from leases and "+
-				"from the local fallback bucket.", "tenant"),
+			"Retries this process allowed with tokens (TryAcquire() true, net of refunds; a "+
+				"count of retries whatever their cost), from leases and from the local fallback "+
+				"bucket.", "tenant"),
 		denied: counter("retry_budget_client_retries_denied_total",
-			"Retries this process denied for lack of a token.", "tenant"),
+			"Retries this process denied for lack of tokens.", "tenant"),
 		fallback: counter("retry_budget_client_fallback_retries_total",
-			"Of the retries allowed, those from the local fallback bucket while the budget "+
-				"server was unreachable.", "tenant"),
+			"Of the tokens the allowed retries spent, those from the local fallback bucket "+
+				"while the budget server was unreachable (retries, when every retry costs 1).",
+			"tenant"),
 		successes: counter("retry_budget_client_successes_total",
 			"Successful calls recorded by this process.", "tenant"),
+		shadowDenied: counter("retry_budget_client_shadow_denied_total",
+			"Retries a shadow tenant (a dry run) let through that enforcement would have "+
+				"denied.", "tenant"),
+		requests: counter("retry_budget_client_requests_total",
+			"Requests (first attempts) recorded by this process.", "tenant"),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "retry_budget_client_tokens_held",
 			Help: "Retry tokens this process holds right now (lease or fallback)."}, []string{"tenant"}),
 		mode: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "retry_budget_client_mode",
@@ -65,10 +73,10 @@ func newPromMetrics(reg prometheus.Registerer) (*promMetrics, error) {
 		redirects: prometheus.NewCounter(prometheus.CounterOpts{Name: "retry_budget_client_redirects_total",
 			Help: "Tenant entries a server answered with the address of the tenant's owner " +
 				"(cluster mode)."}),
-		published: map[string]*[4]uint64{},
+		published: map[string]*[6]uint64{},
 	}
-	for _, c := range []prometheus.Collector{m.allowed, m.denied, m.fallback, m.successes, m.held,
-		m.mode, m.syncs, m.syncErrors, m.redirects} {
+	for _, c := range []prometheus.Collector{m.allowed, m.denied, m.fallback, m.successes,
+		m.shadowDenied, m.requests, m.held, m.mode, m.syncs, m.syncErrors, m.redirects} {
 		if err := reg.Register(c); err != nil {
 			return nil, invalidf("options.MetricsRegistry: cannot register the client metrics: %v", err)
 		}
@@ -97,15 +105,17 @@ func (m *promMetrics) tenantUpdated(tenant string, s TenantStats) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	last, ok := m.published[tenant]
-	vecs := []*prometheus.CounterVec{m.allowed, m.denied, m.fallback, m.successes}
+	vecs := []*prometheus.CounterVec{m.allowed, m.denied, m.fallback, m.successes,
+		m.shadowDenied, m.requests}
 	if !ok {
-		last = &[4]uint64{}
+		last = &[6]uint64{}
 		m.published[tenant] = last
 		for _, vec := range vecs {
 			vec.WithLabelValues(tenant) // every series of a tenant exists from its first update
 		}
 	}
-	now := [4]uint64{s.RetriesAllowed, s.RetriesDenied, s.FallbackAllowed, s.Successes}
+	now := [6]uint64{s.RetriesAllowed, s.RetriesDenied, s.FallbackAllowed, s.Successes,
+		s.ShadowDenied, s.Requests}
 	for i, vec := range vecs {
 		if now[i] > last[i] {
 			vec.WithLabelValues(tenant).Add(float64(now[i] - last[i]))

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -700,19 +701,63 @@ func TestConcurrentTryAcquireTakesExactlyTheLease(t *testing.T) {
 
 func TestLeaseWordNeverGoesNegative(t *testing.T) {
 	l := newLease()
-	if l.tryTake() != empty {
+	if l.tryTake(1) != empty {
 		t.Fatal("a closed word gave a token")
 	}
 	l.deposit(2, 1)
-	if l.tryTake() != takenLow || l.tryTake() != taken || l.tryTake() != empty {
+	if l.tryTake(1) != takenLow || l.tryTake(1) != taken || l.tryTake(1) != empty {
 		t.Fatal("take sequence of a 2-token word with mark 1")
 	}
-	l.refund()
+	l.refund(1)
 	if l.held() != 1 || l.withdrawAndClose() != 1 || l.open() {
 		t.Fatal("refund / withdraw")
 	}
 	if l.deposit(maxLeaseTokens+10, 0) != maxLeaseTokens {
 		t.Fatal("deposit is not capped")
+	}
+}
+
+func TestLeaseTakeOfACostIsAllOrNothing(t *testing.T) {
+	l := newLease()
+	l.deposit(10, 2)
+	if l.tryTake(11) != empty || l.held() != 10 {
+		t.Fatalf("a take of 11 from 10 took something: %d held", l.held())
+	}
+	if l.tryTake(5) != taken || l.held() != 5 {
+		t.Fatalf("a take of 5 from 10: %d held", l.held())
+	}
+	// 5 -> 1 jumps past the mark (2): reported low once.
+	if l.tryTake(4) != takenLow || l.held() != 1 {
+		t.Fatalf("a take crossing the mark: %d held", l.held())
+	}
+	if l.tryTake(1) != taken || l.tryTake(1) != empty {
+		t.Fatal("below the mark: a take is not low again, and an empty word gives nothing")
+	}
+	l.refund(3)
+	if l.tryTake(3) != takenLow || l.held() != 0 {
+		t.Fatalf("refund of 3 then take of 3: %d held", l.held())
+	}
+}
+
+func TestLeaseTakesOfACostNeverOverdrawUnderContention(t *testing.T) {
+	l := newLease()
+	l.deposit(1000, 0)
+	var taken atomic.Uint64
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(cost uint64) {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				if l.tryTake(cost) != empty {
+					taken.Add(cost)
+				}
+			}
+		}(uint64(g%3 + 1))
+	}
+	wg.Wait()
+	if taken.Load()+l.held() != 1000 || l.held() > 2 {
+		t.Fatalf("took %d, %d left of 1000", taken.Load(), l.held())
 	}
 }
 

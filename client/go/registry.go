@@ -7,14 +7,16 @@ type tenantRegistry struct {
 	clock  Clock
 	waker  func()
 	fb     fallbackConfig
+	costs  *costLogger
 	mu     sync.Mutex
 	byName map[string]*TenantBudget
 	order  []*TenantBudget
 	closed bool
 }
 
-func newTenantRegistry(clock Clock, waker func(), fb fallbackConfig) *tenantRegistry {
-	return &tenantRegistry{clock: clock, waker: waker, fb: fb, byName: map[string]*TenantBudget{}}
+func newTenantRegistry(clock Clock, waker func(), fb fallbackConfig, logger Logger) *tenantRegistry {
+	return &tenantRegistry{clock: clock, waker: waker, fb: fb,
+		costs: &costLogger{clock: clock, logger: logger}, byName: map[string]*TenantBudget{}}
 }
 
 func (r *tenantRegistry) getOrCreate(name string) (*TenantBudget, error) {
@@ -37,6 +39,7 @@ func (r *tenantRegistry) getOrCreate(name string) (*TenantBudget, error) {
 			name, len(r.order)+1, maxTenantsPerClient)
 	}
 	b := newTenantBudget(name, r.waker, r.clock.Now(), r.fb)
+	b.costLog = r.costs
 	r.byName[name] = b
 	r.order = append(r.order, b)
 	r.mu.Unlock()

@@ -38,6 +38,7 @@ type retryConfig struct {
 	multiplier        float64
 	perAttemptTimeout time.Duration // 0: only the overall deadline
 	retryable         func(error) bool
+	cost              func(error) int // the cost of the retry after an attempt failed with err
 	idempotencyKey    string
 	clock             Clock
 	random            func() float64
@@ -94,6 +95,39 @@ func WithRetryable(f func(error) bool) RetryOption {
 	}
 }
 
+// WithCost: every retry costs `cost` tokens (TryAcquireN(cost)) instead of 1. In [1, MaxCost].
+func WithCost(cost int) RetryOption {
+	return func(c *retryConfig) {
+		if cost < 1 || cost > MaxCost {
+			c.fail(invalidf("WithCost(%d): cost must be in [1, %d]", cost, MaxCost))
+		}
+		c.cost = func(error) int { return cost }
+	}
+}
+
+// WithCostFunc prices each retry from the error of the attempt it follows (the last
+// attempt's error as Do's fn returned it, a Pushback unwrapped): TryAcquireN(f(err)), and
+// RefundN with the same cost if the retry is then not sent. A cost outside [1, MaxCost] is
+// denied (the call ends with ErrBudgetExhausted, the cost named in its message). AWS SDKs'
+// retry quota is
+//
+//	retrybudget.WithCostFunc(func(err error) int {
+//		if status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded) {
+//			return 10 // a timeout
+//		}
+//		return 5 // any other retryable error
+//	})
+//
+// and an LLM call may price a retry by its request's size. Default: every retry costs 1.
+func WithCostFunc(f func(err error) int) RetryOption {
+	return func(c *retryConfig) {
+		if f == nil {
+			c.fail(invalidf("WithCostFunc(nil)"))
+		}
+		c.cost = f
+	}
+}
+
 // WithIdempotencyKey sets the call's dedup key (default: a fresh random 128-bit key): 1-256
 // printable ASCII characters without spaces (it travels as gRPC metadata).
 func WithIdempotencyKey(key string) RetryOption {
@@ -145,7 +179,8 @@ func defaultRandom() float64 {
 
 func newRetryConfig(opts []RetryOption) retryConfig {
 	c := retryConfig{maxAttempts: 4, initialBackoff: 50 * time.Millisecond, maxBackoff: 5 * time.Second,
-		multiplier: 2, retryable: DefaultRetryable, clock: RealClock(), random: defaultRandom}
+		multiplier: 2, retryable: DefaultRetryable, cost: func(error) int { return 1 },
+		clock: RealClock(), random: defaultRandom}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -308,7 +343,9 @@ func (e *CallError) GRPCStatus() *status.Status {
 }
 
 // Do runs fn and retries it when it fails with a retryable error, each retry only when
-// budget.TryAcquire allows (one token per retry). What one logical call does:
+// budget.TryAcquireN allows (one token per retry, or the cost WithCost / WithCostFunc set).
+// What one logical call does:
+//   - RecordRequest once, before the first attempt (unless ctx is already done).
 //   - The first attempt is always sent (unless ctx is already done); the budget decides
 //     every retry.
 //   - After a failed attempt, in this order: ctx done? (return at once) -> retryable
@@ -319,10 +356,10 @@ func (e *CallError) GRPCStatus() *status.Status {
 //     a budget without its first answer yet (a *TenantBudget whose Ready is still open: a
 //     new client) is waited for during the backoff, or up to FirstAnswerWait if the backoff
 //     is shorter (ended by ctx or its deadline: a CallError with ctx.Err(), no token taken)
-//     -> TryAcquire (denied: a CallError with ErrBudgetExhausted wrapping the last error) ->
-//     the rest of the backoff
-//     raced against ctx.Done() (cancelled: the token is refunded and a CallError with
-//     ctx.Err() returned at once) -> the next attempt.
+//     -> TryAcquireN(cost of the last error) (denied: a CallError with ErrBudgetExhausted
+//     wrapping the last error) -> the rest of the backoff raced against ctx.Done()
+//     (cancelled: RefundN(the same cost) and a CallError with ctx.Err() returned at once) ->
+//     the next attempt.
 //   - Each attempt gets ctx (with WithPerAttemptTimeout, a child with its own deadline).
 //   - A call that succeeds, at any attempt, calls RecordSuccess exactly once.
 //   - Every attempt sees the same IdempotencyKey.
@@ -343,6 +380,9 @@ func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt
 		key = NewIdempotencyKey()
 	}
 	deadline, hasDeadline := ctx.Deadline()
+	if ctx.Err() == nil {
+		budget.RecordRequest()
+	}
 	var last error
 	for number := 1; ; number++ {
 		if err := ctx.Err(); err != nil {
@@ -409,9 +449,16 @@ func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt
 			}
 			wait = left
 		}
-		if !budget.TryAcquire() {
+		cost := c.cost(last)
+		if !budget.TryAcquireN(cost) {
+			detail := fmt.Sprintf("after %d attempt(s)", number)
+			if cost < 1 || cost > MaxCost {
+				detail += fmt.Sprintf(" (the retry's cost %d is outside [1, %d])", cost, MaxCost)
+			} else if cost != 1 {
+				detail += fmt.Sprintf(" (a retry of cost %d)", cost)
+			}
 			return &CallError{Reason: ErrBudgetExhausted, Last: last, Attempts: number,
-				detail: fmt.Sprintf("after %d attempt(s)", number)}
+				detail: detail}
 		}
 		if wait > 0 {
 			t := c.clock.NewTimer(wait)
@@ -419,7 +466,7 @@ func Do(ctx context.Context, budget Budget, fn func(ctx context.Context, attempt
 			case <-t.C():
 			case <-ctx.Done():
 				t.Stop()
-				budget.Refund() // the retry is never sent
+				budget.RefundN(cost) // the retry is never sent
 				return &CallError{Reason: ctx.Err(), Last: last, Attempts: number,
 					detail: fmt.Sprintf("during the backoff before attempt %d", number+1)}
 			}

@@ -21,6 +21,9 @@ type countingBudget struct {
 	denied    atomic.Int64
 	refunds   atomic.Int64
 	successes atomic.Int64
+	requests  atomic.Int64
+	costs     []int // of every TryAcquireN, in order (not for concurrent use)
+	refunded  []int // of every RefundN
 }
 
 func newCountingBudget(tokens int64) *countingBudget {
@@ -29,17 +32,29 @@ func newCountingBudget(tokens int64) *countingBudget {
 	return b
 }
 
-func (b *countingBudget) TryAcquire() bool {
-	if b.tokens.Add(-1) < 0 {
-		b.tokens.Add(1)
+func (b *countingBudget) TryAcquire() bool { return b.TryAcquireN(1) }
+func (b *countingBudget) TryAcquireN(cost int) bool {
+	b.costs = append(b.costs, cost)
+	if cost < 1 || cost > MaxCost {
+		b.denied.Add(1)
+		return false
+	}
+	if b.tokens.Add(-int64(cost)) < 0 {
+		b.tokens.Add(int64(cost))
 		b.denied.Add(1)
 		return false
 	}
 	b.acquired.Add(1)
 	return true
 }
-func (b *countingBudget) Refund()        { b.tokens.Add(1); b.refunds.Add(1) }
+func (b *countingBudget) Refund() { b.RefundN(1) }
+func (b *countingBudget) RefundN(cost int) {
+	b.refunded = append(b.refunded, cost)
+	b.tokens.Add(int64(cost))
+	b.refunds.Add(1)
+}
 func (b *countingBudget) RecordSuccess() { b.successes.Add(1) }
+func (b *countingBudget) RecordRequest() { b.requests.Add(1) }
 
 var errUnavailable = status.Error(codes.Unavailable, "backend down")
 

@@ -14,15 +14,25 @@ import (
 
 // Budget is what the retry helpers need of a tenant's budget; *TenantBudget implements it.
 type Budget interface {
-	// TryAcquire asks for one retry: true when a token was taken (send the retry), false
-	// when none is available (fail the call now). Never blocks, never performs I/O.
+	// TryAcquire is TryAcquireN(1).
 	TryAcquire() bool
-	// Refund gives back a token taken for a retry that was never sent. At most once per
-	// successful TryAcquire.
+	// TryAcquireN asks for one retry of `cost` tokens (in [1, MaxCost]): true when the tokens
+	// were taken (send the retry), false when not (fail the call now). Never blocks, never
+	// performs I/O.
+	TryAcquireN(cost int) bool
+	// Refund is RefundN(1).
 	Refund()
+	// RefundN gives back the `cost` tokens of a retry that was never sent: at most once per
+	// successful TryAcquireN, with the same cost.
+	RefundN(cost int)
 	// RecordSuccess records one successful logical call.
 	RecordSuccess()
+	// RecordRequest records one request (a logical call's first attempt).
+	RecordRequest()
 }
+
+// MaxCost is the largest cost of one retry (TryAcquireN, RefundN, WithCost).
+const MaxCost = 1_000_000
 
 // leaseMode is the tenant's internal state (the C++ LeaseMode). leased and fallback let
 // TryAcquire take tokens (both from the same lease word); every other mode keeps it closed.
@@ -84,13 +94,27 @@ type TenantBudget struct {
 	waker func()
 	fb    fallbackConfig
 
-	lease      *lease
-	_          [56]byte // the word above and the counters below on separate cache lines
-	successes  atomic.Uint64
-	_          [56]byte
-	denied     atomic.Uint64
-	refunds    atomic.Uint64
-	syncWanted atomic.Bool
+	lease     *lease
+	_         [56]byte // the word above and the counters below on separate cache lines
+	successes atomic.Uint64
+	requests  atomic.Uint64
+	_         [48]byte
+	// allowed: TryAcquireN true with tokens (TenantSync.retries_allowed, refunds not deducted).
+	allowed atomic.Uint64
+	_       [56]byte
+	denied  atomic.Uint64
+	// deniedTokens: the cost of the retries denied and of the shadow's would-be denials (the
+	// demand estimator counts tokens).
+	deniedTokens atomic.Uint64
+	// shadow: the last answer's TenantGrant.mode was MODE_SHADOW (shadow.mode-from-response).
+	shadow atomic.Bool
+	// shadowDenied: would-be denials let through in shadow (TenantSync.shadow_denied);
+	// unbacked: their tokens not yet refunded (shadow.refund-unbacked-first).
+	shadowDenied atomic.Uint64
+	unbacked     atomic.Uint64
+	refunds      atomic.Uint64
+	syncWanted   atomic.Bool
+	costLog      *costLogger // nil: bad costs are not logged
 	// ready is closed at the tenant's first answer (Ready); readyOnce closes it.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -108,13 +132,11 @@ type TenantBudget struct {
 	lastSafeShareAt time.Time
 	fallback        *fallbackBucket
 	episodes        []fallbackEpisode
-	// Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
-	// request built so far carried (the server may credit all of those), the successes counter
-	// up to which fallback steps have considered crediting, and how many successes the
-	// fallback buckets credited (cumulative, never above the successes counter).
-	successesInRequests      uint64
-	successesConsidered      uint64
-	successesCreditedLocally uint64
+	// Success- and request-funded fallback (TenantSync.successes_credited_locally,
+	// requests_credited_locally).
+	successCredit, requestCredit localCredit
+	// reportedAllowed: the retries_allowed of the last request built (monotonic).
+	reportedAllowed uint64
 }
 
 func newTenantBudget(name string, waker func(), created time.Time, fb fallbackConfig) *TenantBudget {
@@ -135,32 +157,78 @@ func newTenantBudget(name string, waker func(), created time.Time, fb fallbackCo
 // Tenant is the tenant's name.
 func (t *TenantBudget) Tenant() string { return t.name }
 
-// TryAcquire asks for one retry. It returns true when a token was taken (the retry may be
-// sent), false when none is available (the retry must not be sent: fail the call now). Never
-// blocks, never performs I/O; on false, or when the lease runs low, it wakes the refresher so
-// a grant arrives within one round trip.
-func (t *TenantBudget) TryAcquire() bool {
-	switch t.lease.tryTake() {
+// TryAcquire asks for one retry of cost 1: TryAcquireN(1).
+func (t *TenantBudget) TryAcquire() bool { return t.TryAcquireN(1) }
+
+// TryAcquireN asks for one retry that costs `cost` tokens. It returns true when the tokens
+// were taken (the retry may be sent), false when not (the retry must not be sent: fail the
+// call now). All or nothing: `cost` tokens from the lease (or, in fallback, from the local
+// bucket), never part of them. Never blocks, never performs I/O; on false, or when the lease
+// runs low, it wakes the refresher so a grant arrives within one round trip.
+//
+// A tenant in shadow mode (its policy's dry run) returns true where enforcement would return
+// false: no token is taken, and the retry is counted as a would-be denial (ShadowDenied).
+//
+// A cost outside [1, MaxCost] denies, counts nothing and is logged (at most once a minute,
+// naming the cost): a bug in the caller, not a retry.
+func (t *TenantBudget) TryAcquireN(cost int) bool {
+	if cost < 1 || cost > MaxCost {
+		t.costLog.bad("TryAcquireN", t.name, cost)
+		return false
+	}
+	switch t.lease.tryTake(uint64(cost)) {
 	case taken:
+		t.allowed.Add(1)
 		return true
 	case takenLow:
+		t.allowed.Add(1)
 		t.requestSync()
 		return true
 	}
-	t.denied.Add(1)
+	t.deniedTokens.Add(uint64(cost))
 	t.requestSync()
+	if t.shadow.Load() {
+		t.shadowDenied.Add(1)
+		t.unbacked.Add(uint64(cost))
+		return true
+	}
+	t.denied.Add(1)
 	return false
 }
 
-// Refund gives back a token taken by TryAcquire for a retry that was never sent (for example
-// cancelled during its backoff). Call it at most once per successful TryAcquire.
-func (t *TenantBudget) Refund() {
-	t.lease.refund()
+// Refund gives back a token taken by TryAcquire: RefundN(1).
+func (t *TenantBudget) Refund() { t.RefundN(1) }
+
+// RefundN gives back the `cost` tokens taken by TryAcquireN(cost) for a retry that was never
+// sent (for example cancelled during its backoff). Call it at most once per successful
+// TryAcquireN, with the same cost. In shadow mode, would-be denials are refunded first: while
+// at least `cost` of their tokens are outstanding, RefundN only forgets them (they took no
+// token). A cost outside [1, MaxCost] does nothing but log (at most once a minute).
+func (t *TenantBudget) RefundN(cost int) {
+	if cost < 1 || cost > MaxCost {
+		t.costLog.bad("RefundN", t.name, cost)
+		return
+	}
+	c := uint64(cost)
+	for u := t.unbacked.Load(); u >= c; u = t.unbacked.Load() {
+		if t.unbacked.CompareAndSwap(u, u-c) {
+			return
+		}
+	}
+	t.lease.refund(c)
 	t.refunds.Add(1)
 }
 
 // RecordSuccess records one successful logical call; it earns the budget success_credit.
 func (t *TenantBudget) RecordSuccess() { t.successes.Add(1) }
+
+// RecordRequest records one request: a logical call's first attempt (a windowed policy
+// deposits retry_ratio per request). Do and UnaryClientInterceptor call it once per call.
+func (t *TenantBudget) RecordRequest() { t.requests.Add(1) }
+
+// Shadow reports whether the tenant is in shadow mode (the last answer for it said
+// MODE_SHADOW): TryAcquireN lets every retry through and counts would-be denials.
+func (t *TenantBudget) Shadow() bool { return t.shadow.Load() }
 
 // Ready is closed once the tenant has its first answer: a lease granted, the server's refusal,
 // or the configured fallback because the server cannot be reached (or the client was closed).
@@ -223,17 +291,25 @@ func publicMode(m leaseMode) Mode {
 func (t *TenantBudget) Stats() TenantStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// The refunds first: a RefundN counted after its allowed retry never makes the net count
+	// wrap.
+	refunds := t.refunds.Load()
 	held := t.lease.held()
 	return TenantStats{
 		Successes:                t.successes.Load(),
-		RetriesAllowed:           t.ledger.exactSpent(held),
+		Requests:                 t.requests.Load(),
+		RetriesAllowed:           subU64(t.allowed.Load(), refunds),
+		TokensSpent:              t.ledger.exactSpent(held),
 		RetriesDenied:            t.denied.Load(),
+		ShadowDenied:             t.shadowDenied.Load(),
 		FallbackAllowed:          t.ledger.exactFallbackSpent(held),
 		TokensReceived:           t.ledger.tokensReceived(),
 		TokensReturned:           t.ledger.tokensReturned(),
 		TokensHeld:               int64(held),
-		Refunds:                  t.refunds.Load(),
-		SuccessesCreditedLocally: t.successesCreditedLocally,
+		Refunds:                  refunds,
+		SuccessesCreditedLocally: t.successCredit.creditedLocally,
+		RequestsCreditedLocally:  t.requestCredit.creditedLocally,
+		Shadow:                   t.shadow.Load(),
 		LeaseActive:              t.mode == leased && t.lease.open(),
 		Mode:                     publicMode(t.mode),
 		Err:                      t.err,
@@ -331,8 +407,8 @@ func (t *TenantBudget) enterFallbackLocked(now time.Time, startFull bool) {
 	t.fallback = newFallbackBucket(shape, now, startFull)
 	t.episodes = append(t.episodes, fallbackEpisode{cap: t.fallback.cap,
 		refill: t.fallback.shape.refillPerSecond, start: now})
-	first, credited := t.fallback.refill(now, 0, t.creditableSuccessesLocked())
-	t.successesCreditedLocally += credited
+	successes, requests := t.creditableLocked()
+	first := t.fallback.refill(now, 0, successes, requests)
 	withdrawn := t.lease.replace(first, t.fallbackMarkLocked())
 	t.ledger.withdrew(withdrawn, 0) // leased tokens (or raced-in refunds): returned
 	t.ledger.switchTo(sourceFallback)
@@ -340,26 +416,19 @@ func (t *TenantBudget) enterFallbackLocked(now time.Time, startFull bool) {
 	t.mode = inFallback
 }
 
-// creditableSuccessesLocked is the successes recorded since the last fallback step that no
-// request built so far carries (the server may have applied any request built, so only later
-// successes may be credited by the fallback bucket); marks them as considered.
-func (t *TenantBudget) creditableSuccessesLocked() uint64 {
-	successes := t.successes.Load()
-	from := t.successesInRequests
-	if t.successesConsidered > from {
-		from = t.successesConsidered
-	}
-	if successes > t.successesConsidered {
-		t.successesConsidered = successes
-	}
-	return subU64(successes, from)
+// creditableLocked is what the fallback bucket may credit now: the successes and the requests
+// recorded since the last fallback step that no request built so far carries (both through
+// the same localCredit rule).
+func (t *TenantBudget) creditableLocked() (successes, requests *creditOffer) {
+	return t.successCredit.offer(t.successes.Load()), t.requestCredit.offer(t.requests.Load())
 }
 
 // refillFallbackLocked puts the tokens the fallback bucket owes into the word, with the credit
-// of the successes that may be credited locally; returns when the next step is due.
+// of the successes and requests that may be credited locally; returns when the next step is
+// due.
 func (t *TenantBudget) refillFallbackLocked(now time.Time) time.Time {
-	add, credited := t.fallback.refill(now, t.lease.held(), t.creditableSuccessesLocked())
-	t.successesCreditedLocally += credited
+	successes, requests := t.creditableLocked()
+	add := t.fallback.refill(now, t.lease.held(), successes, requests)
 	// Deposit even 0 tokens: it sets the low-water mark for the new level.
 	t.ledger.fallbackDeposited(t.lease.deposit(add, t.fallbackMarkLocked()))
 	return t.fallback.nextTokenAt()
@@ -439,11 +508,19 @@ func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 	out.TokensReceived = t.ledger.tokensReceived()
 	out.FallbackSpent = t.ledger.reportedFallbackSpent()
 	out.FallbackRefunded = t.ledger.reportedFallbackRefunded()
-	out.SuccessesCreditedLocally = t.successesCreditedLocally
-	// From now on the server may credit every success this request carries.
-	if out.Successes > t.successesInRequests {
-		t.successesInRequests = out.Successes
+	out.SuccessesCreditedLocally = t.successCredit.creditedLocally
+	out.Requests = t.requests.Load()
+	out.RequestsCreditedLocally = t.requestCredit.creditedLocally
+	out.ShadowDenied = t.shadowDenied.Load()
+	// A take refunded before any report is in neither retries_spent nor the server's books, but
+	// was counted as allowed: retries_allowed stays at most retries_spent (both monotonic).
+	if allowed := minU64(t.allowed.Load(), out.RetriesSpent); allowed > t.reportedAllowed {
+		t.reportedAllowed = allowed
 	}
+	out.RetriesAllowed = t.reportedAllowed
+	// From now on the server may credit every success and request this request carries.
+	t.successCredit.carried(out.Successes)
+	t.requestCredit.carried(out.Requests)
 }
 
 // fillSync fills the entry of a NEW request built at `now`.
@@ -454,8 +531,9 @@ func (t *TenantBudget) fillSync(now time.Time, p refreshPolicy) *pb.TenantSync {
 	out := &pb.TenantSync{}
 	held := t.lease.held()
 	t.fillCountersLocked(held, out)
-	// Demand is what workers asked for, allowed or not: a starved tenant's denials count.
-	t.demand.observe(now, out.RetriesSpent+out.RetriesDenied)
+	// Demand is the tokens workers asked for, allowed or not: a starved tenant's denials (and
+	// a shadow tenant's would-be denials) count.
+	t.demand.observe(now, out.RetriesSpent+t.deniedTokens.Load())
 	// Fallback tokens are withdrawn when a grant arrives: only leased tokens reduce the want.
 	var leasedHeld uint64
 	if t.ledger.source == sourceLease {
@@ -494,8 +572,8 @@ func (t *TenantBudget) applyGrant(g *pb.TenantGrant, sentEntry *pb.TenantSync, s
 	}
 	t.ledger.received(granted, deposited)
 	if s := g.GetSafeShare(); s != nil {
-		t.safeShares.note(bucketShape{s.GetCapacity(), s.GetRefillPerSecond(), s.GetSuccessCredit()},
-			received)
+		t.safeShares.note(bucketShape{s.GetCapacity(), s.GetRefillPerSecond(), s.GetSuccessCredit(),
+			s.GetRequestCredit()}, received)
 		t.lastSafeShareAt = received
 	}
 	ttl := time.Duration(0)
@@ -506,6 +584,7 @@ func (t *TenantBudget) applyGrant(g *pb.TenantGrant, sentEntry *pb.TenantSync, s
 		}
 	}
 	t.expiry = sent.Add(ttl)
+	t.shadow.Store(g.GetMode() == pb.Mode_MODE_SHADOW)
 	t.mode = leased
 	t.err = nil
 	t.markReadyLocked()
@@ -579,4 +658,33 @@ func (t *TenantBudget) internalMode() leaseMode {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.mode
+}
+
+// costLogger logs a cost outside [1, MaxCost] handed to TryAcquireN / RefundN: at most one
+// line a minute per client (on its clock), the lines left out counted in the next. Only the
+// bad-cost path reads the clock. Thread-safe.
+type costLogger struct {
+	clock      Clock
+	logger     Logger
+	mu         sync.Mutex
+	lastLogged time.Time
+	notLogged  uint64
+}
+
+func (c *costLogger) bad(call, tenant string, cost int) {
+	if c == nil || c.logger == nil {
+		return
+	}
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.lastLogged.IsZero() && now.Sub(c.lastLogged) < time.Minute {
+		c.notLogged++
+		return
+	}
+	c.logger.Printf("retrybudget: %s(%d) on tenant %q: cost %d is outside [1, %d]; denied, "+
+		"nothing counted (%d more such calls since the last such line)", call, cost, tenant,
+		cost, MaxCost, c.notLogged)
+	c.lastLogged = now
+	c.notLogged = 0
 }

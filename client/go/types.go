@@ -56,19 +56,32 @@ const (
 // TenantStats are the counters of one tenant in this process, cumulative since the client
 // was created.
 type TenantStats struct {
-	Successes       uint64
-	RetriesAllowed  uint64 // TryAcquire returned true, minus Refund (lease + fallback)
-	RetriesDenied   uint64 // TryAcquire returned false
-	FallbackAllowed uint64 // of RetriesAllowed, from the local fallback bucket
+	Successes uint64
+	Requests  uint64 // RecordRequest calls (first attempts)
+	// Retries TryAcquireN allowed with tokens (true, whatever the cost), minus the RefundN
+	// calls that gave tokens back (lease + fallback). A count of retries.
+	RetriesAllowed uint64
+	// The tokens those retries spent (a retry of cost c spends c), net of refunds.
+	TokensSpent   uint64
+	RetriesDenied uint64 // TryAcquireN returned false (never in shadow mode)
+	// Would-be denials: retries a shadow tenant let through that enforcement would have
+	// denied (no token taken).
+	ShadowDenied    uint64
+	FallbackAllowed uint64 // of TokensSpent, the tokens from the local fallback bucket
 	TokensReceived  uint64 // granted by the server and received
 	TokensReturned  uint64 // given back unspent
 	TokensHeld      int64  // in the lease right now
-	Refunds         uint64 // Refund calls (already deducted from RetriesAllowed)
+	Refunds         uint64 // RefundN calls that gave tokens back (deducted from RetriesAllowed)
 	// Of Successes, those whose credit (SafeShare.success_credit) went into this process's
 	// fallback bucket (TenantSync.successes_credited_locally); the server credits the others.
 	SuccessesCreditedLocally uint64
-	LeaseActive              bool // a lease from the server is in force
-	Mode                     Mode
+	// Of Requests, those whose credit (SafeShare.request_credit) went into this process's
+	// fallback bucket (TenantSync.requests_credited_locally).
+	RequestsCreditedLocally uint64
+	// Shadow: the tenant's policy is a dry run (the last answer for it said MODE_SHADOW).
+	Shadow      bool
+	LeaseActive bool // a lease from the server is in force
+	Mode        Mode
 	// Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict
 	// server); nil when the last answer for it was a grant or none came yet.
 	Err error

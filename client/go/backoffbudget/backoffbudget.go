@@ -6,7 +6,8 @@
 //   - one token per retry: each NextBackOff (one per failed attempt) takes one, or stops;
 //   - a retry never sent gives its token back: a token taken for a retry whose backoff was
 //     cancelled (the context of backoff.WithContext done) is refunded by Done;
-//   - a success is recorded once per logical call (the operation wrapped by Operation).
+//   - a request is recorded once per logical call, before its first attempt, and a success
+//     once per logical call that succeeds (the operation wrapped by Operation).
 //
 // A tenant without its first answer yet (a new client) is waited for during the backoff, or up
 // to retrybudget.FirstAnswerWait when the backoff is shorter, as retrybudget.Do does. The simplest use is Retry, which does all of it:
@@ -122,14 +123,18 @@ func (b *BackOff) refundLocked() {
 	}
 }
 
-// Operation wraps op: each call after the first uses the token NextBackOff took, and a
-// success is recorded in the budget.
+// Operation wraps op: the first call records the request (RecordRequest), each call after
+// the first uses the token NextBackOff took, and a success is recorded in the budget.
 func (b *BackOff) Operation(op backoff.Operation) backoff.Operation {
 	return func() error {
 		b.mu.Lock()
 		b.pending = false
 		b.attempts++
+		first := b.attempts == 1
 		b.mu.Unlock()
+		if first {
+			b.budget.RecordRequest()
+		}
 		err := op()
 		if err == nil {
 			b.budget.RecordSuccess()

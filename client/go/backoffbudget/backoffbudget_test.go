@@ -14,24 +14,27 @@ import (
 // fakeBudget has `tokens` tokens and counts what it was asked; ready (if not nil) is its
 // Ready channel.
 type fakeBudget struct {
-	mu                                   sync.Mutex
-	tokens, taken, denied, refunds, succ int
-	ready                                chan struct{}
+	mu                                         sync.Mutex
+	tokens, taken, denied, refunds, succ, reqs int
+	ready                                      chan struct{}
 }
 
-func (b *fakeBudget) TryAcquire() bool {
+func (b *fakeBudget) TryAcquire() bool { return b.TryAcquireN(1) }
+func (b *fakeBudget) TryAcquireN(cost int) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.tokens == 0 {
+	if b.tokens < cost {
 		b.denied++
 		return false
 	}
-	b.tokens--
+	b.tokens -= cost
 	b.taken++
 	return true
 }
-func (b *fakeBudget) Refund()        { b.mu.Lock(); b.tokens++; b.refunds++; b.mu.Unlock() }
-func (b *fakeBudget) RecordSuccess() { b.mu.Lock(); b.succ++; b.mu.Unlock() }
+func (b *fakeBudget) Refund()          { b.RefundN(1) }
+func (b *fakeBudget) RefundN(cost int) { b.mu.Lock(); b.tokens += cost; b.refunds++; b.mu.Unlock() }
+func (b *fakeBudget) RecordSuccess()   { b.mu.Lock(); b.succ++; b.mu.Unlock() }
+func (b *fakeBudget) RecordRequest()   { b.mu.Lock(); b.reqs++; b.mu.Unlock() }
 
 type readyFakeBudget struct{ *fakeBudget }
 
@@ -49,8 +52,9 @@ func TestEachRetryTakesOneTokenAndASuccessIsRecordedOnce(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil || calls != 4 || b.taken != 3 || b.succ != 1 || b.refunds != 0 {
-		t.Fatalf("err %v, calls %d, taken %d, successes %d, refunds %d", err, calls, b.taken, b.succ, b.refunds)
+	if err != nil || calls != 4 || b.taken != 3 || b.succ != 1 || b.refunds != 0 || b.reqs != 1 {
+		t.Fatalf("err %v, calls %d, taken %d, successes %d, refunds %d, requests %d", err, calls,
+			b.taken, b.succ, b.refunds, b.reqs)
 	}
 }
 
