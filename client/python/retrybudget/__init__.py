@@ -13,20 +13,20 @@ import pkgutil
 # build tree's gen/ directory) than this source: let the package span both.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from ._types import (DENY_FALLBACK, FALLBACK, LEASE, MODES, NO_LEASE, BudgetExhausted,  # noqa: E402
-                     ClientClosed, InvalidOptions, TenantStats)
+from ._types import (DENY_FALLBACK, ENFORCE, FALLBACK, LEASE, MODES, NO_LEASE,  # noqa: E402
+                     SHADOW, BudgetExhausted, ClientClosed, InvalidOptions, TenantStats)
 from .options import ClientOptions  # noqa: E402
 from .client import BudgetClient  # noqa: E402
 from .aio import AsyncBudgetClient  # noqa: E402
 from .retry import (Attempt, RetryCancelled, RetryDeadlineExceeded, RetryPolicy,  # noqa: E402
-                    async_call_with_retry, call_with_retry, compute_backoff,
+                    async_call_with_retry, aws_cost, call_with_retry, compute_backoff,
                     default_is_retryable, new_idempotency_key)
 from .tenant_budget import TenantBudget  # noqa: E402
 
 __all__ = [
     "AsyncBudgetClient", "Attempt", "BudgetClient", "BudgetExhausted", "ClientClosed",
-    "ClientOptions", "DENY_FALLBACK", "FALLBACK", "InvalidOptions", "LEASE", "MODES", "NO_LEASE",
-    "RetryCancelled", "RetryDeadlineExceeded", "RetryPolicy", "TenantBudget", "TenantStats",
-    "async_call_with_retry", "call_with_retry", "compute_backoff", "default_is_retryable",
-    "new_idempotency_key",
+    "ClientOptions", "DENY_FALLBACK", "ENFORCE", "FALLBACK", "InvalidOptions", "LEASE", "MODES",
+    "NO_LEASE", "RetryCancelled", "RetryDeadlineExceeded", "RetryPolicy", "SHADOW",
+    "TenantBudget", "TenantStats", "async_call_with_retry", "aws_cost", "call_with_retry",
+    "compute_backoff", "default_is_retryable", "new_idempotency_key",
 ]

@@ -20,7 +20,7 @@ MIN_FALLBACK_STEP_WINDOW = 0.020
 FINAL_SYNC_ATTEMPTS = 3
 # A fallback bucket is the smallest SafeShare of this long before the server's last answer.
 SAFE_SHARE_MEMORY = 60.0
-# Longest wait between two fallback steps of a bucket funded by success credit.
+# Longest wait between two fallback steps of a bucket funded by success or request credit.
 CREDIT_STEP_INTERVAL = 0.050
 # Decay time constant of the demand rate.
 DEMAND_TAU = 1.0
@@ -88,11 +88,13 @@ class BucketShape:
     capacity: float = 0.0           # tokens
     refill_per_second: float = 0.0  # tokens per second
     success_credit: float = 0.0     # tokens per success recorded in fallback (not divided)
+    request_credit: float = 0.0     # tokens per request recorded in fallback (not divided)
 
     def smaller(self, other: "BucketShape") -> "BucketShape":
         return BucketShape(min(self.capacity, other.capacity),
                            min(self.refill_per_second, other.refill_per_second),
-                           min(self.success_credit, other.success_credit))
+                           min(self.success_credit, other.success_credit),
+                           min(self.request_credit, other.request_credit))
 
 
 class RecentSmallest:
@@ -145,52 +147,63 @@ class FallbackBucket:
     and returns how many whole tokens to add. Starts full at `capacity` (at least one token when
     it refills at all), refills at `refill_per_second`; tokens taken between two steps count as
     taken just before the later one, so over a run: handed out <= cap + refill * elapsed
-    + success_credit * successes credited.
+    + success_credit * successes credited + request_credit * requests credited.
 
-    Success-funded fallback: refill() also takes the successes recorded since the last step that
-    may be credited here (only successes no request carried yet: the server may have credited
-    any it saw). Each deposits success_credit up to the cap; one whose credit does not fit is
-    not credited here and stays the server's to credit; `last_credited` says how many the last
-    refill() credited."""
+    Success- and request-funded fallback: refill() also takes the successes and the requests
+    recorded since the last step that may be credited here (only those no request carried yet:
+    the server may have credited any it saw). Each deposits its credit (success_credit,
+    request_credit) up to the cap, successes first; one whose credit does not fit is not
+    credited here and stays the server's to credit; `last_credited` and
+    `last_requests_credited` say how many the last refill() credited."""
 
     def __init__(self, shape: BucketShape, now: float, start_full: bool = True):
         self.shape = BucketShape(_sanitize(shape.capacity, MAX_LEASE_TOKENS),
                                  _sanitize(shape.refill_per_second, MAX_LEASE_TOKENS),
-                                 _sanitize(shape.success_credit, MAX_LEASE_TOKENS))
+                                 _sanitize(shape.success_credit, MAX_LEASE_TOKENS),
+                                 _sanitize(shape.request_credit, MAX_LEASE_TOKENS))
         self.cap = (max(self.shape.capacity, 1.0) if self.shape.refill_per_second > 0
                     else self.shape.capacity)
         # Empty for a spent lease falling back early (its share of the burst went in the lease).
         self._level = self.shape.capacity if start_full else 0.0
         self.held = 0
         self.last_credited = 0
+        self.last_requests_credited = 0
         self._last = now
 
-    def refill(self, now: float, held: int, successes: int = 0) -> int:
+    def refill(self, now: float, held: int, successes: int = 0, requests: int = 0) -> int:
         dt = max(0.0, now - self._last)
         self._last = max(self._last, now)
         grown = max(self._level, min(self.cap, self._level + self.shape.refill_per_second * dt))
         level = max(grown - self.held + held, float(held))
-        fit = 0
-        if successes > 0 and self.shape.success_credit > 0 and level < self.cap:
-            room = math.floor((self.cap - level) / self.shape.success_credit + _EPSILON)
-            fit = min(successes, int(room))
-            level += fit * self.shape.success_credit
+        level, self.last_credited = self._credit(level, successes, self.shape.success_credit)
+        level, self.last_requests_credited = self._credit(level, requests,
+                                                          self.shape.request_credit)
         whole = math.floor(level + _EPSILON)
         add = int(whole) - held if whole > held else 0
         self._level = level
         self.held = held + add
-        self.last_credited = fit
         return add
+
+    def _credit(self, level: float, events: int, credit: float):
+        """Deposits `credit` for as many of `events` as fit under the cap: (level, how many)."""
+        if events <= 0 or credit <= 0 or level >= self.cap:
+            return level, 0
+        fit = min(events, int(math.floor((self.cap - level) / credit + _EPSILON)))
+        return level + fit * credit, fit
+
+    def _credits(self) -> bool:
+        return self.shape.success_credit > 0 or self.shape.request_credit > 0
 
     def full(self) -> bool:
         return (self.shape.refill_per_second > 0
                 and math.floor(self._level + _EPSILON) + 1 > self.cap + _EPSILON)
 
     def next_token_at(self) -> float:
-        """The next step: the next whole token of refill or, while success credit can still
-        fit, at most CREDIT_STEP_INTERVAL away (successes are only seen at steps)."""
+        """The next step: the next whole token of refill or, while success or request credit
+        can still fit, at most CREDIT_STEP_INTERVAL away (successes and requests are only seen
+        at steps)."""
         credit_step = (self._last + CREDIT_STEP_INTERVAL
-                       if self.shape.success_credit > 0 and self._level + _EPSILON < self.cap
+                       if self._credits() and self._level + _EPSILON < self.cap
                        else INFINITE_FUTURE)
         if self.shape.refill_per_second <= 0 or self.full():
             return credit_step

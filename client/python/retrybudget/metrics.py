@@ -1,7 +1,7 @@
 """The client's metrics with prometheus_client, named as the C++ client's
-(client/prometheus_client_metrics.cc): retry_budget_client_{retries_allowed,retries_denied,
-fallback_retries,successes,syncs,redirects}_total, retry_budget_client_tokens_held and
-retry_budget_client_mode. Updated by the refresher after each of its steps, never on the hot
+(client/cpp/prometheus_client_metrics.cc): retry_budget_client_{retries_allowed,retries_denied,
+shadow_denied,fallback_retries,successes,requests,syncs,redirects}_total,
+retry_budget_client_tokens_held and retry_budget_client_mode. Updated by the refresher after each of its steps, never on the hot
 path, so they lag by at most one step."""
 
 from prometheus_client import Counter, Gauge
@@ -19,15 +19,22 @@ class PrometheusClientMetrics:
 
         # prometheus_client adds the _total suffix to counters.
         self._allowed = counter("retry_budget_client_retries_allowed",
-                                "Retries this process allowed (TryAcquire() true, net of "
-                                "refunds), from leases and from the local fallback bucket.")
+                                "Retries this process allowed with tokens (TryAcquire() true, "
+                                "net of refunds; a count, whatever their cost), from leases "
+                                "and from the local fallback bucket.")
         self._denied = counter("retry_budget_client_retries_denied",
                                "Retries this process denied for lack of a token.")
+        self._shadow_denied = counter("retry_budget_client_shadow_denied",
+                                      "Retries a shadow tenant let through that enforcement "
+                                      "would have denied (would-be denials; no token taken).")
         self._fallback = counter("retry_budget_client_fallback_retries",
                                  "Of the retries allowed, those from the local fallback bucket "
                                  "while the budget server was unreachable.")
         self._successes = counter("retry_budget_client_successes",
                                   "Successful calls recorded by this process.")
+        self._requests = counter("retry_budget_client_requests",
+                                 "Requests (first attempts, RecordRequest()) recorded by this "
+                                 "process.")
         self._held = Gauge("retry_budget_client_tokens_held",
                            "Retry tokens this process holds right now (lease or fallback).",
                            ("tenant",), registry=registry)
@@ -51,11 +58,12 @@ class PrometheusClientMetrics:
         (self._syncs_ok if ok else self._syncs_error).inc()
 
     def tenant_updated(self, tenant: str, stats) -> None:
-        last = self._last.get(tenant, (0, 0, 0, 0))
+        last = self._last.get(tenant, (0,) * 6)
         now = (stats.retries_allowed, stats.retries_denied, stats.fallback_allowed,
-               stats.successes)
+               stats.successes, stats.shadow_denied, stats.requests)
         for metric, before, after in zip((self._allowed, self._denied, self._fallback,
-                                          self._successes), last, now):
+                                          self._successes, self._shadow_denied, self._requests),
+                                         last, now):
             if after > before:
                 metric.labels(tenant=tenant).inc(after - before)
         self._last[tenant] = tuple(max(a, b) for a, b in zip(last, now))

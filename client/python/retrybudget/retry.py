@@ -5,16 +5,18 @@ callers never write the loop themselves.
                                          timeout=2.0, stop=stop_event)
 
 What one logical call does:
- * The first attempt is always sent (unless already stopped or past the deadline); the budget
-   decides every RETRY: one budget.try_acquire() per retry.
+ * The first attempt is always sent (unless already stopped or past the deadline), and
+   counted with budget.record_request() (once per call); the budget decides every RETRY: one
+   budget.try_acquire(cost) per retry, `cost` from the policy (1 by default, or a function of
+   the failed attempt's error: AWS's shape, 5 for a retryable error and 10 for a timeout).
  * After a failed attempt, in this order: stopped? -> retryable? -> attempts left? -> backoff
    (server pushback or full-jitter exponential) -> would the backoff end at or after the overall
    deadline? (then RetryDeadlineExceeded now, no token taken) -> a tenant that has not had its
    first answer yet (a new client: budget.is_ready() False) is waited for, the time counting
    as backoff, bounded by the deadline, ended by `stop` / task cancellation (no token taken
    yet) -> try_acquire() (denied: BudgetExhausted from the last error) -> wait the rest of the
-   backoff, woken by `stop` (stopped or, in asyncio, cancelled: the token is refund()ed and
-   RetryCancelled / CancelledError raised) -> next attempt.
+   backoff, woken by `stop` (stopped or, in asyncio, cancelled: the retry's cost is refund()ed
+   and RetryCancelled / CancelledError raised) -> next attempt.
  * A call that succeeds, at any attempt, calls record_success() exactly once.
  * Every attempt of a call sees the same idempotency key.
  * A BudgetExhausted raised by an attempt (an inner retry layer's budget said no) is never
@@ -27,11 +29,12 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Optional, TypeVar
+from typing import Awaitable, Callable, Optional, TypeVar, Union
 
 import grpc
 
 from ._types import BudgetExhausted, InvalidOptions
+from .tenant_budget import MAX_COST
 
 _RETRYABLE_GRPC_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                          grpc.StatusCode.ABORTED, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -71,6 +74,10 @@ class RetryPolicy:
     per_attempt_timeout: Optional[float] = None
     # Which exceptions are retried.
     is_retryable: Callable[[BaseException], bool] = field(default=default_is_retryable)
+    # Tokens one retry takes (try_acquire(cost)): an int in [1, 1000000], or a function of the
+    # failed attempt's error returning one, e.g. aws_cost (5, a timeout 10) or a price by the
+    # request's size. The cost taken is the cost refunded when the retry is not sent.
+    cost: Union[int, Callable[[BaseException], int]] = 1
 
     def validate(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
@@ -87,6 +94,34 @@ class RetryPolicy:
         if self.per_attempt_timeout is not None and not self.per_attempt_timeout > 0:
             raise InvalidOptions(f"policy.per_attempt_timeout is {self.per_attempt_timeout}; it "
                                  "must be > 0")
+        if not callable(self.cost):
+            _check_policy_cost(self.cost, "policy.cost is")
+
+    def cost_of(self, error: BaseException) -> int:
+        """The cost of a retry after `error`; InvalidOptions naming policy.cost when the cost
+        (or what its function returned) is not an int in [1, 1000000]."""
+        if not callable(self.cost):
+            _check_policy_cost(self.cost, "policy.cost is")
+            return self.cost
+        cost = self.cost(error)
+        _check_policy_cost(cost, f"policy.cost returned for {error!r}")
+        return cost
+
+
+def _check_policy_cost(cost, what: str) -> None:
+    if isinstance(cost, bool) or not isinstance(cost, int) or not 1 <= cost <= MAX_COST:
+        raise InvalidOptions(f"{what} {cost!r}; it must be an integer in [1, {MAX_COST}]")
+
+
+def aws_cost(error: BaseException) -> int:
+    """AWS SDKs' standard retry quota's prices, for RetryPolicy(cost=aws_cost): a retry after
+    a timeout (TimeoutError, gRPC DEADLINE_EXCEEDED) costs 10 tokens, after any other error 5."""
+    if isinstance(error, TimeoutError):
+        return 10
+    if isinstance(error, grpc.RpcError) and hasattr(error, "code") \
+            and error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return 10
+    return 5
 
 
 @dataclass
@@ -133,6 +168,13 @@ class _Loop:
         self.key = idempotency_key or new_idempotency_key()
         self.number = 0
         self.last_error = None
+        self.cost = 0  # of the retry whose token was taken last
+
+    def first_attempt(self) -> Attempt:
+        """The call's first attempt (next_attempt()), counted as one request."""
+        attempt = self.next_attempt()
+        self.budget.record_request()
+        return attempt
 
     def next_attempt(self) -> Attempt:
         if self.stop is not None and self.stop.is_set():
@@ -193,8 +235,10 @@ class _Loop:
                 f"the rest of the backoff, {left:.3f}s after {waited:.3f}s waiting for the "
                 f"budget's first answer, would end past the deadline; last error: {error!r}",
                 error) from error
-        if not self.budget.try_acquire():
+        cost = self.policy.cost_of(error)
+        if not self.budget.try_acquire(cost):
             raise BudgetExhausted(error, self.number) from error
+        self.cost = cost
         return left
 
 
@@ -214,8 +258,8 @@ def call_with_retry(budget, fn: Callable[[Attempt], T], *,
     RetryDeadlineExceeded, or InvalidOptions for a bad policy (no attempt made)."""
     loop = _Loop(budget, policy or RetryPolicy(), timeout, deadline, idempotency_key, random,
                  clock, stop)
+    attempt = loop.first_attempt()
     while True:
-        attempt = loop.next_attempt()
         try:
             result = fn(attempt)
         except Exception as error:  # noqa: BLE001 - the policy decides
@@ -234,8 +278,9 @@ def call_with_retry(budget, fn: Callable[[Attempt], T], *,
         backoff = loop.acquire(backoff, waited)
         waiter = stop if stop is not None else threading.Event()
         if waiter.wait(backoff):
-            budget.refund()  # the retry is never sent
+            budget.refund(loop.cost)  # the retry is never sent
             raise RetryCancelled("the call was stopped during a backoff") from loop.last_error
+        attempt = loop.next_attempt()
 
 
 # While waiting for a tenant's first answer with a `stop` event, how often `stop` is looked at
@@ -268,8 +313,8 @@ async def async_call_with_retry(budget, fn: Callable[[Attempt], Awaitable[T]], *
     the next retry is refund()ed and CancelledError propagates."""
     loop = _Loop(budget, policy or RetryPolicy(), timeout, deadline, idempotency_key, random,
                  clock, None)
+    attempt = loop.first_attempt()
     while True:
-        attempt = loop.next_attempt()
         try:
             result = await fn(attempt)
         except Exception as error:  # noqa: BLE001 - CancelledError is a BaseException
@@ -286,5 +331,6 @@ async def async_call_with_retry(budget, fn: Callable[[Attempt], Awaitable[T]], *
         try:
             await asyncio.sleep(backoff)
         except asyncio.CancelledError:
-            budget.refund()  # the retry is never sent
+            budget.refund(loop.cost)  # the retry is never sent
             raise
+        attempt = loop.next_attempt()

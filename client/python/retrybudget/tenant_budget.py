@@ -4,13 +4,14 @@ leasing protocol the refresher drives (a port of the C++ TenantBudgetImpl and Le
 import asyncio
 import re
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, NamedTuple, Optional
 
 from . import _ledger
 from ._bucket_math import (INFINITE_FUTURE, INFINITE_PAST, MAX_LEASE_TOKENS, BucketShape,
                            DemandEstimator, FallbackBucket, RecentSmallest, low_water_mark,
                            next_sync_delay, want_for)
-from ._types import DENY_FALLBACK, FALLBACK, LEASE, NO_LEASE, TenantStats
+from ._proto import budget_pb2
+from ._types import (DENY_FALLBACK, ENFORCE, FALLBACK, LEASE, NO_LEASE, SHADOW, TenantStats)
 
 _TENANT_RE = re.compile(r"[A-Za-z0-9._:/-]{1,128}")
 
@@ -34,6 +35,45 @@ DOWN = "down"                # unreachable for a refresh period (or the shard ha
                              # a spent lease falls back at once
 
 
+# The largest cost of one retry (try_acquire(cost), refund(cost)).
+MAX_COST = 1_000_000
+
+
+def check_cost(cost) -> None:
+    """Raises ValueError naming `cost` and its value unless it is an int (not a bool) in
+    [1, MAX_COST]."""
+    if type(cost) is not int and (isinstance(cost, bool) or not isinstance(cost, int)):
+        raise ValueError(f"cost is {cost!r}; it must be an integer in [1, {MAX_COST}]")
+    if not 1 <= cost <= MAX_COST:
+        raise ValueError(f"cost is {cost}; it must be in [1, {MAX_COST}]")
+
+
+class LocalCredit:
+    """The books of one kind of event that funds the fallback bucket (successes, requests): the
+    most events any request built so far carried (the server may credit all of those), the
+    count up to which fallback steps considered crediting, and how many the fallback buckets
+    credited (TenantSync.successes_credited_locally, requests_credited_locally). Each event is
+    credited once, locally or by the server. Not thread-safe: the refresher's, under `_mu`."""
+
+    __slots__ = ("in_requests", "considered", "credited_locally")
+
+    def __init__(self):
+        self.in_requests = 0
+        self.considered = 0
+        self.credited_locally = 0
+
+    def creditable(self, count: int) -> int:
+        """Of `count` events so far, those since the last fallback step that no request built
+        so far carries; marks them considered."""
+        start = max(self.in_requests, self.considered)
+        self.considered = max(self.considered, count)
+        return count - start if count > start else 0
+
+    def carried(self, count: int) -> None:
+        """A request built now carries `count` events: the server may credit every one."""
+        self.in_requests = max(self.in_requests, count)
+
+
 def check_tenant_name(name) -> None:
     from ._types import InvalidOptions
     if not isinstance(name, str) or not _TENANT_RE.fullmatch(name):
@@ -44,9 +84,10 @@ def check_tenant_name(name) -> None:
 class TenantBudget:
     """A tenant's budget as seen from this process. Thread-safe.
 
-    try_acquire(), refund() and record_success() are the hot path: each takes one lock for the
-    counter update only, never blocks on anything else, never performs I/O and never reads a
-    clock. The other methods belong to the refresher (serialised by it) and take `_mu`."""
+    try_acquire(), refund(), record_success() and record_request() are the hot path: each takes
+    one lock for the counter update only, never blocks on anything else, never performs I/O and
+    never reads a clock. The other methods belong to the refresher (serialised by it) and take
+    `_mu`."""
 
     def __init__(self, tenant: str, waker, created: float, fallback_mode: str,
                  never_reached: BucketShape):
@@ -59,9 +100,18 @@ class TenantBudget:
         self._held = 0
         self._mark = 0
         self._closed = True
+        # Shadow (TenantGrant.mode MODE_SHADOW of the last applied grant): a denial is allowed
+        # and counted instead (rule shadow.allow-and-count).
+        self._shadow = False
         self._successes = 0
+        self._requests = 0
+        self._allowed = 0         # try_acquire() true with tokens: retries, whatever their cost
         self._denied = 0
-        self._refunds = 0
+        self._shadow_denied = 0   # would-be denials let through in shadow
+        self._unbacked = 0        # their cost, until refunded (rule shadow.refund-unbacked-first)
+        self._denied_tokens = 0   # the cost of every denial and would-be denial: demand
+        self._refunds = 0         # tokens given back by refund()
+        self._backed_refunds = 0  # refund() calls that gave tokens back
         self._sync_wanted = False
         # Refresher side.
         self._mu = threading.Lock()
@@ -77,13 +127,10 @@ class TenantBudget:
         self._fallback = None
         # Fallback episodes: [shape cap, refill, start, end or None] (see fallback_allowance()).
         self._episodes = []
-        # Success-funded fallback (TenantSync.successes_credited_locally): the most successes
-        # any request built so far carried (the server may credit all of those), the successes
-        # counter up to which fallback steps considered crediting, and how many the fallback
-        # buckets credited.
-        self._successes_in_requests = 0
-        self._successes_considered = 0
-        self._successes_credited_locally = 0
+        # Success- and request-funded fallback (rules success-funded-fallback,
+        # requests.fallback-credit).
+        self._success_credit = LocalCredit()
+        self._request_credit = LocalCredit()
         # The tenant's first answer (a grant, a refusal, or the fallback because the server
         # cannot be reached; or the client's shutdown): set once, never cleared. Callbacks run
         # once when it is set (they must not block: they hand the news to a waiter).
@@ -97,35 +144,61 @@ class TenantBudget:
 
     # ---- worker side (hot path) ----
 
-    def try_acquire(self) -> bool:
-        """Asks for one retry: True when a token was taken (send the retry), False when none is
-        available (fail the call now). Never blocks, never performs I/O; on False (or when the
-        lease runs low) it wakes the refresher so a grant arrives within one round trip."""
+    def try_acquire(self, cost: int = 1) -> bool:
+        """Asks for one retry costing `cost` tokens (an int in [1, 1000000], else ValueError
+        naming it): True when `cost` tokens were taken (send the retry), False when fewer are
+        available (fail the call now); never a partial take. A tenant in shadow mode answers
+        True where enforcement would deny, taking no token and counting a would-be denial.
+        Never blocks, never performs I/O; on a denial (or when the lease runs low) it wakes the
+        refresher so a grant arrives within one round trip."""
+        if type(cost) is not int or not 0 < cost <= MAX_COST:
+            check_cost(cost)
         with self._lock:
-            if self._closed or self._held == 0:
-                self._denied += 1
-                low = None
+            before = self._held
+            if not self._closed and before >= cost:
+                self._held = before - cost
+                self._allowed += 1
+                allowed = True
+                wake = self._held <= self._mark < before
             else:
-                self._held -= 1
-                low = self._held == self._mark
-        if low is None:
+                allowed = self._shadow
+                if allowed:
+                    self._shadow_denied += 1
+                    self._unbacked += cost
+                else:
+                    self._denied += 1
+                self._denied_tokens += cost
+                wake = True
+        if wake:
             self._request_sync()
-            return False
-        if low:
-            self._request_sync()
-        return True
+        return allowed
 
-    def refund(self) -> None:
-        """Gives back a token taken by try_acquire() for a retry that was never sent (e.g.
-        cancelled during backoff). At most once per successful try_acquire()."""
+    def refund(self, cost: int = 1) -> None:
+        """Gives back the `cost` tokens taken by try_acquire(cost) for a retry that was never
+        sent (e.g. cancelled during backoff); at most once per successful try_acquire(), with
+        its cost (ValueError naming `cost` when it is not an int in [1, 1000000]). While
+        would-be denials of shadow mode are out (their cost not yet refunded), a refund of at
+        most their cost cancels theirs instead and gives nothing back."""
+        if type(cost) is not int or not 0 < cost <= MAX_COST:
+            check_cost(cost)
         with self._lock:
-            self._held += 1
-            self._refunds += 1
+            if self._unbacked >= cost:
+                self._unbacked -= cost
+                return
+            self._held += cost
+            self._refunds += cost
+            self._backed_refunds += 1
 
     def record_success(self) -> None:
         """Records one successful logical call; it earns the budget `success_credit`."""
         with self._lock:
             self._successes += 1
+
+    def record_request(self) -> None:
+        """Records one request (a logical call's first attempt); a windowed policy's budget
+        earns `retry_ratio` for it. The retry helpers call it once per call."""
+        with self._lock:
+            self._requests += 1
 
     def is_ready(self) -> bool:
         """True once the tenant had its first answer: a lease granted, a refusal, or the
@@ -207,22 +280,34 @@ class TenantBudget:
     def stats(self) -> TenantStats:
         """A snapshot of this process's counters for the tenant (not a hot-path call)."""
         with self._mu:
-            with self._lock:
-                held, closed = self._held, self._closed
-                successes, denied, refunds = self._successes, self._denied, self._refunds
+            c = self._counters()
             return TenantStats(
-                successes=successes,
-                retries_allowed=self._ledger.exact_spent(held),
-                retries_denied=denied,
-                fallback_allowed=self._ledger.exact_fallback_spent(held),
+                successes=c.successes,
+                retries_allowed=c.allowed - c.backed_refunds,
+                retries_denied=c.denied,
+                fallback_allowed=self._ledger.exact_fallback_spent(c.held),
+                tokens_spent=self._ledger.exact_spent(c.held),
                 tokens_received=self._ledger.tokens_received,
                 tokens_returned=self._ledger.tokens_returned,
-                tokens_held=held,
-                refunds=refunds,
-                successes_credited_locally=self._successes_credited_locally,
-                lease_active=self._mode == LEASED and not closed,
+                tokens_held=c.held,
+                refunds=c.refunds,
+                successes_credited_locally=self._success_credit.credited_locally,
+                requests=c.requests,
+                requests_credited_locally=self._request_credit.credited_locally,
+                shadow_denied=c.shadow_denied,
+                unbacked=c.unbacked,
+                lease_active=self._mode == LEASED and not c.closed,
                 mode=_PUBLIC_MODE.get(self._mode, NO_LEASE),
+                enforcement=SHADOW if c.shadow else ENFORCE,
                 error=self._error)
+
+    def _counters(self) -> "_Counters":
+        """The hot-path counters and the word, read together (one lock)."""
+        with self._lock:
+            return _Counters(self._held, self._closed, self._shadow, self._successes,
+                             self._requests, self._allowed, self._denied, self._shadow_denied,
+                             self._unbacked, self._denied_tokens, self._refunds,
+                             self._backed_refunds)
 
     @property
     def lease_mode(self) -> str:
@@ -323,8 +408,7 @@ class TenantBudget:
         self._fallback = FallbackBucket(share or self._never_reached, now, start_full)
         self._episodes.append([self._fallback.cap, self._fallback.shape.refill_per_second, now,
                                None])
-        first = self._fallback.refill(now, 0, self._creditable_successes())
-        self._successes_credited_locally += self._fallback.last_credited
+        first = self._refill_bucket(now, 0)
         withdrawn = self._replace(first, self._fallback_mark())
         self._ledger.withdrew(withdrawn, 0)
         self._ledger.switch_to(_ledger.FALLBACK)
@@ -332,18 +416,19 @@ class TenantBudget:
         self._mode = IN_FALLBACK
         self._mark_ready()  # with the bucket's first tokens in the word
 
-    def _creditable_successes(self) -> int:
-        # Successes recorded since the last fallback step that no request built so far carries;
-        # marks them considered.
+    def _refill_bucket(self, now: float, held: int) -> int:
+        # One fallback step's refill, crediting the successes and requests recorded since the
+        # last step that no request built so far carries.
         with self._lock:
-            successes = self._successes
-        start = max(self._successes_in_requests, self._successes_considered)
-        self._successes_considered = max(self._successes_considered, successes)
-        return successes - start if successes > start else 0
+            successes, requests = self._successes, self._requests
+        add = self._fallback.refill(now, held, self._success_credit.creditable(successes),
+                                    self._request_credit.creditable(requests))
+        self._success_credit.credited_locally += self._fallback.last_credited
+        self._request_credit.credited_locally += self._fallback.last_requests_credited
+        return add
 
     def _refill_fallback(self, now: float) -> float:
-        add = self._fallback.refill(now, self._held_now(), self._creditable_successes())
-        self._successes_credited_locally += self._fallback.last_credited
+        add = self._refill_bucket(now, self._held_now())
         self._ledger.fallback_deposited(self._deposit(add, self._fallback_mark()))
         return self._fallback.next_token_at()
 
@@ -390,30 +475,36 @@ class TenantBudget:
                 self._ledger.withdrew(withdrawn, self._held_now())
             return INFINITE_FUTURE
 
-    def _fill_counters(self, held: int, out) -> None:
-        with self._lock:
-            successes, denied = self._successes, self._denied
+    def _fill_counters(self, c: "_Counters", out) -> None:
         out.tenant = self.tenant
-        out.successes = successes
-        self._ledger.report(held)
+        out.successes = c.successes
+        out.requests = c.requests
+        self._ledger.report(c.held)
         out.retries_spent = self._ledger.reported_spent
         out.retries_refunded = self._ledger.reported_refunded
-        out.retries_denied = denied
+        out.retries_denied = c.denied
+        out.shadow_denied = c.shadow_denied
+        # A retry taken and refunded before any report is in no retries_spent: at most that.
+        out.retries_allowed = min(c.allowed, out.retries_spent)
         out.tokens_returned = self._ledger.tokens_returned
         out.tokens_received = self._ledger.tokens_received
         out.fallback_spent = self._ledger.reported_fallback_spent
         out.fallback_refunded = self._ledger.reported_fallback_refunded
-        out.successes_credited_locally = self._successes_credited_locally
-        # From now on the server may credit every success this request carries.
-        self._successes_in_requests = max(self._successes_in_requests, successes)
+        out.successes_credited_locally = self._success_credit.credited_locally
+        out.requests_credited_locally = self._request_credit.credited_locally
+        # From now on the server may credit every success and request this request carries.
+        self._success_credit.carried(c.successes)
+        self._request_credit.carried(c.requests)
 
     def fill_sync(self, now: float, policy, out) -> None:
         """Fills `out` (a TenantSync) for a NEW request built at `now`."""
         with self._mu:
-            held = self._held_now()
+            c = self._counters()
+            held = c.held
             self._in_a_request = True
-            self._fill_counters(held, out)
-            self._demand.observe(now, out.retries_spent + out.retries_denied)
+            self._fill_counters(c, out)
+            # Demand in tokens: those spent, and the cost of every denial (or would-be denial).
+            self._demand.observe(now, out.retries_spent + c.denied_tokens)
             leased = held if self._ledger.source == _ledger.LEASE else 0
             out.want = want_for(self._demand.rate, policy.refresh_period, policy.lease_burst,
                                 leased)
@@ -437,10 +528,14 @@ class TenantBudget:
             else:
                 deposited = self._deposit(granted, low_water_mark(granted))
             self._ledger.received(granted, deposited)
+            # Rule shadow.mode-from-response: every entry applied sets the mode.
+            with self._lock:
+                self._shadow = grant.mode == budget_pb2.MODE_SHADOW
             if grant.HasField("safe_share"):
-                self._safe_shares.note(BucketShape(grant.safe_share.capacity,
-                                                   grant.safe_share.refill_per_second,
-                                                   grant.safe_share.success_credit), received)
+                share = grant.safe_share
+                self._safe_shares.note(BucketShape(share.capacity, share.refill_per_second,
+                                                   share.success_credit, share.request_credit),
+                                       received)
                 self._last_safe_share_at = received
             # A TTL above the longest a policy allows (600 s) is read as that.
             self._expiry = sent + min(max(0, grant.lease_ttl_ms), MAX_LEASE_TTL_MS) / 1000.0
@@ -478,6 +573,21 @@ class TenantBudget:
         with self._mu:
             self._mode = SHUTDOWN
             self._withdraw_all(now)
-            self._fill_counters(self._held_now(), out)
+            self._fill_counters(self._counters(), out)
             out.want = 0
         self._mark_ready()  # closed: waiters stop waiting (try_acquire() denies from now on)
+
+
+class _Counters(NamedTuple):
+    held: int
+    closed: bool
+    shadow: bool
+    successes: int
+    requests: int
+    allowed: int
+    denied: int
+    shadow_denied: int
+    unbacked: int
+    denied_tokens: int
+    refunds: int
+    backed_refunds: int
