@@ -63,10 +63,19 @@ func serverRules(t *testing.T, reqs []*pb.SyncRequest) {
 			if e.FallbackSpent > e.RetriesSpent {
 				t.Errorf("seq %d: fallback_spent %d > retries_spent %d", r.Seq, e.FallbackSpent, e.RetriesSpent)
 			}
+			if e.RequestsCreditedLocally > e.Requests {
+				t.Errorf("seq %d: requests_credited_locally %d > requests %d", r.Seq,
+					e.RequestsCreditedLocally, e.Requests)
+			}
+			if e.RetriesAllowed > e.RetriesSpent {
+				t.Errorf("seq %d: retries_allowed %d > retries_spent %d", r.Seq, e.RetriesAllowed, e.RetriesSpent)
+			}
 			if p, ok := last[e.Tenant]; ok {
 				if e.Successes < p.Successes || e.SuccessesCreditedLocally < p.SuccessesCreditedLocally ||
 					e.RetriesSpent < p.RetriesSpent || e.FallbackSpent < p.FallbackSpent ||
-					e.TokensReceived < p.TokensReceived || e.TokensReturned < p.TokensReturned {
+					e.TokensReceived < p.TokensReceived || e.TokensReturned < p.TokensReturned ||
+					e.Requests < p.Requests || e.RequestsCreditedLocally < p.RequestsCreditedLocally ||
+					e.ShadowDenied < p.ShadowDenied || e.RetriesAllowed < p.RetriesAllowed {
 					t.Errorf("seq %d: a counter went backwards: %v after %v", r.Seq, e, p)
 				}
 			}

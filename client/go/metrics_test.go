@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	pb "github.com/retry-budget/retry-budget/client/go/budgetpb"
 )
 
 func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
@@ -46,6 +47,8 @@ func TestMetricsHaveTheCppClientsNamesAndLabels(t *testing.T) {
 	b.TryAcquire()
 	b.Refund()
 	b.RecordSuccess()
+	b.RecordRequest()
+	b.RecordRequest()
 	h.clock.Advance(300 * time.Millisecond)
 	h.ref.runOnce()
 	got := gather(t, reg)
@@ -54,6 +57,8 @@ func TestMetricsHaveTheCppClientsNamesAndLabels(t *testing.T) {
 		"retry_budget_client_retries_denied_total{tenant=t1}":    1,
 		"retry_budget_client_fallback_retries_total{tenant=t1}":  0,
 		"retry_budget_client_successes_total{tenant=t1}":         1,
+		"retry_budget_client_requests_total{tenant=t1}":          2,
+		"retry_budget_client_shadow_denied_total{tenant=t1}":     0,
 		"retry_budget_client_tokens_held{tenant=t1}":             9,
 		"retry_budget_client_mode{mode=lease,tenant=t1}":         1,
 		"retry_budget_client_mode{mode=no_lease,tenant=t1}":      0,
@@ -80,5 +85,27 @@ func TestMetricsHaveTheCppClientsNamesAndLabels(t *testing.T) {
 	o.MetricsRegistry = reg
 	if _, err := NewClient(o); !errors.Is(err, ErrInvalidOptions) || !strings.Contains(err.Error(), "options.MetricsRegistry") {
 		t.Fatalf("second client on one registry: %v", err)
+	}
+}
+
+func TestMetricsCountAShadowTenantsWouldBeDenialsAndRetriesNotTokens(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	h := newHarness(t, grantMode(6, pb.Mode_MODE_SHADOW, 0, 0), func(o *ClientOptions) { o.MetricsRegistry = reg })
+	b := h.tenant(t, "t1")
+	h.ref.runOnce()
+	b.TryAcquireN(3)
+	b.TryAcquireN(3)
+	b.TryAcquireN(3) // would be denied
+	h.clock.Advance(300 * time.Millisecond)
+	h.ref.runOnce()
+	got := gather(t, reg)
+	for k, v := range map[string]float64{
+		"retry_budget_client_retries_allowed_total{tenant=t1}": 2,
+		"retry_budget_client_shadow_denied_total{tenant=t1}":   1,
+		"retry_budget_client_retries_denied_total{tenant=t1}":  0,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -258,6 +259,9 @@ func TestDoBadOptionsNameTheOption(t *testing.T) {
 		{WithBackoff(0, 0, 0.5), "multiplier is 0.5"},
 		{WithPerAttemptTimeout(0), "WithPerAttemptTimeout(0s)"},
 		{WithIdempotencyKey("a\nb"), `WithIdempotencyKey("a\nb")`},
+		{WithCost(0), "WithCost(0): cost must be in [1, 1000000]"},
+		{WithCost(MaxCost + 1), "WithCost(1000001)"},
+		{WithCostFunc(nil), "WithCostFunc(nil)"},
 	} {
 		calls := 0
 		err := Do(context.Background(), newCountingBudget(1), func(context.Context, Attempt) error { calls++; return nil }, c.opt)
@@ -291,5 +295,111 @@ func TestParseRetryPushback(t *testing.T) {
 		if d, ok := ParseRetryPushback(metadata.Pairs(RetryPushbackHeader, v)); !ok || d >= 0 {
 			t.Fatalf("%q: %v %v", v, d, ok)
 		}
+	}
+}
+
+func TestDoRecordsOneRequestPerCallAndPricesEachRetryByTheErrorBeforeIt(t *testing.T) {
+	b := newCountingBudget(100)
+	timeout := status.Error(codes.DeadlineExceeded, "attempt timed out")
+	aws := WithCostFunc(func(err error) int {
+		if status.Code(err) == codes.DeadlineExceeded {
+			return 10
+		}
+		return 5
+	})
+	err := Do(context.Background(), b, func(ctx context.Context, a Attempt) error {
+		switch a.Number {
+		case 1:
+			return errUnavailable
+		case 2:
+			return timeout
+		}
+		return nil
+	}, WithBackoff(0, 0, 1), aws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.costs) != 2 || b.costs[0] != 5 || b.costs[1] != 10 || b.tokens.Load() != 85 {
+		t.Fatalf("costs %v, %d tokens left of 100; want [5 10], 85", b.costs, b.tokens.Load())
+	}
+	if b.requests.Load() != 1 || b.successes.Load() != 1 {
+		t.Fatalf("%d requests, %d successes recorded; want 1 and 1", b.requests.Load(), b.successes.Load())
+	}
+	// A call that fails without retrying records its request too; one whose context is done
+	// before the first attempt records none.
+	_ = Do(context.Background(), b, func(context.Context, Attempt) error { return errors.New("permanent") })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = Do(ctx, b, func(context.Context, Attempt) error { return nil })
+	if b.requests.Load() != 2 {
+		t.Fatalf("%d requests recorded, want 2", b.requests.Load())
+	}
+}
+
+func TestDoWithCostTakesThatManyTokensAndADenialNamesTheCost(t *testing.T) {
+	b := newCountingBudget(12)
+	err := Do(context.Background(), b, func(context.Context, Attempt) error { return errUnavailable },
+		WithBackoff(0, 0, 1), WithMaxAttempts(10), WithCost(5))
+	var ce *CallError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrBudgetExhausted) || ce.Attempts != 3 {
+		t.Fatalf("err %v: want ErrBudgetExhausted after 3 attempts (2 retries of 5 from 12)", err)
+	}
+	if !strings.Contains(err.Error(), "a retry of cost 5") || b.tokens.Load() != 2 {
+		t.Fatalf("err %q, %d tokens left; want the cost named and 2 left", err, b.tokens.Load())
+	}
+	// A price outside [1, MaxCost] is denied, named, and takes nothing.
+	b = newCountingBudget(12)
+	err = Do(context.Background(), b, func(context.Context, Attempt) error { return errUnavailable },
+		WithBackoff(0, 0, 1), WithCostFunc(func(error) int { return 0 }))
+	if !errors.Is(err, ErrBudgetExhausted) || !strings.Contains(err.Error(), "cost 0 is outside [1, 1000000]") ||
+		b.tokens.Load() != 12 {
+		t.Fatalf("err %v, %d tokens left", err, b.tokens.Load())
+	}
+}
+
+func TestDoCancelledDuringBackoffRefundsTheCostItTook(t *testing.T) {
+	clock := NewFakeClock(epoch)
+	b := newCountingBudget(10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Do(ctx, b, func(ctx context.Context, a Attempt) error { return errUnavailable },
+			WithClock(clock), WithBackoff(time.Hour, time.Hour, 1), WithRandom(noJitter), WithCost(7))
+	}()
+	for clock.Timers() == 0 {
+		runtime.Gosched()
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	if len(b.refunded) != 1 || b.refunded[0] != 7 || b.tokens.Load() != 10 {
+		t.Fatalf("refunded %v, %d tokens; want [7] and all 10 back", b.refunded, b.tokens.Load())
+	}
+}
+
+func TestInterceptorRecordsTheRequestOnceAndPricesEveryRetry(t *testing.T) {
+	b := newCountingBudget(100)
+	var previous []string
+	invoker := func(ctx context.Context, method string, req, reply interface{}, cc *grpc.ClientConn,
+		opts ...grpc.CallOption) error {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		previous = append(previous, strings.Join(md.Get(PreviousAttemptsHeader), ","))
+		if len(previous) < 3 {
+			return errUnavailable
+		}
+		return nil
+	}
+	call := UnaryClientInterceptor(b, WithBackoff(0, 0, 1), WithCost(5))
+	if err := call(context.Background(), "/x.Y/Z", nil, nil, nil, invoker); err != nil {
+		t.Fatal(err)
+	}
+	if b.requests.Load() != 1 || b.successes.Load() != 1 || len(b.costs) != 2 || b.costs[0] != 5 ||
+		b.costs[1] != 5 || b.tokens.Load() != 90 {
+		t.Fatalf("requests %d, successes %d, costs %v, tokens %d", b.requests.Load(),
+			b.successes.Load(), b.costs, b.tokens.Load())
+	}
+	if strings.Join(previous, "|") != "|1|2" {
+		t.Fatalf("grpc-previous-rpc-attempts per attempt: %q", previous)
 	}
 }
