@@ -58,8 +58,9 @@ type ClientOptions struct {
 	FallbackRefillPerSecond float64
 
 	// MetricsRegistry receives the retry_budget_client_* metrics (retries allowed, denied and
-	// allowed in fallback, successes, tokens held, mode per tenant; syncs by result, sync
-	// errors by code, redirects). Nil: no metrics. Two clients must not share one registry.
+	// allowed in fallback, a shadow tenant's would-be denials, successes, requests, tokens held,
+	// mode per tenant; syncs by result, sync errors by code, redirects). Nil: no metrics. Two
+	// clients must not share one registry.
 	MetricsRegistry prometheus.Registerer
 
 	// TransportCredentials of the channels (e.g. credentials.NewTLS with a client
