@@ -83,6 +83,7 @@ test('p-retry: aborting the backoff rejects at once and refunds the token', asyn
   const s = budget.stats();
   assert.equal(s.refunds, 1);
   assert.equal(s.retriesAllowed, 0);
+  assert.equal(s.tokensSpent, 0);
   assert.equal(await client.close(), null);
   assert.equal(Number((await getBudget(server.target, 'pr-abort')).retriesTotal), 0);
 });

@@ -125,7 +125,7 @@ try {
 } catch (e) { outcome = e === reason ? 'aborted' : String(e); rejectedAfter = Date.now() - started; }
 const during = budget.stats();
 const status = await client.close();
-console.log(JSON.stringify({ outcome, attempts, rejectedAfter, heldBefore: before.tokensHeld, heldAfter: during.tokensHeld, refunds: during.refunds, retriesAllowed: during.retriesAllowed, status }));
+console.log(JSON.stringify({ outcome, attempts, rejectedAfter, heldBefore: before.tokensHeld, heldAfter: during.tokensHeld, refunds: during.refunds, retriesAllowed: during.retriesAllowed, tokensSpent: during.tokensSpent, status }));
 `;
 
 function runChild(target, mode) {
@@ -149,7 +149,8 @@ test('an abort during the backoff rejects at once, refunds the token, and the pr
   assert.equal(r.attempts, 1);
   assert.ok(r.rejectedAfter < 5000, `rejected ${r.rejectedAfter} ms after the start`);
   assert.equal(r.refunds, 1);
-  assert.equal(r.retriesAllowed, 0, 'the token taken for the retry came back: nothing spent');
+  assert.equal(r.retriesAllowed, 0, 'the retry taken came back: none allowed');
+  assert.equal(r.tokensSpent, 0, 'the token taken for the retry came back: nothing spent');
   assert.equal(r.status, null);
 
   // The control: without the abort the same child is still waiting out its backoff (so the

@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, retryBackoff,
+  DemandEstimator, FallbackBucket, LocalCredit, RecentSmallest, lowWaterMark, nextSyncDelay, retryBackoff,
   wantFor, MAX_LEASE_TOKENS,
 } from '../../client/js/src/bucket-math.js';
 import { TenantLedger, FALLBACK } from '../../client/js/src/ledger.js';
@@ -109,7 +109,7 @@ test('the smallest share of the last minute is kept', () => {
   const r = new RecentSmallest();
   r.note({ capacity: 10, refillPerSecond: 30 }, 0);
   r.note({ capacity: 40, refillPerSecond: 90 }, 30);
-  assert.deepEqual(r.get(59), { capacity: 10, refillPerSecond: 30, successCredit: 0 });
+  assert.deepEqual(r.get(59), { capacity: 10, refillPerSecond: 30, successCredit: 0, requestCredit: 0 });
   assert.equal(r.get(200), null);
 });
 
@@ -464,7 +464,10 @@ test('the final Sync carries final=true, every counter, want 0, and returns ever
   assert.equal(plan.address, null);
   assert.equal(req.final, true);
   assert.equal(req.seq, 2);
-  assert.deepEqual(req.tenants[0], { tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0, successesCreditedLocally: 0, retriesRefunded: 0, fallbackRefunded: 0 });
+  assert.deepEqual(req.tenants[0], {
+    tenant: 'a', successes: 1, retriesSpent: 1, retriesDenied: 0, tokensReturned: 5, tokensReceived: 6, want: 0, fallbackSpent: 0,
+    successesCreditedLocally: 0, retriesRefunded: 0, fallbackRefunded: 0, requests: 0, requestsCreditedLocally: 0, shadowDenied: 0, retriesAllowed: 1,
+  });
   assert.equal(a.tryAcquire(), false);
   assert.equal(r.engine.endFinal(plan, { code: null, response: { tenants: [], stale: false } }), null);
   assert.equal(r.engine.nextFinal(), null);
@@ -500,10 +503,21 @@ test('the hot path allocates nothing: no GC during millions of calls (a control 
   const budget = new TenantBudget('hot', () => {}, 0, 'deny', { capacity: 0, refillPerSecond: 0 });
   budget._deposit(10, 0);
   const run = (n, f) => { for (let i = 0; i < n; i++) f(i); };
-  run(100_000, () => { if (budget.tryAcquire()) budget.refund(); budget.recordSuccess(); }); // JIT warm-up
+  // Costs of 1 and 3, a denial, a request; and a shadow tenant's would-be denials.
+  const shadow = new TenantBudget('shadow', () => {}, 0, 'deny', { capacity: 0, refillPerSecond: 0 });
+  shadow._shadow = true;
+  const calls = () => {
+    if (budget.tryAcquire()) budget.refund();
+    if (budget.tryAcquire(3)) budget.refund(3);
+    budget.tryAcquire(11);
+    budget.recordSuccess();
+    budget.recordRequest();
+    if (shadow.tryAcquire(2)) shadow.refund(2);
+  };
+  run(100_000, calls); // JIT warm-up
   await settle();
   const before = gcs;
-  run(3_000_000, () => { if (budget.tryAcquire()) budget.refund(); budget.recordSuccess(); });
+  run(3_000_000, calls);
   await settle();
   const hot = gcs - before;
   const keep = [];
@@ -514,6 +528,9 @@ test('the hot path allocates nothing: no GC during millions of calls (a control 
   assert.ok(gcs - control > 0, 'the control allocated and was collected (the observer works)');
   assert.equal(hot, 0, `${hot} GCs during the hot-path loop`);
   assert.equal(budget.stats().successes, 3_100_000);
+  assert.equal(budget.stats().requests, 3_100_000);
+  assert.equal(shadow.stats().shadowDenied, 3_100_000);
+  assert.equal(shadow.stats().unbacked, 0);
 });
 
 test('tenants redirected to the same owner share one Sync per refresh', () => {
@@ -691,4 +708,193 @@ test('ready(): resolves at the first answer (lease, fallback, refusal, shutdown)
   g.engine.beginFinal();
   assert.equal(await waitE, 'no_lease');
   assert.equal(await e.ready(), 'no_lease');
+});
+
+// ---- issue 36: the cost of a retry, shadow mode, requests ----
+
+/** A tenant of `r` granted `tokens` (TTL 1 s) with the entry fields `over`. */
+function granted(r, name, tokens, over = {}) {
+  const t = r.add(name);
+  r.step((plan) => grants(plan, { granted: tokens, ...over }));
+  return t;
+}
+
+test('tryAcquire(cost) takes cost tokens or none; refund(cost) gives them back; counted as one retry of cost tokens', () => {
+  const r = rig();
+  const a = granted(r, 'a', 5);
+  assert.equal(a.tryAcquire(6), false, 'more than the lease holds: denied');
+  assert.equal(a.stats().tokensHeld, 5, 'never a partial take');
+  assert.equal(a.tryAcquire(4), true);
+  assert.equal(a.tryAcquire(2), false);
+  assert.equal(a.tryAcquire(1), true);
+  let s = a.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.retriesDenied], [0, 2, 5, 2]);
+  a.refund(4);
+  s = a.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.refunds], [4, 1, 1, 4]);
+  assert.equal(a.tryAcquire(4), true, 'the refunded tokens are there to take again');
+  r.clock.t = 0.1;
+  const { sent } = r.step((plan) => grants(plan, { granted: 0 }));
+  const e = sent[0].request.tenants[0];
+  // retries_spent is tokens, retries_allowed retries; the refund before the report is not seen.
+  assert.deepEqual([e.retriesSpent, e.retriesAllowed, e.retriesDenied, e.retriesRefunded], [5, 3, 2, 0]);
+});
+
+test('a cost outside [1, 1000000] throws a RangeError naming cost and the value, and changes nothing', () => {
+  const r = rig();
+  const a = granted(r, 'a', 3);
+  const wakes = r.wakes.n;
+  for (const bad of [0, -1, 1.5, 1_000_001, NaN, Infinity, '2', null]) {
+    assert.throws(() => a.tryAcquire(bad), (e) => e instanceof RangeError && e.message.includes(`cost is ${typeof bad === 'string' ? JSON.stringify(bad) : String(bad)}`) && /\[1, 1000000\]/.test(e.message));
+    assert.throws(() => a.refund(bad), RangeError);
+  }
+  const s = a.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.retriesDenied, s.refunds], [3, 0, 0, 0]);
+  assert.equal(r.wakes.n, wakes, 'the refresher was not woken');
+  assert.equal(a.tryAcquire(1_000_000), false, 'the largest cost is in range (denied for lack of tokens)');
+  assert.equal(a.tryAcquire(undefined), true, 'undefined is the default cost, 1');
+});
+
+test('a take of cost c wakes the refresher when it crosses the low-water mark, not only when it lands on it', () => {
+  const r = rig();
+  const a = granted(r, 'a', 10); // mark 2
+  const wakes = r.wakes.n;
+  assert.ok(a.tryAcquire(5));
+  assert.equal(r.wakes.n, wakes, '5 left: above the mark');
+  assert.ok(a.tryAcquire(4));
+  assert.equal(r.wakes.n, wakes + 1, '1 left: crossed the mark of 2');
+  assert.ok(a.tryAcquire(1));
+  assert.equal(r.wakes.n, wakes + 1, 'once per applied response');
+});
+
+test('demand counts tokens: the cost of the retries spent and of those denied', () => {
+  const r = rig();
+  const a = granted(r, 'a', 3);
+  assert.equal(a.tryAcquire(6), false);
+  assert.ok(a.tryAcquire(2));
+  assert.equal(a.tryAcquire(2), false);
+  r.clock.t = 0.01;
+  const { sent } = r.step((plan) => grants(plan, { granted: 0 }));
+  // 2 spent + 8 denied = 10 tokens in 10 ms: ceil(10 * 0.2) + burst 2 - 1 held = 3.
+  assert.equal(sent[0].request.tenants[0].want, 3);
+});
+
+test('shadow mode comes from every answered entry; an error, a failed Sync and fallback keep it', () => {
+  const r = rig();
+  const a = r.add('a');
+  assert.equal(a.shadow, false, 'enforce until the first answer');
+  assert.equal(a.tryAcquire(), false, 'awaiting: denied, not shadow-denied');
+  assert.deepEqual([a.stats().retriesDenied, a.stats().shadowDenied], [1, 0]);
+  r.step((plan) => grants(plan, { granted: 1, mode: 2, leaseTtlMs: 100 }));
+  assert.equal(a.shadow, true);
+  assert.equal(a.stats().shadow, true);
+  r.clock.t = 0.2; // the lease ended, the server unreachable: fallback
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  assert.equal(a.shadow, true, 'a failed Sync and fallback keep the mode');
+  r.clock.t = 0.25;
+  r.step((plan) => grants(plan, { error: { code: Status.RESOURCE_EXHAUSTED, message: 'no' } }));
+  assert.equal(a.leaseMode, 'refused');
+  assert.equal(a.shadow, true, 'an entry with an error keeps the mode');
+  r.clock.t = 0.45;
+  r.step((plan) => ({ code: null, response: { ...grants(plan, { granted: 1, mode: 1 }).response, stale: true } }));
+  assert.equal(a.shadow, true, 'a stale response keeps the mode');
+  r.clock.t = 0.5;
+  r.step((plan) => grants(plan, { granted: 1, mode: 1 }));
+  assert.equal(a.shadow, false, 'MODE_ENFORCE');
+  r.clock.t = 0.8;
+  r.step((plan) => grants(plan, { granted: 1, mode: 2 }));
+  assert.equal(a.shadow, true);
+  r.clock.t = 1.1;
+  r.step((plan) => grants(plan, { granted: 1, mode: 7 }));
+  assert.equal(a.shadow, false, 'an unknown mode is enforce');
+});
+
+test('shadow: a retry enforcement would deny is allowed without a token, counted as shadow_denied, and wakes the refresher', () => {
+  const r = rig();
+  const a = granted(r, 'a', 2, { mode: 2 });
+  assert.ok(a.tryAcquire(2), 'backed');
+  const wakes = r.wakes.n;
+  assert.ok(a.tryAcquire(3), 'would be denied: allowed');
+  assert.ok(a.tryAcquire(), 'again');
+  assert.equal(r.wakes.n, wakes, 'woken once per applied response, as a denial');
+  const s = a.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.retriesDenied, s.shadowDenied, s.unbacked], [0, 1, 2, 0, 2, 4]);
+  // Unbacked refunds first: nothing comes back while at least `cost` unbacked tokens are out.
+  a.refund(3);
+  a.refund();
+  assert.deepEqual([a.stats().tokensHeld, a.stats().refunds, a.stats().unbacked], [0, 0, 0]);
+  a.refund(2); // the backed one
+  assert.deepEqual([a.stats().tokensHeld, a.stats().refunds, a.stats().retriesAllowed], [2, 2, 0]);
+  // Unbacked below the cost: a normal refund, the unbacked ones stay out.
+  assert.ok(a.tryAcquire(2));
+  assert.ok(a.tryAcquire());
+  a.refund(2);
+  assert.deepEqual([a.stats().tokensHeld, a.stats().unbacked], [2, 1]);
+  r.clock.t = 0.01;
+  const { sent } = r.step((plan) => grants(plan, { granted: 0, mode: 2 }));
+  const e = sent[0].request.tenants[0];
+  // Every backed take was refunded: no token spent, none reported allowed (at most spent).
+  assert.deepEqual([e.shadowDenied, e.retriesDenied, e.retriesSpent, e.retriesAllowed], [3, 0, 0, 0]);
+  // The would-be denials count in the demand (tokens): 5 shadow-denied in 10 ms, 2 held.
+  assert.equal(e.want, Math.ceil(5 * 0.2) + 2 - 2);
+});
+
+test('retries_allowed reported is at most retries_spent: a retry refunded before any report', () => {
+  const r = rig();
+  const a = granted(r, 'a', 4);
+  assert.ok(a.tryAcquire());
+  a.refund();
+  r.clock.t = 0.2;
+  let e = r.step((plan) => grants(plan, { granted: 0 })).sent[0].request.tenants[0];
+  assert.deepEqual([e.retriesSpent, e.retriesAllowed], [0, 0]);
+  assert.ok(a.tryAcquire(3));
+  r.clock.t = 0.4;
+  e = r.step((plan) => grants(plan, { granted: 0 })).sent[0].request.tenants[0];
+  assert.deepEqual([e.retriesSpent, e.retriesAllowed], [3, 2], 'the counters never go back and allowed <= spent');
+});
+
+test('requests are reported cumulative; in fallback each request no request carried deposits request_credit, as successes do', () => {
+  const r = rig();
+  const a = r.add('a');
+  a.recordRequest(); // carried by the first request: the server's to credit
+  r.step((plan) => grants(plan, { granted: 0, leaseTtlMs: 100, safeShare: { capacity: 2, refillPerSecond: 0, successCredit: 0.5, requestCredit: 0.25 } }));
+  r.clock.t = 0.3; // lease over, server down
+  r.step(unavailable);
+  assert.equal(a.mode, 'fallback');
+  while (a.tryAcquire());
+  assert.equal(a.stats().tokensHeld, 0);
+  for (let i = 0; i < 5; i++) a.recordRequest();
+  a.recordSuccess();
+  r.clock.t = 0.36;
+  // 1 success * 0.5 + 5 requests * 0.25 = 1.75 -> 1 whole token; both credited in full.
+  r.step(unavailable);
+  assert.deepEqual([a.stats().tokensHeld, a.stats().successesCreditedLocally, a.stats().requestsCreditedLocally], [1, 1, 5]);
+  // Up to the cap: 1.75 + 0.25 * 1 fits, the rest are left to the server.
+  for (let i = 0; i < 3; i++) a.recordRequest();
+  r.clock.t = 0.42;
+  r.step(unavailable);
+  assert.deepEqual([a.stats().tokensHeld, a.stats().requestsCreditedLocally], [2, 6]);
+  // Never again: a later step credits nothing of those.
+  assert.ok(a.tryAcquire(2));
+  r.clock.t = 0.48;
+  r.step(unavailable);
+  assert.deepEqual([a.stats().tokensHeld, a.stats().requestsCreditedLocally], [0, 6]);
+  r.clock.t = 0.6;
+  const { sent } = r.step((plan) => grants(plan, { granted: 1 }));
+  const e = sent[sent.length - 1].request.tenants[0];
+  assert.deepEqual([e.requests, e.requestsCreditedLocally, e.successes, e.successesCreditedLocally], [9, 6, 1, 1]);
+});
+
+test('the fallback bucket credits successes and requests through one rule (LocalCredit), and steps while credit can fit', () => {
+  const b = new FallbackBucket({ capacity: 3, refillPerSecond: 0, successCredit: 1, requestCredit: 0.5 }, 0, false);
+  assert.equal(b.nextTokenAt(), 0 + 0.05, 'credit can fit: a step within CREDIT_STEP_INTERVAL');
+  assert.equal(b.refill(0.05, 0, 2, 3), 3);
+  assert.deepEqual([b.lastCredited, b.lastRequestsCredited], [2, 2], 'the successes first, then the requests that fit');
+  assert.equal(b.nextTokenAt(), Infinity, 'full: nothing to wait for');
+  const c = new LocalCredit();
+  assert.equal(c.creditable(4), 4);
+  assert.equal(c.creditable(4), 0, 'considered once');
+  c.carried(7);
+  assert.equal(c.creditable(9), 2, 'only those no request carried');
 });

@@ -73,13 +73,14 @@ export function wantFor(rate, period, burst, held) {
   return Math.min(MAX_WANT, total - held);
 }
 
-/** A bucket's shape: capacity (tokens), refill (tokens per second), successCredit (tokens per
- * success recorded in fallback, not divided). */
+/** A bucket's shape: capacity (tokens), refill (tokens per second), successCredit and
+ * requestCredit (tokens per success / per request recorded in fallback, not divided). */
 export function smallerShape(a, b) {
   return {
     capacity: Math.min(a.capacity, b.capacity),
     refillPerSecond: Math.min(a.refillPerSecond, b.refillPerSecond),
     successCredit: Math.min(a.successCredit ?? 0, b.successCredit ?? 0),
+    requestCredit: Math.min(a.requestCredit ?? 0, b.requestCredit ?? 0),
   };
 }
 
@@ -132,12 +133,13 @@ function sanitize(value, most) {
  * returns how many whole tokens to add. Starts full at `capacity` (at least one token when it
  * refills at all), refills at `refillPerSecond`; tokens taken between two steps count as taken
  * just before the later one, so over a run: handed out <= cap + refill * elapsed
- * + successCredit * successes credited.
+ * + successCredit * successes credited + requestCredit * requests credited.
  *
- * Success-funded fallback: refill() also takes the successes recorded since the last step that
- * may be credited here (only successes no request carried yet: the server may have credited any
- * it saw). Each deposits successCredit up to the cap; one whose credit does not fit is not
- * credited here and stays the server's to credit; `lastCredited` says how many the last
+ * Locally funded fallback: refill() also takes the successes and the requests recorded since
+ * the last step that may be credited here (only those no request carried yet: the server may
+ * have credited any it saw; see LocalCredit). Each success deposits successCredit, then each
+ * request requestCredit, up to the cap; one whose credit does not fit is not credited here and
+ * stays the server's to credit. `lastCredited` / `lastRequestsCredited` say how many the last
  * refill() credited. */
 export class FallbackBucket {
   constructor(shape, now, startFull = true) {
@@ -145,46 +147,79 @@ export class FallbackBucket {
       capacity: sanitize(shape.capacity, MAX_LEASE_TOKENS),
       refillPerSecond: sanitize(shape.refillPerSecond, MAX_LEASE_TOKENS),
       successCredit: sanitize(shape.successCredit ?? 0, MAX_LEASE_TOKENS),
+      requestCredit: sanitize(shape.requestCredit ?? 0, MAX_LEASE_TOKENS),
     };
     this.cap = this.shape.refillPerSecond > 0 ? Math.max(this.shape.capacity, 1) : this.shape.capacity;
     // Empty for a spent lease falling back early (its share of the burst went in the lease).
     this.level = startFull ? this.shape.capacity : 0;
     this.held = 0;
     this.lastCredited = 0;
+    this.lastRequestsCredited = 0;
     this.last = now;
   }
 
-  refill(now, held, successes = 0) {
+  refill(now, held, successes = 0, requests = 0) {
     const dt = Math.max(0, now - this.last);
     this.last = Math.max(this.last, now);
     const grown = Math.max(this.level, Math.min(this.cap, this.level + this.shape.refillPerSecond * dt));
     let level = Math.max(grown - this.held + held, held);
-    let fit = 0;
-    if (successes > 0 && this.shape.successCredit > 0 && level < this.cap) {
-      const room = Math.floor((this.cap - level) / this.shape.successCredit + EPSILON);
-      fit = Math.min(successes, room);
-      level += fit * this.shape.successCredit;
-    }
+    const fitSuccesses = this._fit(level, successes, this.shape.successCredit);
+    level += fitSuccesses * this.shape.successCredit;
+    const fitRequests = this._fit(level, requests, this.shape.requestCredit);
+    level += fitRequests * this.shape.requestCredit;
     const whole = Math.floor(level + EPSILON);
     const add = whole > held ? whole - held : 0;
     this.level = level;
     this.held = held + add;
-    this.lastCredited = fit;
+    this.lastCredited = fitSuccesses;
+    this.lastRequestsCredited = fitRequests;
     return add;
+  }
+
+  /** How many of `count` deposits of `credit` each fit between `level` and the cap. */
+  _fit(level, count, credit) {
+    if (count <= 0 || credit <= 0 || level >= this.cap) return 0;
+    return Math.min(count, Math.floor((this.cap - level) / credit + EPSILON));
   }
 
   full() {
     return this.shape.refillPerSecond > 0 && Math.floor(this.level + EPSILON) + 1 > this.cap + EPSILON;
   }
 
-  /** The next step: the next whole token of refill or, while success credit can still fit, at
-   * most CREDIT_STEP_INTERVAL away (successes are only seen at steps). */
+  /** The next step: the next whole token of refill or, while success or request credit can
+   * still fit, at most CREDIT_STEP_INTERVAL away (both are only seen at steps). */
   nextTokenAt() {
-    const creditStep = this.shape.successCredit > 0 && this.level + EPSILON < this.cap
-      ? this.last + CREDIT_STEP_INTERVAL : INFINITE_FUTURE;
+    const credits = this.shape.successCredit > 0 || this.shape.requestCredit > 0;
+    const creditStep = credits && this.level + EPSILON < this.cap ? this.last + CREDIT_STEP_INTERVAL : INFINITE_FUTURE;
     if (this.shape.refillPerSecond <= 0 || this.full()) return creditStep;
     const nextWhole = Math.floor(this.level + EPSILON) + 1;
     const micros = ((nextWhole - this.level) / this.shape.refillPerSecond) * 1e6;
     return Math.min(creditStep, this.last + Math.max(1, Math.ceil(micros - 1e-3)) / 1e6);
+  }
+}
+
+/** One count that funds a fallback bucket locally (the successes, the requests), the rule of
+ * locally funded fallback: an event is credited by the fallback bucket only when no request
+ * built so far carried it (the server may credit every one a request carried), and at most
+ * once (never again in a later step or episode). `credited` is what the buckets credited: the
+ * *_credited_locally counter, at most the count. Single owner: the refresher. */
+export class LocalCredit {
+  constructor() {
+    this.inRequests = 0; // the most any request built so far carried
+    this.considered = 0; // the count up to which fallback steps considered crediting
+    this.credited = 0;
+  }
+
+  /** Of `count` recorded so far, those no request carried and no step considered yet; marks
+   * them considered. */
+  creditable(count) {
+    const start = Math.max(this.inRequests, this.considered);
+    this.considered = Math.max(this.considered, count);
+    return count > start ? count - start : 0;
+  }
+
+  /** A request built now carries `count`: the server may credit all of those. */
+  carried(count) {
+    this.inRequests = Math.max(this.inRequests, count);
   }
 }

@@ -10,16 +10,18 @@
 //
 // Why not cockatiel's retry(): its RetryPolicy sleeps the backoff on a plain timer that the
 // signal does not end (and then calls fn again with the aborted signal), and has no hook where
-// a token could be taken or refunded. Here: the first attempt is free, each retry takes one
-// token (a denial rejects with BudgetExhaustedError), the backoff ends at once on abort and
-// refunds its token, a new client's first retry waits for the tenant's first answer, a success
-// calls recordSuccess(). fn gets cockatiel's context: {attempt (0 for the first), signal}.
+// a token could be taken or refunded. Here: the first attempt is free, each retry takes
+// options.cost tokens (a number, or a function of the failed attempt's error; default 1; a
+// denial rejects with BudgetExhaustedError), the backoff ends at once on abort and refunds its
+// tokens, a new client's first retry waits for the tenant's first answer, each call records one
+// request (recordRequest()) and a success calls recordSuccess(). fn gets cockatiel's context:
+// {attempt (0 for the first), signal}.
 // Which errors are retried: `handle` (a cockatiel Policy such as handleType(...), read through
 // its options.errorFilter), else options.isRetryable, else callWithRetry's default.
 // The package does not depend on cockatiel.
 
 import { performance } from 'node:perf_hooks';
-import { callWithRetry } from './retry.js';
+import { callWithRetry, retryPolicy } from './retry.js';
 
 function emitter() {
   const listeners = new Set();
@@ -31,7 +33,7 @@ function emitter() {
 }
 
 /** A cockatiel-shaped retry policy over `budget` (see above). `options` are callWithRetry's
- * (maxAttempts, backoff, timeoutMs, isRetryable, ...) plus `handle`. */
+ * (maxAttempts, backoff, timeoutMs, isRetryable, cost, ...) plus `handle`. */
 export function budgetRetry(budget, options = {}) {
   const { handle, ...callOptions } = options;
   if (handle !== undefined) {
@@ -41,6 +43,7 @@ export function budgetRetry(budget, options = {}) {
   }
   // Validates the options now (a bad one throws here, not in a call).
   if (typeof budget?.tryAcquire !== 'function') throw new TypeError('budget is not a TenantBudget');
+  retryPolicy(callOptions);
   const success = emitter();
   const failure = emitter();
   return {

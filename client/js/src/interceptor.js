@@ -12,20 +12,25 @@
 //    DEADLINE_EXCEEDED (the last only while the call's deadline has time left: an attempt's own
 //    timeout), while attempts are left, when the backoff (`grpc-retry-pushback-ms` from the
 //    trailers: >= 0 replaces it, negative or unparsable means do not retry; else full jitter)
-//    ends before the deadline, and only when budget.tryAcquire() allows, asked once the tenant
+//    ends before the deadline, and only when budget.tryAcquire(cost) allows (options.cost: a
+//    number, or a function of the failed attempt's error, {code, details, metadata}; default
+//    1), asked once the tenant
 //    had its first answer (a new client's first Sync: waited for as part of the backoff, up to
 //    the call's deadline). The caller gets the
 //    last attempt's status otherwise (denied by the budget: its details say so and trailer
 //    `retry-budget-exhausted` holds the attempts made).
 //  * Cancelling the call (call.cancel(), or an AbortSignal wired to it) cancels the attempt in
-//    flight, or ends the backoff at once and refund()s its token (or the wait for the first
+//    flight, or ends the backoff at once and refund(cost)s its tokens (or the wait for the first
 //    answer, no token taken yet).
-//  * A success calls budget.recordSuccess(). Streaming calls pass through untouched.
+//  * budget.recordRequest() once per call, as its first attempt starts; a success calls
+//    budget.recordSuccess(). Streaming calls pass through untouched.
+//  * An options.cost function returning a bad cost ends the call with INTERNAL, its details
+//    naming options.cost, the value and the last attempt's status.
 // Channels must be built with 'grpc.enable_retries': 0: gRPC's own retries would be a second,
 // budget-blind retry layer.
 
 import * as grpc from '@grpc/grpc-js';
-import { RetryLoop, RETRYABLE_GRPC_CODES, IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER, parseRetryPushback } from './retry.js';
+import { BudgetExhaustedError, RetryLoop, RETRYABLE_GRPC_CODES, IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER, parseRetryPushback } from './retry.js';
 
 export const BUDGET_EXHAUSTED_TRAILER = 'retry-budget-exhausted';
 
@@ -109,6 +114,10 @@ export function retryInterceptor(budget, options = {}) {
             try {
               loop.acquire();
             } catch (ended) {
+              if (!(ended instanceof BudgetExhaustedError)) {
+                finish({ code: grpc.status.INTERNAL, details: `${ended?.message ?? String(ended)} (last attempt: ${status.code} ${status.details})`, metadata: status.metadata }, md, undefined, false);
+                return;
+              }
               const trailers = status.metadata.clone();
               trailers.set(BUDGET_EXHAUSTED_TRAILER, String(ended.attempts));
               finish({ ...status, details: `${status.details} (retry budget exhausted after ${ended.attempts} attempt(s))`, metadata: trailers }, md, undefined, false);
@@ -141,10 +150,11 @@ export function retryInterceptor(budget, options = {}) {
       try {
         attempt = loop.nextAttempt();
       } catch {
-        budget.refund(); // the retry is never sent
+        loop.refund(); // the retry is never sent
         finish({ code: grpc.status.DEADLINE_EXCEEDED, details: 'Deadline exceeded before the retry', metadata: new grpc.Metadata() }, null, undefined, false);
         return;
       }
+      loop.sent();
       const call = nextCall(attemptOptions(attempt));
       current = call;
       call.start(attemptMetadata(attempt), attemptListener(attempt));
@@ -163,6 +173,7 @@ export function retryInterceptor(budget, options = {}) {
           // Already past the deadline: the attempt goes out and gRPC ends it at once.
           attempt = { number: 1, previousAttempts: 0, idempotencyKey: loop.key, deadline: loop.deadline, attemptDeadline: loop.deadline, pushbackMs: null };
         }
+        loop.recordRequest();
         const l = attemptListener(attempt);
         // The first attempt runs on the call grpc-js made for this interceptor.
         next(attemptMetadata(attempt), {
@@ -189,7 +200,7 @@ export function retryInterceptor(budget, options = {}) {
         if (sleeping !== null) {
           clearTimeout(sleeping.timer);
           sleeping = null;
-          budget.refund(); // the retry is never sent
+          loop.refund(); // the retry is never sent
           finish({ code: grpc.status.CANCELLED, details: 'Cancelled during the retry backoff', metadata: new grpc.Metadata() }, null, undefined, false);
         }
         if (current !== null) current.cancelWithStatus(grpc.status.CANCELLED, 'Cancelled on client');

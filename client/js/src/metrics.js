@@ -1,6 +1,7 @@
 // The client's metrics with prom-client, named and labelled as the C++ client's
-// (client/prometheus_client_metrics.cc): retry_budget_client_{retries_allowed,retries_denied,
-// fallback_retries,successes}_total{tenant}, retry_budget_client_syncs_total{result},
+// (client/cpp/prometheus_client_metrics.cc): retry_budget_client_{retries_allowed,retries_denied,
+// fallback_retries,successes,shadow_denied,requests}_total{tenant},
+// retry_budget_client_syncs_total{result},
 // retry_budget_client_sync_errors_total{code}, retry_budget_client_redirects_total,
 // retry_budget_client_tokens_held{tenant} and retry_budget_client_mode{tenant,mode}. Updated by
 // the refresher after each of its steps, never on the hot path, so they lag by at most one step.
@@ -15,10 +16,12 @@ export class PrometheusClientMetrics {
     const counter = (name, help, labelNames) => new client.Counter({ name, help, labelNames, registers: [registry] });
     const gauge = (name, help, labelNames) => new client.Gauge({ name, help, labelNames, registers: [registry] });
     try {
-      this.allowed = counter('retry_budget_client_retries_allowed_total', 'Retries this process allowed (TryAcquire() true, net of refunds), from leases and from the local fallback bucket.', ['tenant']);
+      this.allowed = counter('retry_budget_client_retries_allowed_total', 'Retries this process allowed with tokens (TryAcquire() true, net of refunds), from leases and from the local fallback bucket: a count, whatever their cost.', ['tenant']);
       this.denied = counter('retry_budget_client_retries_denied_total', 'Retries this process denied for lack of a token.', ['tenant']);
-      this.fallback = counter('retry_budget_client_fallback_retries_total', 'Of the retries allowed, those from the local fallback bucket while the budget server was unreachable.', ['tenant']);
+      this.fallback = counter('retry_budget_client_fallback_retries_total', 'Tokens spent from the local fallback bucket while the budget server was unreachable (net of refunds).', ['tenant']);
       this.successes = counter('retry_budget_client_successes_total', 'Successful calls recorded by this process.', ['tenant']);
+      this.shadowDenied = counter('retry_budget_client_shadow_denied_total', 'Retries a shadow tenant let through that enforcement would have denied (no token taken).', ['tenant']);
+      this.requests = counter('retry_budget_client_requests_total', 'Requests (first attempts, recordRequest()) recorded by this process.', ['tenant']);
       this.held = gauge('retry_budget_client_tokens_held', 'Retry tokens this process holds right now (lease or fallback).', ['tenant']);
       this.mode = gauge('retry_budget_client_mode', '1 for the mode the tenant\'s budget is in (no_lease, lease, fallback, deny_fallback), 0 for the others.', ['tenant', 'mode']);
       this.syncs = counter('retry_budget_client_syncs_total', 'Sync attempts to the budget server, by result (ok: a response; error: the RPC failed).', ['result']);
@@ -46,10 +49,10 @@ export class PrometheusClientMetrics {
   }
 
   tenantUpdated(tenant, stats) {
-    const last = this.last.get(tenant) ?? [0, 0, 0, 0];
-    const now = [stats.retriesAllowed, stats.retriesDenied, stats.fallbackAllowed, stats.successes];
-    const metrics = [this.allowed, this.denied, this.fallback, this.successes];
-    for (let i = 0; i < 4; i++) {
+    const last = this.last.get(tenant) ?? [0, 0, 0, 0, 0, 0];
+    const now = [stats.retriesAllowed, stats.retriesDenied, stats.fallbackAllowed, stats.successes, stats.shadowDenied, stats.requests];
+    const metrics = [this.allowed, this.denied, this.fallback, this.successes, this.shadowDenied, this.requests];
+    for (let i = 0; i < metrics.length; i++) {
       if (now[i] > last[i]) metrics[i].inc({ tenant }, now[i] - last[i]);
       else if (!this.last.has(tenant)) metrics[i].inc({ tenant }, 0);
       last[i] = Math.max(last[i], now[i]);

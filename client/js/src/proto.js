@@ -56,11 +56,12 @@ function warmSyncCodec(service) {
   const entry = {
     tenant: 'warm-up', successes: 1, retriesSpent: 1, retriesDenied: 1, tokensReturned: 1, tokensReceived: 1, want: 1,
     fallbackSpent: 1, successesCreditedLocally: 1, retriesRefunded: 1, fallbackRefunded: 1,
+    requests: 1, requestsCreditedLocally: 1, shadowDenied: 1, retriesAllowed: 1,
   };
   sync.requestDeserialize(sync.requestSerialize({ instanceId: 'warm-up', seq: 1, tenants: [entry], final: false }));
   const grant = {
-    tenant: 'warm-up', granted: 1, leaseTtlMs: 1, nextSyncMs: 1, safeShare: { capacity: 1, refillPerSecond: 1, successCredit: 1 },
-    bucketTokens: 1, capacity: 1, activeInstances: 1, error: { code: 1, message: 'x', owner: 'x' },
+    tenant: 'warm-up', granted: 1, leaseTtlMs: 1, nextSyncMs: 1, safeShare: { capacity: 1, refillPerSecond: 1, successCredit: 1, requestCredit: 1 },
+    bucketTokens: 1, capacity: 1, activeInstances: 1, error: { code: 1, message: 'x', owner: 'x' }, mode: 2,
   };
   sync.responseDeserialize(sync.responseSerialize({ tenants: [grant], stale: false }));
 }

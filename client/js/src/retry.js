@@ -5,8 +5,10 @@
 //                                     { signal: request.signal, timeoutMs: 2000 });
 //
 // What one logical call does:
+//  * budget.recordRequest() once, as the first attempt is sent (a windowed policy's deposit).
 //  * The first attempt is always sent (unless already aborted or past the deadline); the budget
-//    decides every RETRY: one budget.tryAcquire() per retry.
+//    decides every RETRY: one budget.tryAcquire(cost) per retry, `cost` from options.cost (a
+//    number, or a function of the failed attempt's error; default 1).
 //  * Every attempt gets the same idempotency key and an AbortSignal that fires when the call's
 //    signal aborts, the overall deadline passes or the attempt's own timeout does.
 //  * After a failed attempt, in this order: aborted? (reject with signal.reason) -> retryable?
@@ -14,9 +16,9 @@
 //    end at or after the deadline? (RetryDeadlineExceededError now, no token taken) -> the
 //    tenant's first answer, when it has none yet (budget.ready(): the first Sync went out when
 //    the handle was created; the wait is part of the backoff, bounded by the deadline and
-//    ended by the signal like the sleep) -> tryAcquire() (denied: BudgetExhaustedError, the
+//    ended by the signal like the sleep) -> tryAcquire(cost) (denied: BudgetExhaustedError, the
 //    last error as `cause`) -> the rest of the backoff, a sleep which rejects at once on abort
-//    with signal.reason, clears its timer and refund()s the token -> next attempt.
+//    with signal.reason, clears its timer and refund(cost)s the tokens -> next attempt.
 //  * A call that succeeds, at any attempt, calls recordSuccess() exactly once.
 //  * A BudgetExhaustedError thrown by an attempt (an inner retry layer's budget said no) is never
 //    retried: stacked retry layers must not multiply.
@@ -29,6 +31,9 @@ import { Status } from './codes.js';
 export const IDEMPOTENCY_KEY_HEADER = 'x-idempotency-key';
 export const PREVIOUS_ATTEMPTS_HEADER = 'grpc-previous-rpc-attempts';
 export const RETRY_PUSHBACK_HEADER = 'grpc-retry-pushback-ms';
+
+/** The largest cost of one retry (options.cost, TenantBudget.tryAcquire). */
+export const MAX_RETRY_COST = 1_000_000;
 
 export const RETRYABLE_GRPC_CODES = Object.freeze([Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED, Status.DEADLINE_EXCEEDED]);
 const RETRYABLE_NET_CODES = new Set(['ECONNRESET', 'ECONNREFUSED', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENETUNREACH', 'EHOSTUNREACH', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT']);
@@ -86,6 +91,20 @@ function show(value) {
   return typeof value === 'string' ? JSON.stringify(value) : String(value);
 }
 
+function isCost(cost) {
+  return Number.isInteger(cost) && cost >= 1 && cost <= MAX_RETRY_COST;
+}
+
+/** The tokens a retry after `error` costs under `policy` (its cost: a number, or a function of
+ * the error); throws RangeError naming options.cost and the value when it is not an integer in
+ * [1, MAX_RETRY_COST] (a function that throws: its error). */
+export function retryCost(policy, error) {
+  if (typeof policy.cost === 'number') return policy.cost;
+  const cost = policy.cost(error);
+  if (!isCost(cost)) throw new RangeError(`options.cost returned ${show(cost)} for ${error?.message ?? show(error)}; expected an integer in [1, ${MAX_RETRY_COST}]`);
+  return cost;
+}
+
 /** A validated retry policy (milliseconds); throws TypeError / RangeError naming the option. */
 export function retryPolicy(o = {}) {
   const p = {
@@ -95,6 +114,7 @@ export function retryPolicy(o = {}) {
     multiplier: o.multiplier ?? 2,
     perAttemptTimeoutMs: o.perAttemptTimeoutMs ?? null,
     isRetryable: o.isRetryable ?? defaultIsRetryable,
+    cost: o.cost ?? 1,
   };
   const num = (name) => {
     if (typeof p[name] !== 'number' || Number.isNaN(p[name])) throw new TypeError(`options.${name} is ${show(p[name])}; expected a number`);
@@ -112,6 +132,11 @@ export function retryPolicy(o = {}) {
     if (!(p.perAttemptTimeoutMs > 0)) throw new RangeError(`options.perAttemptTimeoutMs is ${show(p.perAttemptTimeoutMs)}; it must be > 0`);
   }
   if (typeof p.isRetryable !== 'function') throw new TypeError(`options.isRetryable is ${show(p.isRetryable)}; expected a function`);
+  if (typeof p.cost === 'number') {
+    if (!isCost(p.cost)) throw new RangeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_RETRY_COST}] or a function (error) => cost`);
+  } else if (typeof p.cost !== 'function') {
+    throw new TypeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_RETRY_COST}] or a function (error) => cost`);
+  }
   return p;
 }
 
@@ -146,6 +171,12 @@ export class RetryLoop {
     this.key = key === '' ? newIdempotencyKey() : key;
     this.number = 0;
     this.lastError = undefined;
+    this.heldCost = 0; // tokens taken for the retry about to start; 0 once it is sent
+  }
+
+  /** Records the call's request (its first attempt) with the budget: once per call. */
+  recordRequest() {
+    if (typeof this.budget.recordRequest === 'function') this.budget.recordRequest();
   }
 
   /** The next attempt's description, or throws RetryDeadlineExceededError. */
@@ -204,10 +235,23 @@ export class RetryLoop {
     return Math.max(0, this.clock() - start);
   }
 
-  /** Takes the token for the next retry, or throws BudgetExhaustedError (the last error as
-   * its cause). */
+  /** Takes the tokens for the next retry (options.cost of the last error), or throws
+   * BudgetExhaustedError (the last error as its cause), or RangeError for a bad cost. */
   acquire() {
-    if (!this.budget.tryAcquire()) throw new BudgetExhaustedError(this.lastError, this.number);
+    const cost = retryCost(this.policy, this.lastError);
+    if (!this.budget.tryAcquire(cost)) throw new BudgetExhaustedError(this.lastError, this.number);
+    this.heldCost = cost;
+  }
+
+  /** The retry about to start is sent: its tokens are spent. */
+  sent() {
+    this.heldCost = 0;
+  }
+
+  /** The retry about to start is never sent: its tokens go back (no-op when none are held). */
+  refund() {
+    if (this.heldCost > 0) this.budget.refund(this.heldCost);
+    this.heldCost = 0;
   }
 }
 
@@ -282,7 +326,8 @@ function attemptSignal(parent, ms) {
  * Runs fn(attempt, signal) and retries it as described at the top of this module. Resolves to
  * fn's first result; rejects with what ended the call: a non-retryable error or the last one
  * unchanged, BudgetExhaustedError, RetryDeadlineExceededError, options.signal's reason (aborted),
- * or TypeError / RangeError for a bad option (no attempt made).
+ * TypeError / RangeError for a bad option (no attempt made, no request recorded), or the
+ * RangeError of an options.cost function's bad value (no token taken).
  */
 export async function callWithRetry(budget, fn, options = {}) {
   if (typeof fn !== 'function') throw new TypeError(`fn is ${show(fn)}; expected a function (attempt, signal) => Promise`);
@@ -291,21 +336,21 @@ export async function callWithRetry(budget, fn, options = {}) {
   if (signal !== null && (typeof signal !== 'object' || typeof signal.aborted !== 'boolean')) {
     throw new TypeError(`options.signal is ${show(signal)}; expected an AbortSignal`);
   }
-  // A token taken for the retry about to start; given back if that retry is never sent.
-  let tokenHeld = false;
+  // The tokens taken for the retry about to start (loop.heldCost) go back if it is never sent.
   for (;;) {
     if (signal?.aborted) {
-      if (tokenHeld) budget.refund();
+      loop.refund();
       throw signal.reason;
     }
     let attempt;
     try {
       attempt = loop.nextAttempt();
     } catch (error) {
-      if (tokenHeld) budget.refund();
+      loop.refund();
       throw error;
     }
-    tokenHeld = false; // the retry is sent now: the token is spent
+    loop.sent(); // the retry is sent now: its tokens are spent
+    if (attempt.number === 1) loop.recordRequest();
     const own = attemptSignal(signal, attempt.attemptDeadline - loop.clock());
     let result;
     let failed = false;
@@ -331,11 +376,10 @@ export async function callWithRetry(budget, fn, options = {}) {
     const backoff = loop.afterFailure(attempt, error, loop.policy.isRetryable(error));
     const waited = await loop.firstAnswer(signal); // no token held while waiting
     loop.acquire();
-    tokenHeld = true;
     try {
       await abortableSleep(Math.max(0, backoff - waited), signal);
     } catch (reason) {
-      budget.refund(); // the retry is never sent
+      loop.refund(); // the retry is never sent
       throw reason;
     }
   }

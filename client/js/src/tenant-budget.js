@@ -6,10 +6,16 @@
 import * as ledgerMod from './ledger.js';
 import {
   INFINITE_FUTURE, INFINITE_PAST, MAX_COUNTER, MAX_LEASE_TOKENS, MAX_LEASE_TTL_MS,
-  DemandEstimator, FallbackBucket, RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
+  DemandEstimator, FallbackBucket, LocalCredit, RecentSmallest, lowWaterMark, nextSyncDelay, wantFor,
 } from './bucket-math.js';
 
 const TENANT_RE = /^[A-Za-z0-9._:/-]{1,128}$/;
+
+/** The largest cost of one retry (tryAcquire(cost), refund(cost)). */
+export const MAX_COST = 1_000_000;
+// budget.proto's Mode: TenantGrant.mode MODE_SHADOW makes a tenant shadow, any other value
+// enforce.
+const MODE_SHADOW = 2;
 
 // Internal modes (the C++ LeaseMode).
 const AWAITING = 0;
@@ -49,6 +55,11 @@ export function checkTenantName(name) {
   }
 }
 
+function badCost(cost) {
+  const shown = typeof cost === 'string' ? JSON.stringify(cost) : String(cost);
+  return new RangeError(`cost is ${shown}; expected an integer in [1, ${MAX_COST}]`);
+}
+
 function wholeCount(value) {
   // A uint64 from the wire (a Number, or a string / Long for values past 2^53): a whole,
   // non-negative count, anything unreadable as 0.
@@ -57,9 +68,9 @@ function wholeCount(value) {
   return Math.floor(n);
 }
 
-/** A tenant's budget as seen from this process. tryAcquire(), refund() and recordSuccess() are
- * the hot path: synchronous, no allocation, no I/O, no clock read. The other methods belong to
- * the refresher. */
+/** A tenant's budget as seen from this process. tryAcquire(), refund(), recordSuccess() and
+ * recordRequest() are the hot path: synchronous, no allocation, no I/O, no clock read. The
+ * other methods belong to the refresher. */
 export class TenantBudget {
   constructor(tenant, waker, created, fallbackMode, neverReached) {
     this.tenant = tenant;
@@ -71,9 +82,19 @@ export class TenantBudget {
     this._mark = 0;
     this._closed = true;
     this._successes = 0;
+    this._requests = 0;
+    this._allowed = 0; // retries allowed with tokens (a count, whatever their cost)
     this._denied = 0;
-    this._refunds = 0;
+    this._shadowDenied = 0;
+    // Tokens asked by denied and shadow-denied retries: with the tokens spent, the demand.
+    this._deniedTokens = 0;
+    this._refunds = 0; // tokens given back by refund()
+    this._backedRefunds = 0; // refund() calls that gave tokens back
     this._syncWanted = false;
+    // Shadow mode (TenantGrant.mode): a retry enforcement would deny is allowed without a token
+    // and its cost added to `_unbacked`, which refunds pay back first.
+    this._shadow = false;
+    this._unbacked = 0;
     // Refresher side.
     this._mode = AWAITING;
     this._ledger = new ledgerMod.TenantLedger();
@@ -87,13 +108,10 @@ export class TenantBudget {
     this._fallback = null;
     // Fallback episodes: {cap, refill, start, end (null while in it)}; see fallbackAllowance().
     this._episodes = [];
-    // Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
-    // request built so far carried (the server may credit all of those), the successes counter
-    // up to which fallback steps considered crediting, and how many the fallback buckets
-    // credited.
-    this._successesInRequests = 0;
-    this._successesConsidered = 0;
-    this._successesCreditedLocally = 0;
+    // Locally funded fallback: successes (TenantSync.successes_credited_locally) and requests
+    // (requests_credited_locally), one rule for both.
+    this._successCredit = new LocalCredit();
+    this._requestCredit = new LocalCredit();
     // ready() callers waiting for the first answer: {resolve, reject, signal, onAbort}.
     this._readyWaiters = [];
     this._requested = false; // put in a request yet (its first Sync is exempt from minSyncInterval)
@@ -101,30 +119,58 @@ export class TenantBudget {
 
   // ---- worker side (hot path) ----
 
-  /** Asks for one retry: true when a token was taken (send the retry), false when none is
-   * available (fail the call now). On false, or when the lease runs low, it wakes the
-   * refresher so a grant arrives within one round trip. */
-  tryAcquire() {
-    if (this._closed || this._held === 0) {
-      this._denied++;
+  /** Asks for one retry of `cost` tokens (an integer in [1, MAX_COST]; default 1): true when
+   * they were taken (send the retry), false when not as many are available (fail the call
+   * now); all or nothing, never a part. On false, or when the lease runs low, it wakes the
+   * refresher so a grant arrives within one round trip. In shadow mode, a retry that would be
+   * denied is allowed without a token and counted as a would-be denial. Throws RangeError for a
+   * bad cost (nothing counted). */
+  tryAcquire(cost = 1) {
+    if (cost !== 1 && !(Number.isInteger(cost) && cost >= 1 && cost <= MAX_COST)) throw badCost(cost);
+    const held = this._held;
+    if (this._closed || held < cost) {
+      this._deniedTokens += cost;
       if (!this._syncWanted) this._requestSync();
+      if (this._shadow) {
+        this._shadowDenied++;
+        this._unbacked += cost;
+        return true;
+      }
+      this._denied++;
       return false;
     }
-    this._held--;
-    if (this._held === this._mark && !this._syncWanted) this._requestSync();
+    this._held = held - cost;
+    this._allowed++;
+    // Crossing the low-water mark (reaching it, for a cost of 1).
+    if (held > this._mark && held - cost <= this._mark && !this._syncWanted) this._requestSync();
     return true;
   }
 
-  /** Gives back a token taken by tryAcquire() for a retry that was never sent (e.g. aborted
-   * during its backoff). At most once per successful tryAcquire(). */
-  refund() {
-    this._held++;
-    this._refunds++;
+  /** Gives back `cost` tokens (default 1) taken by tryAcquire(cost) for a retry that was never
+   * sent (e.g. aborted during its backoff): exactly as `cost` refunds of one token. At most once
+   * per successful tryAcquire(), with its cost. In shadow mode, while retries allowed without a
+   * token are out (at least `cost` of them), it pays those back first and gives nothing back.
+   * Throws RangeError for a bad cost (nothing changed). */
+  refund(cost = 1) {
+    if (cost !== 1 && !(Number.isInteger(cost) && cost >= 1 && cost <= MAX_COST)) throw badCost(cost);
+    if (this._unbacked >= cost) {
+      this._unbacked -= cost;
+      return;
+    }
+    this._held += cost;
+    this._refunds += cost;
+    this._backedRefunds++;
   }
 
   /** Records one successful logical call; it earns the budget `success_credit`. */
   recordSuccess() {
     this._successes++;
+  }
+
+  /** Records one request (a logical call's first attempt); it deposits a windowed policy's
+   * `retry_ratio`. The retry helpers call it once per call. */
+  recordRequest() {
+    this._requests++;
   }
 
   _requestSync() {
@@ -188,21 +234,32 @@ export class TenantBudget {
     return LEASE_MODE_NAMES[this._mode];
   }
 
+  /** True while the tenant is in shadow mode (its last answer said MODE_SHADOW). */
+  get shadow() {
+    return this._shadow;
+  }
+
   /** A snapshot of this process's counters for the tenant (allocates; not a hot-path call). */
   stats() {
     const held = this._held;
     return {
       successes: this._successes,
-      retriesAllowed: this._ledger.exactSpent(held),
+      requests: this._requests,
+      retriesAllowed: Math.max(0, this._allowed - this._backedRefunds),
+      tokensSpent: this._ledger.exactSpent(held),
       retriesDenied: this._denied,
+      shadowDenied: this._shadowDenied,
+      unbacked: this._unbacked,
       fallbackAllowed: this._ledger.exactFallbackSpent(held),
       tokensReceived: this._ledger.tokensReceived,
       tokensReturned: this._ledger.tokensReturned,
       tokensHeld: held,
       refunds: this._refunds,
-      successesCreditedLocally: this._successesCreditedLocally,
+      successesCreditedLocally: this._successCredit.credited,
+      requestsCreditedLocally: this._requestCredit.credited,
       leaseActive: this._mode === LEASED && !this._closed,
       mode: publicMode(this._mode),
+      shadow: this._shadow,
       error: this._error,
     };
   }
@@ -286,8 +343,7 @@ export class TenantBudget {
     const share = this._lastSafeShareAt === INFINITE_PAST ? null : this._safeShares.get(this._lastSafeShareAt);
     this._fallback = new FallbackBucket(share ?? this._neverReached, now, startFull);
     this._episodes.push({ cap: this._fallback.cap, refill: this._fallback.shape.refillPerSecond, start: now, end: null });
-    const first = this._fallback.refill(now, 0, this._creditableSuccesses());
-    this._successesCreditedLocally += this._fallback.lastCredited;
+    const first = this._refillBucket(now, 0);
     const withdrawn = this._replace(first, this._fallbackMark());
     this._ledger.withdrew(withdrawn, 0);
     this._ledger.switchTo(ledgerMod.FALLBACK);
@@ -296,18 +352,18 @@ export class TenantBudget {
     this._settleReady();
   }
 
-  _creditableSuccesses() {
-    // Successes recorded since the last fallback step that no request built so far carries;
-    // marks them considered.
-    const successes = this._successes;
-    const start = Math.max(this._successesInRequests, this._successesConsidered);
-    this._successesConsidered = Math.max(this._successesConsidered, successes);
-    return successes > start ? successes - start : 0;
+  /** Refills the fallback bucket while the word holds `held`, with the successes and requests
+   * it may credit (LocalCredit); the whole tokens to add. */
+  _refillBucket(now, held) {
+    const fb = this._fallback;
+    const add = fb.refill(now, held, this._successCredit.creditable(this._successes), this._requestCredit.creditable(this._requests));
+    this._successCredit.credited += fb.lastCredited;
+    this._requestCredit.credited += fb.lastRequestsCredited;
+    return add;
   }
 
   _refillFallback(now) {
-    const add = this._fallback.refill(now, this._held, this._creditableSuccesses());
-    this._successesCreditedLocally += this._fallback.lastCredited;
+    const add = this._refillBucket(now, this._held);
     this._ledger.fallbackDeposited(this._deposit(add, this._fallbackMark()));
     return this._fallback.nextTokenAt();
   }
@@ -355,6 +411,7 @@ export class TenantBudget {
 
   _counters(held) {
     const successes = this._successes;
+    const requests = this._requests;
     const r = this._ledger.report(held);
     const entry = {
       tenant: this.tenant,
@@ -365,12 +422,20 @@ export class TenantBudget {
       tokensReceived: r.tokensReceived,
       want: 0,
       fallbackSpent: r.fallbackSpent,
-      successesCreditedLocally: this._successesCreditedLocally,
+      successesCreditedLocally: this._successCredit.credited,
       retriesRefunded: r.retriesRefunded,
       fallbackRefunded: r.fallbackRefunded,
+      requests,
+      requestsCreditedLocally: this._requestCredit.credited,
+      shadowDenied: this._shadowDenied,
+      // At most retries_spent (budget.proto): a retry refunded before any report leaves no
+      // trace in retries_spent but was counted here. The smaller of two counters that never go
+      // down never goes down.
+      retriesAllowed: Math.min(this._allowed, r.retriesSpent),
     };
-    // From now on the server may credit every success this request carries.
-    this._successesInRequests = Math.max(this._successesInRequests, successes);
+    // From now on the server may credit every success and request this request carries.
+    this._successCredit.carried(successes);
+    this._requestCredit.carried(requests);
     return entry;
   }
 
@@ -384,7 +449,8 @@ export class TenantBudget {
     this._requested = true;
     const held = this._held;
     const entry = this._counters(held);
-    this._demand.observe(now, entry.retriesSpent + entry.retriesDenied);
+    // Demand in tokens: those spent, and those denied (or shadow-denied) retries asked for.
+    this._demand.observe(now, entry.retriesSpent + this._deniedTokens);
     const leased = this._ledger.source === ledgerMod.LEASE ? held : 0;
     entry.want = wantFor(this._demand.rate, policy.refreshPeriod, policy.leaseBurst, leased);
     return entry;
@@ -419,7 +485,10 @@ export class TenantBudget {
     this._ledger.received(granted, deposited);
     const share = grant.safeShare;
     if (share !== null && share !== undefined && typeof share === 'object') {
-      this._safeShares.note({ capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond), successCredit: Number(share.successCredit ?? 0) }, received);
+      this._safeShares.note({
+        capacity: Number(share.capacity), refillPerSecond: Number(share.refillPerSecond),
+        successCredit: Number(share.successCredit ?? 0), requestCredit: Number(share.requestCredit ?? 0),
+      }, received);
       this._lastSafeShareAt = received;
     }
     // A TTL <= 0 (or unreadable) ends the lease at once: the safe reading of a missing value;
@@ -427,6 +496,7 @@ export class TenantBudget {
     const ttl = Number(grant.leaseTtlMs);
     this._expiry = sent + (Number.isFinite(ttl) && ttl > 0 ? Math.min(ttl, MAX_LEASE_TTL_MS) : 0) / 1000;
     this._mode = LEASED;
+    this._shadow = Number(grant.mode) === MODE_SHADOW;
     this._error = null;
     this._settleReady();
     const nextMs = Number(grant.nextSyncMs);
