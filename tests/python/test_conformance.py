@@ -7,8 +7,9 @@ scenario moves) and the transport (each Sync attempt's outcome scripted by the s
 
 Strict: an unknown key anywhere, an attempt more or fewer than the scenario lists, or a request
 that differs in any field fails the case. `expect_wait_for_ready` is checked (the engine's plan
-says it). A `refund` step's `expect` is not checked: the Python client's refund() returns
-nothing."""
+says it). A `refund` step's `expect` true / false is not checked: the Python client's refund()
+returns nothing. `"expect": "cost_out_of_range"` (a `try_acquire` or `refund` step with a `cost`
+outside [1, 1000000]) is the ValueError naming `cost` that Python raises there."""
 
 import json
 import math
@@ -31,14 +32,17 @@ _TOLERANCE_MS = 0.001
 _TOP_KEYS = {"name", "rules", "description", "options", "steps"}
 _OPTION_KEYS = {"instance_id", "refresh_period_ms", "min_sync_interval_ms", "lease_burst",
                 "sync_timeout_ms", "fallback", "fallback_capacity", "fallback_refill_per_second"}
-_ACTIONS = {"tenant", "try_acquire", "record_success", "refund", "run", "shutdown",
-            "expect_tenant"}
-_STEP_EXTRA = {"try_acquire": {"expect"}, "refund": {"expect"}}
+_ACTIONS = {"tenant", "try_acquire", "record_success", "record_request", "refund", "run",
+            "shutdown", "expect_tenant"}
+_STEP_EXTRA = {"try_acquire": {"expect", "cost"}, "refund": {"expect", "cost"}}
+_COST_OUT_OF_RANGE = "cost_out_of_range"
 _ATTEMPT_KEYS = {"expect", "expect_address", "expect_timeout_ms", "expect_wait_for_ready",
                  "after_ms", "response", "error", "message", "lost"}
 _TENANT_FIELDS = {"mode", "tokens_held", "retries_allowed", "retries_denied",
                   "fallback_allowed", "successes", "successes_credited_locally",
-                  "tokens_received", "tokens_returned", "refunds", "error"}
+                  "tokens_received", "tokens_returned", "refunds", "error", "shadow",
+                  "shadow_denied", "requests", "requests_credited_locally"}
+_STATS_FIELDS = _TENANT_FIELDS - {"mode", "error", "shadow"}
 
 
 class ScenarioError(AssertionError):
@@ -159,27 +163,55 @@ class Runner:
     def _tenant(self, step, where):
         self.handles[step["tenant"]] = self.tenants.get_or_create(step["tenant"])
 
+    @staticmethod
+    def _cost(step, where):
+        cost = step.get("cost", 1)
+        if not isinstance(cost, int) or isinstance(cost, bool):
+            raise ScenarioError(f"{where}: cost {cost!r} is not an integer")
+        return cost
+
+    def _call_with_cost(self, method, step, where):
+        """method(cost); the expected ValueError naming `cost` when the step expects
+        cost_out_of_range (then None)."""
+        cost = self._cost(step, where)
+        if step.get("expect") != _COST_OUT_OF_RANGE:
+            return method(cost)
+        with pytest.raises(ValueError, match=f"cost is {cost}") as error:
+            method(cost)
+        assert type(error.value) is ValueError, f"{where}: {error.value!r}"
+        return None
+
     def _try_acquire(self, step, where):
-        if not isinstance(step.get("expect"), bool):
-            raise ScenarioError(f"{where}: `expect` true / false is required")
-        got = self._handle(step["try_acquire"], where).try_acquire()
-        assert got == step["expect"], f"{where}: try_acquire() returned {got}"
+        if not isinstance(step.get("expect"), bool) and step.get("expect") != _COST_OUT_OF_RANGE:
+            raise ScenarioError(f"{where}: `expect` true / false / {_COST_OUT_OF_RANGE!r} is "
+                                "required")
+        got = self._call_with_cost(self._handle(step["try_acquire"], where).try_acquire, step,
+                                   where)
+        if step["expect"] != _COST_OUT_OF_RANGE:
+            assert got == step["expect"], f"{where}: try_acquire() returned {got}"
 
     def _record_success(self, step, where):
         self._handle(step["record_success"], where).record_success()
 
+    def _record_request(self, step, where):
+        self._handle(step["record_request"], where).record_request()
+
     def _refund(self, step, where):
-        if "expect" in step and not isinstance(step["expect"], bool):
-            raise ScenarioError(f"{where}: `expect` must be true / false")
-        self._handle(step["refund"], where).refund()  # returns nothing: `expect` not checked
+        if "expect" in step and not isinstance(step["expect"], bool) \
+                and step["expect"] != _COST_OUT_OF_RANGE:
+            raise ScenarioError(f"{where}: `expect` must be true / false / "
+                                f"{_COST_OUT_OF_RANGE!r}")
+        # refund() returns nothing: `expect` true / false is not checked.
+        self._call_with_cost(self._handle(step["refund"], where).refund, step, where)
 
     def _expect_tenant(self, step, where):
         for name, fields in step["expect_tenant"].items():
             _unknown(fields, _TENANT_FIELDS, f"{where} {name}")
             budget = self._handle(name, where)
             stats = budget.stats()
-            actual = {k: getattr(stats, k) for k in _TENANT_FIELDS - {"mode", "error"}}
+            actual = {k: getattr(stats, k) for k in _STATS_FIELDS}
             actual["mode"] = budget.lease_mode
+            actual["shadow"] = stats.enforcement == "shadow"
             actual["error"] = "OK" if stats.error is None else stats.error.split(":", 1)[0]
             for key, expected in fields.items():
                 assert actual[key] == expected, (
