@@ -64,7 +64,7 @@ func ruleIDs(t *testing.T, scenarios string) map[string]bool {
 		t.Fatalf("reading the rulebook: %v", err)
 	}
 	ids := map[string]bool{}
-	for _, m := range regexp.MustCompile("(?m)^- `([a-z0-9-]+)`:").FindAllStringSubmatch(string(text), -1) {
+	for _, m := range regexp.MustCompile("(?m)^- `([a-z0-9.-]+)`:").FindAllStringSubmatch(string(text), -1) {
 		ids[m[1]] = true
 	}
 	if len(ids) == 0 {
@@ -139,9 +139,13 @@ type scenarioShutdown struct {
 
 type tenantExpectation struct {
 	Mode                     *string `json:"mode"`
+	Shadow                   *bool   `json:"shadow"`
 	TokensHeld               *int64  `json:"tokens_held"`
 	RetriesAllowed           *uint64 `json:"retries_allowed"`
 	RetriesDenied            *uint64 `json:"retries_denied"`
+	ShadowDenied             *uint64 `json:"shadow_denied"`
+	Requests                 *uint64 `json:"requests"`
+	RequestsCreditedLocally  *uint64 `json:"requests_credited_locally"`
 	FallbackAllowed          *uint64 `json:"fallback_allowed"`
 	Successes                *uint64 `json:"successes"`
 	SuccessesCreditedLocally *uint64 `json:"successes_credited_locally"`
@@ -452,7 +456,46 @@ func stepJSON(step map[string]json.RawMessage) string {
 	return string(b)
 }
 
-var actionKeys = []string{"tenant", "try_acquire", "record_success", "refund", "run", "shutdown", "expect_tenant"}
+var actionKeys = []string{"tenant", "try_acquire", "record_success", "record_request", "refund",
+	"run", "shutdown", "expect_tenant"}
+
+// costOutOfRange is the `expect` of a take or refund whose cost is outside [1, 1000000]: in Go
+// TryAcquireN returns false and RefundN returns nothing (the later steps check that nothing
+// changed).
+const costOutOfRange = "cost_out_of_range"
+
+// stepCost is the step's `cost` (1 when left out); any integer, so out-of-range costs reach
+// the client.
+func stepCost(step map[string]json.RawMessage) (int, error) {
+	raw, ok := step["cost"]
+	if !ok {
+		return 1, nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return 0, fmt.Errorf("cost: %v", err)
+	}
+	cost, err := n.Int64()
+	if err != nil || cost < math.MinInt32 || cost > math.MaxInt32 {
+		return 0, fmt.Errorf("cost %s is not an integer a test can pass", n)
+	}
+	return int(cost), nil
+}
+
+// stepExpect is a take's or refund's `expect`: true, false or "cost_out_of_range".
+func stepExpect(raw json.RawMessage) (want bool, outOfRange bool, err error) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s != costOutOfRange {
+			return false, false, fmt.Errorf("expect %q: expected true, false or %q", s, costOutOfRange)
+		}
+		return false, true, nil
+	}
+	if err := json.Unmarshal(raw, &want); err != nil {
+		return false, false, fmt.Errorf("expect: %v", err)
+	}
+	return want, false, nil
+}
 
 func (r *scenarioRunner) step(i int, step map[string]json.RawMessage) error {
 	rawAt, ok := step["at_ms"]
@@ -482,7 +525,8 @@ func (r *scenarioRunner) step(i int, step map[string]json.RawMessage) error {
 		return errors.New("no action key")
 	}
 	for k := range step {
-		if k == "at_ms" || k == action || (k == "expect" && (action == "try_acquire" || action == "refund")) {
+		if k == "at_ms" || k == action ||
+			((k == "expect" || k == "cost") && (action == "try_acquire" || action == "refund")) {
 			continue
 		}
 		return fmt.Errorf("unknown key %q", k)
@@ -505,16 +549,23 @@ func (r *scenarioRunner) step(i int, step map[string]json.RawMessage) error {
 		if err != nil {
 			return err
 		}
-		var want bool
 		e, ok := step["expect"]
 		if !ok {
 			return errors.New("try_acquire without expect")
 		}
-		if err := json.Unmarshal(e, &want); err != nil {
-			return fmt.Errorf("expect: %v", err)
+		want, outOfRange, err := stepExpect(e)
+		if err != nil {
+			return err
 		}
-		if got := b.TryAcquire(); got != want {
-			r.t.Errorf("%s: TryAcquire(%s) = %v, expected %v", where, b.name, got, want)
+		cost, err := stepCost(step)
+		if err != nil {
+			return err
+		}
+		if inRange := cost >= 1 && cost <= MaxCost; inRange == outOfRange {
+			return fmt.Errorf("cost %d with expect %s", cost, e)
+		}
+		if got := b.TryAcquireN(cost); got != want {
+			r.t.Errorf("%s: TryAcquireN(%s, %d) = %v, expected %v", where, b.name, cost, got, want)
 		}
 	case "record_success":
 		b, err := r.handle(raw)
@@ -522,19 +573,32 @@ func (r *scenarioRunner) step(i int, step map[string]json.RawMessage) error {
 			return err
 		}
 		b.RecordSuccess()
+	case "record_request":
+		b, err := r.handle(raw)
+		if err != nil {
+			return err
+		}
+		b.RecordRequest()
 	case "refund":
 		b, err := r.handle(raw)
 		if err != nil {
 			return err
 		}
+		cost, err := stepCost(step)
+		if err != nil {
+			return err
+		}
+		outOfRange := false
 		if e, ok := step["expect"]; ok {
-			// Go's Refund returns nothing; the value is checked to be a boolean only.
-			var want bool
-			if err := json.Unmarshal(e, &want); err != nil {
-				return fmt.Errorf("expect: %v", err)
+			// Go's RefundN returns nothing; a boolean is checked to be one only.
+			if _, outOfRange, err = stepExpect(e); err != nil {
+				return err
 			}
 		}
-		b.Refund()
+		if inRange := cost >= 1 && cost <= MaxCost; inRange == outOfRange {
+			return fmt.Errorf("refund of cost %d with expect %s", cost, step["expect"])
+		}
+		b.RefundN(cost)
 	case "run":
 		return r.run(where, raw)
 	case "shutdown":
@@ -693,6 +757,13 @@ func (r *scenarioRunner) expectTenants(where string, raw json.RawMessage) error 
 		}
 		check("retries_allowed", e.RetriesAllowed, s.RetriesAllowed)
 		check("retries_denied", e.RetriesDenied, s.RetriesDenied)
+		check("shadow_denied", e.ShadowDenied, s.ShadowDenied)
+		check("requests", e.Requests, s.Requests)
+		check("requests_credited_locally", e.RequestsCreditedLocally, s.RequestsCreditedLocally)
+		if e.Shadow != nil && *e.Shadow != s.Shadow {
+			problems = append(problems, fmt.Sprintf("%s: tenant %q shadow = %v, expected %v", where,
+				name, s.Shadow, *e.Shadow))
+		}
 		check("fallback_allowed", e.FallbackAllowed, s.FallbackAllowed)
 		check("successes", e.Successes, s.Successes)
 		check("successes_credited_locally", e.SuccessesCreditedLocally, s.SuccessesCreditedLocally)
