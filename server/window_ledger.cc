@@ -1,0 +1,134 @@
+#include "server/window_ledger.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace retrybudget {
+
+WindowShape WindowLedger::ShapeOf(int64_t ttl_ns, int64_t lease_ttl_ns, double floor) {
+  WindowShape s;
+  // ttl is a whole number of milliseconds (policy.cc), so W is exact: a deposit lives exactly
+  // 16 slots, i.e. until its slot's start + ttl.
+  s.slot_ns = std::max<int64_t>(1, ttl_ns / kSlotsPerWindow);
+  s.deposit_slots = kSlotsPerWindow;
+  const int64_t lease = std::clamp<int64_t>(lease_ttl_ns, 0, ttl_ns);
+  s.lease_slots = static_cast<int32_t>((lease + s.slot_ns - 1) / s.slot_ns);
+  s.floor = floor;
+  return s;
+}
+
+int64_t WindowLedger::Advance(int64_t now_slot) {
+  if (newest_ == INT64_MIN) {
+    ring_.fill(Slot{});
+    newest_ = now_slot;
+    return newest_;
+  }
+  if (now_slot <= newest_) return newest_;
+  if (now_slot - newest_ >= kRing) {
+    ring_.fill(Slot{});
+  } else {
+    for (int64_t s = newest_ + 1; s <= now_slot; ++s) At(s) = Slot{};
+  }
+  newest_ = now_slot;
+  return newest_;
+}
+
+void WindowLedger::Deposit(const WindowShape& shape, int64_t now_ns, double tokens) {
+  if (!(tokens > 0)) return;
+  At(Advance(SlotOf(shape, now_ns))).deposits += tokens;
+}
+
+double WindowLedger::Available(const WindowShape& shape, int64_t now_ns) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  const int64_t k = shape.deposit_slots;
+  const int64_t oldest_grant = OldestGrant(shape, s);
+  // At s: every deposit of the last k slots and every grant still live.
+  double a = shape.floor;
+  for (int64_t i = s - k + 1; i <= s; ++i) a += At(i).deposits;
+  for (int64_t j = oldest_grant; j <= s; ++j) a -= At(j).grants;
+  double low = a;
+  // Each later slot boundary: the oldest deposit expires (lowers it), the oldest grant too
+  // (raises it). Past s + k no deposit is left and grants only expire: the minimum is here.
+  for (int64_t u = s; u < s + k; ++u) {
+    a += At(u - k - shape.lease_slots).grants - At(u - k + 1).deposits;
+    low = std::min(low, a);
+  }
+  return low;
+}
+
+uint64_t WindowLedger::Grantable(const WindowShape& shape, int64_t now_ns) {
+  const double a = Available(shape, now_ns);
+  // Deposits are fractions (retry_ratio * requests): a sum that should be whole may be a hair
+  // below it.
+  return a <= 0 ? 0 : static_cast<uint64_t>(std::floor(a + 1e-9));
+}
+
+int64_t WindowLedger::Add(const WindowShape& shape, int64_t now_ns, uint64_t tokens) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  At(s).grants += static_cast<double>(tokens);
+  return s;
+}
+
+uint64_t WindowLedger::Release(const WindowShape& shape, int64_t now_ns, int64_t slot,
+                               uint64_t tokens) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  if (tokens == 0 || slot < OldestGrant(shape, s) || slot > s) return 0;
+  Slot& at = At(slot);
+  const uint64_t taken = std::min<uint64_t>(tokens, static_cast<uint64_t>(std::max(0.0, at.grants)));
+  at.grants -= static_cast<double>(taken);
+  return taken;
+}
+
+void WindowLedger::Unrelease(const WindowShape& shape, int64_t now_ns, int64_t slot,
+                             uint64_t tokens) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  if (tokens == 0 || slot < OldestGrant(shape, s) || slot > s) return;
+  At(slot).grants += static_cast<double>(tokens);
+}
+
+uint64_t WindowLedger::ReleaseOldest(const WindowShape& shape, int64_t now_ns, uint64_t tokens) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  uint64_t taken = 0;
+  for (int64_t j = OldestGrant(shape, s); j <= s && taken < tokens; ++j) {
+    taken += Release(shape, now_ns, j, tokens - taken);
+  }
+  return taken;
+}
+
+double WindowLedger::LiveDeposits(const WindowShape& shape, int64_t now_ns) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  double d = 0;
+  for (int64_t i = s - shape.deposit_slots + 1; i <= s; ++i) d += At(i).deposits;
+  return d;
+}
+
+double WindowLedger::LiveGrants(const WindowShape& shape, int64_t now_ns) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  double g = 0;
+  for (int64_t j = OldestGrant(shape, s); j <= s; ++j) g += At(j).grants;
+  return g;
+}
+
+void WindowLedger::ForEachLive(const WindowShape& shape, int64_t now_ns,
+                               const std::function<void(int64_t, double, double)>& f) {
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  const int64_t first_deposit = s - shape.deposit_slots + 1;
+  for (int64_t j = OldestGrant(shape, s); j <= s; ++j) {
+    const Slot& at = At(j);
+    const double deposits = j >= first_deposit ? at.deposits : 0;
+    if (deposits != 0 || at.grants != 0) f(j, deposits, at.grants);
+  }
+}
+
+void WindowLedger::RestoreSlot(const WindowShape& shape, int64_t now_ns, int64_t slot,
+                               double deposits, double grants) {
+  // A slot ahead of now (a clock that went back since it was written) is kept where it was:
+  // the ring then stays at it, as for any clock going back.
+  const int64_t s = Advance(std::max(SlotOf(shape, now_ns), slot));
+  if (slot < OldestGrant(shape, s)) return;  // expired
+  Slot& at = At(slot);
+  at.deposits = slot >= s - shape.deposit_slots + 1 ? deposits : 0;
+  at.grants = grants;
+}
+
+}  // namespace retrybudget
