@@ -113,7 +113,7 @@ def test_a_refund_of_cost_c_gives_c_tokens_back_like_c_single_refunds():
     budget.refund(6)
     stats = budget.stats()
     assert (stats.tokens_held, stats.refunds, stats.retries_allowed, stats.tokens_spent) == (
-        10, 6, 0, 0)
+        10, 1, 0, 0)
 
 
 def test_a_costly_retry_refunded_after_its_report_is_reported_refunded():
@@ -206,7 +206,7 @@ def test_a_refund_cancels_unbacked_permits_first_and_gives_nothing_back():
     assert (stats.tokens_held, stats.refunds, stats.unbacked) == (0, 0, 1)
     budget.refund(2)                  # unbacked 1 < 2: a normal refund
     stats = budget.stats()
-    assert (stats.tokens_held, stats.refunds, stats.unbacked) == (2, 2, 1)
+    assert (stats.tokens_held, stats.refunds, stats.unbacked) == (2, 1, 1)
     assert report(budget).shadow_denied == 1  # a would-be denial stays counted
 
 
@@ -392,7 +392,7 @@ def test_a_stopped_backoff_refunds_the_cost_it_took():
     with pytest.raises(RetryCancelled):
         call_with_retry(budget, fn, policy=policy, random=lambda: 0.99, stop=stop)
     stats = budget.stats()
-    assert (stats.tokens_held, stats.refunds, stats.requests) == (10, 4, 1)
+    assert (stats.tokens_held, stats.refunds, stats.requests) == (10, 1, 1)
 
 
 @pytest.mark.asyncio
@@ -420,7 +420,7 @@ async def test_the_async_helper_takes_the_cost_and_refunds_it_when_cancelled():
     with pytest.raises(asyncio.CancelledError):
         await task
     stats = budget.stats()
-    assert (stats.tokens_held, stats.refunds, stats.requests) == (6, 3, 2)
+    assert (stats.tokens_held, stats.refunds, stats.requests) == (6, 1, 2)
 
 
 # ---- tenacity ----
@@ -469,3 +469,56 @@ def test_tenacity_hooks_refuse_a_bad_cost():
 def test_the_package_exports_the_new_names():
     for name in ("aws_cost", "ENFORCE", "SHADOW"):
         assert name in retrybudget.__all__ and hasattr(retrybudget, name)
+
+
+# ---- against the real server ----
+
+FIXED = 'tenants {{ tenant: "t" policy {{ capacity: {cap} refill_per_second: 0 ' \
+        'success_credit: 0 lease_ttl_ms: 5000 {extra} }} }}\n'
+
+
+def _client(server, **kw):
+    kw.setdefault("refresh_period", 0.05)
+    return retrybudget.BudgetClient(retrybudget.ClientOptions(target=server.target, **kw))
+
+
+def test_a_cost_5_retry_takes_5_tokens_of_the_servers_bucket(start_server):
+    from conftest import wait_until
+
+    server = start_server(FIXED.format(cap=22, extra=""))
+    client = _client(server, lease_burst=22)
+    budget = client.tenant("t")
+    wait_until(lambda: budget.stats().tokens_held == 22, what="the whole bucket leased")
+    policy = RetryPolicy(max_attempts=10, initial_backoff=0, max_backoff=0, cost=5)
+    with pytest.raises(BudgetExhausted) as error:
+        call_with_retry(budget, failing([ConnectionError()] * 10), policy=policy)
+    assert error.value.attempts == 5  # four retries of 5 from 22 tokens, the fifth denied
+    assert client.close() is None
+    status = server.get_budget("t")
+    assert (status.retries_total, status.retries_allowed_total, status.requests_total) == (
+        20, 4, 1)
+    assert status.tokens == 2  # the 2 left went back with the final Sync
+
+
+def test_a_shadow_tenant_denies_nothing_counts_would_be_denials_and_follows_a_switch(
+        start_server):
+    from conftest import wait_until
+
+    server = start_server(FIXED.format(cap=3, extra="mode: MODE_SHADOW"))
+    client = _client(server, lease_burst=3)
+    budget = client.tenant("t")
+    wait_until(lambda: budget.stats().tokens_held == 3, what="the whole bucket leased")
+    assert budget.stats().enforcement == "shadow"
+    assert all(budget.try_acquire() for _ in range(10))
+    stats = budget.stats()
+    assert (stats.retries_allowed, stats.retries_denied, stats.shadow_denied) == (3, 0, 7)
+    wait_until(lambda: server.get_budget("t").shadow_denied_total == 7,
+               what="the would-be denials reported")
+    # Switched to enforce live: the client follows within a refresh period, no restart.
+    server.put_policy("t", capacity=3, refill_per_second=0, success_credit=0,
+                      lease_ttl_ms=5000, mode=budget_pb2.MODE_ENFORCE)
+    wait_until(lambda: budget.stats().enforcement == "enforce", what="the switch to enforce")
+    assert not budget.try_acquire()
+    assert client.close() is None
+    status = server.get_budget("t")
+    assert (status.shadow_denied_total, status.retries_denied_total) == (7, 1)

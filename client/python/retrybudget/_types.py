@@ -23,11 +23,14 @@ class TenantStats:
     # tokens back (lease + fallback). A count, whatever each retry cost.
     retries_allowed: int = 0
     retries_denied: int = 0     # try_acquire() returned False
-    fallback_allowed: int = 0   # tokens of tokens_spent from the local fallback bucket
+    # Of tokens_spent, those from the local fallback bucket (retries, when each costs 1).
+    fallback_allowed: int = 0
     tokens_received: int = 0    # granted by the server and received
     tokens_returned: int = 0    # given back unspent
     tokens_held: int = 0        # in the lease right now
-    refunds: int = 0            # tokens refund() gave back (already deducted from tokens_spent)
+    # refund() calls that gave tokens back (deducted from retries_allowed; their tokens from
+    # tokens_spent).
+    refunds: int = 0
     # Of successes, those whose credit this process's fallback buckets deposited locally
     # (success-funded fallback; the server does not credit them again).
     successes_credited_locally: int = 0

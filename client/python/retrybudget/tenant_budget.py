@@ -110,8 +110,7 @@ class TenantBudget:
         self._shadow_denied = 0   # would-be denials let through in shadow
         self._unbacked = 0        # their cost, until refunded (rule shadow.refund-unbacked-first)
         self._denied_tokens = 0   # the cost of every denial and would-be denial: demand
-        self._refunds = 0         # tokens given back by refund()
-        self._backed_refunds = 0  # refund() calls that gave tokens back
+        self._refunds = 0         # refund() calls that gave tokens back
         self._sync_wanted = False
         # Refresher side.
         self._mu = threading.Lock()
@@ -186,8 +185,7 @@ class TenantBudget:
                 self._unbacked -= cost
                 return
             self._held += cost
-            self._refunds += cost
-            self._backed_refunds += 1
+            self._refunds += 1
 
     def record_success(self) -> None:
         """Records one successful logical call; it earns the budget `success_credit`."""
@@ -283,7 +281,7 @@ class TenantBudget:
             c = self._counters()
             return TenantStats(
                 successes=c.successes,
-                retries_allowed=c.allowed - c.backed_refunds,
+                retries_allowed=c.allowed - c.refunds,
                 retries_denied=c.denied,
                 fallback_allowed=self._ledger.exact_fallback_spent(c.held),
                 tokens_spent=self._ledger.exact_spent(c.held),
@@ -306,8 +304,7 @@ class TenantBudget:
         with self._lock:
             return _Counters(self._held, self._closed, self._shadow, self._successes,
                              self._requests, self._allowed, self._denied, self._shadow_denied,
-                             self._unbacked, self._denied_tokens, self._refunds,
-                             self._backed_refunds)
+                             self._unbacked, self._denied_tokens, self._refunds)
 
     @property
     def lease_mode(self) -> str:
@@ -590,4 +587,3 @@ class _Counters(NamedTuple):
     unbacked: int
     denied_tokens: int
     refunds: int
-    backed_refunds: int
