@@ -157,3 +157,42 @@ test('cockatiel: budgetRetry ends the backoff on abort, refunds, and composes in
   assert.equal(Number((await getBudget(server.target, 'ck')).retriesTotal), 2);
   assert.equal(Number((await getBudget(server.target, 'ck-abort')).retriesTotal), 0);
 });
+
+test('p-retry and cockatiel: options.cost prices each retry from its error, refunded whole on abort; one request per call', async () => {
+  const { localBudget } = await import('../../client/js/src/testing.js');
+  const timeout = () => Object.assign(new Error('timed out'), { name: 'TimeoutError' });
+  const awsCost = (e) => (e?.name === 'TimeoutError' ? 10 : 5);
+  // p-retry: a timeout (10), then UNAVAILABLE (5), then success.
+  const pr = await localBudget(20);
+  const errors = [timeout(), unavailable()];
+  let n = 0;
+  assert.equal(await pRetryWithBudget(pRetry, pr, async () => {
+    if (n < errors.length) throw errors[n++];
+    return 'ok';
+  }, { retries: 5, minTimeout: 0, cost: awsCost }), 'ok');
+  let s = pr.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.requests, s.successes], [5, 2, 15, 1, 1]);
+  await assert.rejects(pRetryWithBudget(pRetry, pr, async () => { throw timeout(); }, { retries: 5, minTimeout: 0, cost: awsCost }), BudgetExhaustedError);
+  assert.deepEqual([pr.stats().tokensHeld, pr.stats().retriesDenied, pr.stats().requests], [5, 1, 2]);
+  await assert.rejects(pRetryWithBudget(pRetry, pr, async () => 1, { cost: 0 }), (e) => e instanceof RangeError && /options\.cost is 0/.test(e.message));
+  // Aborted during p-retry's backoff: the retry's 4 tokens come back.
+  const controller = new AbortController();
+  const reason = new Error('caller gone');
+  await assert.rejects(pRetryWithBudget(pRetry, pr, async () => {
+    setImmediate(() => controller.abort(reason));
+    throw unavailable();
+  }, { retries: 5, minTimeout: 60_000, signal: controller.signal, cost: 4 }), (e) => e === reason);
+  assert.deepEqual([pr.stats().tokensHeld, pr.stats().refunds], [5, 4]);
+
+  // cockatiel: the same through budgetRetry.
+  const ck = await localBudget(20);
+  n = 0;
+  const policy = budgetRetry(ck, { initialBackoffMs: 0, maxBackoffMs: 0, cost: awsCost });
+  assert.equal(await policy.execute(() => {
+    if (n < errors.length) throw errors[n++];
+    return 'ok';
+  }), 'ok');
+  s = ck.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.requests, s.successes], [5, 2, 15, 1, 1]);
+  assert.throws(() => budgetRetry(ck, { cost: 1.5 }), (e) => e instanceof RangeError && /options\.cost is 1\.5/.test(e.message));
+});

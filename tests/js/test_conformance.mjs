@@ -7,8 +7,9 @@
 // or a scenario the runner cannot run fails.
 //
 // What this runner does not observe: a Refund's return value (the JS refund() returns nothing,
-// so a step's optional `expect` on `refund` is not checked), and wake-ups (a scenario's steps
-// are its own schedule).
+// so a step's optional true / false `expect` on `refund` is not checked; "cost_out_of_range" is:
+// a RangeError naming cost and the value), and wake-ups (a scenario's steps are its own
+// schedule).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -32,12 +33,16 @@ const SYNC = budgetServices().RetryBudgetService.service.Sync;
 
 const snake = (name) => name.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 
-/** {snake_name: {camel, type, repeated, message}} of a budget.proto message. */
+/** {snake_name: {camel, type, repeated, message, values}} of a budget.proto message (`values`:
+ * an enum field's {NAME: number}). */
 function fieldsOf(message) {
   const fields = new Map();
   for (const f of v1[message].type.field) {
+    const isEnum = f.type === 'TYPE_ENUM';
     fields.set(snake(f.name), {
-      camel: f.name, type: f.type, repeated: f.label === 'LABEL_REPEATED', message: f.typeName || null,
+      camel: f.name, type: f.type, repeated: f.label === 'LABEL_REPEATED',
+      message: f.type === 'TYPE_MESSAGE' ? f.typeName : null,
+      values: isEnum ? Object.fromEntries(v1[f.typeName].type.value.map((v) => [v.name, v.number])) : null,
     });
   }
   return fields;
@@ -57,6 +62,10 @@ function checkScalar(f, value, where) {
   } else if (f.type === 'TYPE_DOUBLE') {
     const ok = typeof value === 'number' || value === 'NaN' || value === 'Infinity' || value === '-Infinity';
     assert.ok(ok, `${where} is ${JSON.stringify(value)}; expected a number, "NaN" or "Infinity"`);
+  } else if (f.type === 'TYPE_ENUM') {
+    // proto3 JSON: the value's name, or its number (an unknown number is kept, as on the wire).
+    const ok = Object.hasOwn(f.values, value) || (typeof value === 'number' && Number.isInteger(value));
+    assert.ok(ok, `${where} is ${JSON.stringify(value)}; expected one of ${Object.keys(f.values).join(', ')} or an integer`);
   } else {
     assert.fail(`${where}: field type ${f.type} is not supported by this runner`);
   }
@@ -71,7 +80,8 @@ function fromProtoJson(message, json, where) {
   for (const [key, value] of Object.entries(json)) {
     const f = fields.get(key);
     assert.ok(f !== undefined, `${where}.${key}: not a field of ${message} (${[...fields.keys()].join(', ')})`);
-    const one = (v, w) => (f.message !== null ? fromProtoJson(f.message, v, w) : (checkScalar(f, v, w), f.type === 'TYPE_DOUBLE' ? Number(v) : v));
+    const scalar = (v) => (f.type === 'TYPE_DOUBLE' ? Number(v) : f.type === 'TYPE_ENUM' && typeof v === 'string' ? f.values[v] : v);
+    const one = (v, w) => (f.message !== null ? fromProtoJson(f.message, v, w) : (checkScalar(f, v, w), scalar(v)));
     if (f.repeated) {
       assert.ok(Array.isArray(value), `${where}.${key} is not a list`);
       out[f.camel] = value.map((v, i) => one(v, `${where}.${key}[${i}]`));
@@ -115,7 +125,7 @@ function withDefaults(message, json, where) {
       out[key] = f.type === 'TYPE_STRING' ? '' : f.type === 'TYPE_BOOL' ? false : 0;
     } else {
       checkScalar(f, v, `${where}.${key}`);
-      out[key] = typeof v === 'string' && f.type !== 'TYPE_STRING' ? Number(v) : v;
+      out[key] = f.type === 'TYPE_ENUM' && typeof v === 'string' ? f.values[v] : typeof v === 'string' && f.type !== 'TYPE_STRING' ? Number(v) : v;
     }
   }
   return out;
@@ -133,7 +143,8 @@ function responseFrom(json, where) {
 
 // ---- the scenario format ----
 
-const RULE_IDS = new Set([...readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/^- `([a-z0-9-]+)`:/gm)].map((m) => m[1]));
+// A rule id: lower-case letters, digits, '-' and '.' (`refund-ledger`, `cost.all-or-nothing`).
+const RULE_IDS = new Set([...readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/^- `([a-z0-9.-]+)`:/gm)].map((m) => m[1]));
 
 const OPTION_KEYS = {
   instance_id: 'instanceId',
@@ -145,11 +156,16 @@ const OPTION_KEYS = {
   fallback_capacity: 'fallbackCapacity',
   fallback_refill_per_second: 'fallbackRefillPerSecond',
 };
-const ACTIONS = ['tenant', 'try_acquire', 'record_success', 'refund', 'run', 'shutdown', 'expect_tenant'];
-const EXTRA_STEP_KEYS = { try_acquire: ['expect'], refund: ['expect'] };
+const ACTIONS = ['tenant', 'try_acquire', 'record_success', 'record_request', 'refund', 'run', 'shutdown', 'expect_tenant'];
+const EXTRA_STEP_KEYS = { try_acquire: ['expect', 'cost'], refund: ['expect', 'cost'] };
+const COST_OUT_OF_RANGE = 'cost_out_of_range';
 const ATTEMPT_KEYS = new Set(['expect', 'expect_address', 'expect_timeout_ms', 'expect_wait_for_ready', 'after_ms', 'response', 'error', 'message', 'lost']);
 const TENANT_FIELDS = {
   mode: (t) => t.leaseMode,
+  shadow: (t) => t.shadow,
+  shadow_denied: (t) => t.stats().shadowDenied,
+  requests: (t) => t.stats().requests,
+  requests_credited_locally: (t) => t.stats().requestsCreditedLocally,
   tokens_held: (t) => t.stats().tokensHeld,
   retries_allowed: (t) => t.stats().retriesAllowed,
   retries_denied: (t) => t.stats().retriesDenied,
@@ -250,18 +266,34 @@ class Run {
         break;
       }
       case 'try_acquire': {
-        assert.equal(typeof s.expect, 'boolean', `${w}: expect must be true or false`);
-        assert.equal(this.tenant(s.try_acquire, w).tryAcquire(), s.expect, `${w}: tryAcquire()`);
+        const t = this.tenant(s.try_acquire, w);
+        const args = this.costArgs(s, w);
+        if (s.expect === COST_OUT_OF_RANGE) {
+          this.outOfRange(() => t.tryAcquire(...args), s.cost, w);
+          break;
+        }
+        assert.equal(typeof s.expect, 'boolean', `${w}: expect must be true, false or "${COST_OUT_OF_RANGE}"`);
+        assert.equal(t.tryAcquire(...args), s.expect, `${w}: tryAcquire(${args.join('')})`);
         break;
       }
       case 'record_success':
         assert.ok(!('expect' in s), `${w}: record_success takes no expect`);
         this.tenant(s.record_success, w).recordSuccess();
         break;
-      case 'refund':
-        if ('expect' in s) assert.equal(typeof s.expect, 'boolean', `${w}: expect must be true or false`);
-        this.tenant(s.refund, w).refund(); // returns nothing in JS: `expect` is not checked
+      case 'record_request':
+        this.tenant(s.record_request, w).recordRequest();
         break;
+      case 'refund': {
+        const t = this.tenant(s.refund, w);
+        const args = this.costArgs(s, w);
+        if (s.expect === COST_OUT_OF_RANGE) {
+          this.outOfRange(() => t.refund(...args), s.cost, w);
+          break;
+        }
+        if ('expect' in s) assert.equal(typeof s.expect, 'boolean', `${w}: expect must be true, false or "${COST_OUT_OF_RANGE}"`);
+        t.refund(...args); // returns nothing in JS: a true / false `expect` is not checked
+        break;
+      }
       case 'run':
         this.run(s.run, w);
         break;
@@ -274,6 +306,19 @@ class Run {
       default:
         assert.fail(`${w}: unknown action`);
     }
+  }
+
+  /** The call's arguments: [] for the plain call, [cost] with a `cost`. */
+  costArgs(s, where) {
+    if (!('cost' in s)) return [];
+    assert.ok(typeof s.cost === 'number' && Number.isInteger(s.cost), `${where}.cost is ${JSON.stringify(s.cost)}; expected an integer`);
+    return [s.cost];
+  }
+
+  /** The JS form of "cost_out_of_range": a RangeError naming cost and the value. */
+  outOfRange(call, cost, where) {
+    assert.ok(cost !== undefined, `${where}: "${COST_OUT_OF_RANGE}" needs a cost`);
+    assert.throws(call, (e) => e instanceof RangeError && e.message.includes('cost') && e.message.includes(String(cost)), `${where}: a RangeError naming cost and ${cost}`);
   }
 
   attempts(spec, where) {
@@ -434,7 +479,7 @@ test('the corpus is there, every rule pinned by a scenario and every scenario RU
   assert.deepEqual([...new Set(named)].filter((n) => !files.includes(`${n}.json`)), [], 'scenarios RULES.md names that are not in scenarios/');
   // And the other way: a scenario pinning a rule is named under that rule.
   const ruleText = new Map();
-  for (const m of readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/\n- `([a-z0-9-]+)`:([^]*?)(?=\n- `|\n#|$)/g)) ruleText.set(m[1], m[2]);
+  for (const m of readFileSync(path.join(CORPUS, 'RULES.md'), 'utf8').matchAll(/\n- `([a-z0-9.-]+)`:([^]*?)(?=\n- `|\n#|$)/g)) ruleText.set(m[1], m[2]);
   const unlisted = [];
   for (const file of files) {
     const name = file.slice(0, -'.json'.length);

@@ -149,3 +149,41 @@ test('perAttemptTimeoutMs: a hung attempt times out on its own deadline and is r
   assert.equal(budget.stats().tokensHeld, 9);
   assert.equal(backend.attempts.length, 2);
 });
+
+test('options.cost prices each retry from its status (AWS\'s shape); the call records one request', async (t) => {
+  const codes = [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED];
+  const decide = (call, n) => (n <= codes.length ? { code: codes[n - 1], details: `attempt ${n} fails` } : null);
+  const seen = [];
+  const cost = (e) => {
+    seen.push([e.code, e.details]);
+    return e.code === grpc.status.DEADLINE_EXCEEDED ? 10 : 5;
+  };
+  const { backend, budget, client } = await rig(t, decide, 20, { initialBackoffMs: 1, maxBackoffMs: 2, cost });
+  const reply = await echo(client, 'hi').promise;
+  assert.equal(reply.attemptsSeen, 3);
+  assert.deepEqual(seen, [[grpc.status.UNAVAILABLE, 'attempt 1 fails'], [grpc.status.DEADLINE_EXCEEDED, 'attempt 2 fails']]);
+  const s = budget.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.requests, s.successes], [5, 2, 15, 1, 1]);
+  // 5 left: the retry after UNAVAILABLE takes them; the one after the timeout (10) is denied
+  // whole, and the caller gets the status marked as exhausted.
+  await assert.rejects(echo(client, 'x').promise, (e) => e.code === grpc.status.DEADLINE_EXCEEDED && e.metadata.get('retry-budget-exhausted')[0] === '2');
+  assert.equal(backend.attempts.length, 3 + 2);
+  assert.deepEqual([budget.stats().tokensHeld, budget.stats().retriesDenied, budget.stats().requests], [0, 1, 2]);
+});
+
+test('a cost function returning a bad cost ends the call with INTERNAL naming options.cost; a bad number is refused when the interceptor is made', async (t) => {
+  const { backend, budget, client } = await rig(t, failFirst(5), 10, { initialBackoffMs: 1, maxBackoffMs: 2, cost: () => 2.5 });
+  await assert.rejects(echo(client, 'x').promise, (e) => e.code === grpc.status.INTERNAL && /options\.cost returned 2\.5/.test(e.details) && /last attempt: 14 attempt 1 fails/.test(e.details));
+  assert.equal(backend.attempts.length, 1);
+  assert.equal(budget.stats().tokensHeld, 10);
+  assert.throws(() => retryInterceptor(budget, { cost: 0 }), (e) => e instanceof RangeError && /options\.cost is 0/.test(e.message));
+});
+
+test('cancelling the call during a backoff refunds the retry\'s whole cost', async (t) => {
+  const { backend, budget, client } = await rig(t, failFirst(100, grpc.status.UNAVAILABLE, 10_000), 10, { cost: 3 });
+  const { promise, call } = echo(client, 'x', { deadlineMs: 60_000 });
+  await waitUntil(() => backend.attempts.length === 1 && budget.stats().tokensHeld === 7, { what: 'the backoff' });
+  call.cancel();
+  await assert.rejects(promise, (e) => e.code === grpc.status.CANCELLED);
+  assert.deepEqual([budget.stats().tokensHeld, budget.stats().refunds, budget.stats().retriesAllowed], [10, 3, 0]);
+});

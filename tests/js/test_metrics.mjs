@@ -7,6 +7,7 @@ import net from 'node:net';
 // The prom-client the package depends on (client/js/node_modules), as a worker would use it.
 import client from '../../client/js/node_modules/prom-client/index.js';
 import { BudgetClient } from '../../client/js/src/index.js';
+import { PrometheusClientMetrics } from '../../client/js/src/metrics.js';
 import { startServer, policy, waitUntil } from './helpers.mjs';
 
 function value(metrics, name, labels) {
@@ -25,6 +26,8 @@ test('retry_budget_client_* metrics as the C++ client names them', async (t) => 
   assert.ok(budget.tryAcquire());
   assert.ok(budget.tryAcquire());
   budget.recordSuccess();
+  budget.recordRequest();
+  budget.recordRequest();
   while (budget.tryAcquire());
   const denied = budget.stats().retriesDenied;
   await waitUntil(async () => value(await registry.getMetricsAsJSON(), 'retry_budget_client_successes_total', { tenant: 't' }) === 1, { what: 'the metrics to catch up' });
@@ -32,6 +35,8 @@ test('retry_budget_client_* metrics as the C++ client names them', async (t) => 
   assert.ok(value(m, 'retry_budget_client_retries_allowed_total', { tenant: 't' }) >= 2);
   assert.ok(value(m, 'retry_budget_client_retries_denied_total', { tenant: 't' }) >= 1);
   assert.equal(value(m, 'retry_budget_client_fallback_retries_total', { tenant: 't' }), 0);
+  assert.equal(value(m, 'retry_budget_client_requests_total', { tenant: 't' }), 2);
+  assert.equal(value(m, 'retry_budget_client_shadow_denied_total', { tenant: 't' }), 0);
   assert.equal(value(m, 'retry_budget_client_mode', { tenant: 't', mode: 'lease' }), 1);
   assert.equal(value(m, 'retry_budget_client_mode', { tenant: 't', mode: 'fallback' }), 0);
   assert.ok(value(m, 'retry_budget_client_syncs_total', { result: 'ok' }) >= 1);
@@ -62,4 +67,22 @@ test('sync errors are counted by code; fallback shows in the mode gauge', async 
   assert.ok(value(m, 'retry_budget_client_sync_errors_total', { code: 'UNAVAILABLE' }) >= 1);
   assert.ok(value(m, 'retry_budget_client_syncs_total', { result: 'error' }) >= 1);
   await c.close();
+});
+
+test('retries_allowed counts retries whatever their cost; shadow_denied and requests follow the tenant\'s counters and never go back', async () => {
+  const registry = new client.Registry();
+  const metrics = new PrometheusClientMetrics(registry);
+  const stats = (o) => ({ retriesAllowed: 0, retriesDenied: 0, fallbackAllowed: 0, successes: 0, shadowDenied: 0, requests: 0, tokensHeld: 0, mode: 'lease', ...o });
+  metrics.tenantUpdated('t', stats({ retriesAllowed: 2, shadowDenied: 3, requests: 7 }));
+  let m = await registry.getMetricsAsJSON();
+  assert.equal(value(m, 'retry_budget_client_retries_allowed_total', { tenant: 't' }), 2);
+  assert.equal(value(m, 'retry_budget_client_shadow_denied_total', { tenant: 't' }), 3);
+  assert.equal(value(m, 'retry_budget_client_requests_total', { tenant: 't' }), 7);
+  // A refund lowers retriesAllowed for a moment: the counter stays.
+  metrics.tenantUpdated('t', stats({ retriesAllowed: 1, shadowDenied: 5, requests: 9 }));
+  m = await registry.getMetricsAsJSON();
+  assert.equal(value(m, 'retry_budget_client_retries_allowed_total', { tenant: 't' }), 2);
+  assert.equal(value(m, 'retry_budget_client_shadow_denied_total', { tenant: 't' }), 5);
+  assert.equal(value(m, 'retry_budget_client_requests_total', { tenant: 't' }), 9);
+  assert.match(await registry.metrics(), /^retry_budget_client_shadow_denied_total\{tenant="t"\} 5$/m);
 });

@@ -161,3 +161,51 @@ test('an abort during the backoff rejects at once, refunds the token, and the pr
   await control.exited;
   assert.equal(alive, true, 'the un-aborted child exited during a 60 s backoff');
 });
+
+test('options.cost: each retry takes its cost (a number, or a function of the error), the first attempt none; one request per call', async () => {
+  const budget = await localBudget(20);
+  const timeout = () => Object.assign(new Error('4 DEADLINE_EXCEEDED'), { code: Status.DEADLINE_EXCEEDED, details: '', metadata: new grpc.Metadata() });
+  // AWS SDKs' shape: 10 tokens after a timeout, 5 after any other retryable error.
+  const awsCost = (e) => (e?.code === Status.DEADLINE_EXCEEDED ? 10 : 5);
+  const errors = [unavailable(), timeout()];
+  const seen = [];
+  const result = await callWithRetry(budget, async (attempt) => {
+    if (attempt.number <= errors.length) throw errors[attempt.number - 1];
+    return 'ok';
+  }, { ...FAST, cost: (e) => { seen.push(e); return awsCost(e); } });
+  assert.equal(result, 'ok');
+  assert.deepEqual(seen, errors, 'the cost function gets each failed attempt\'s error');
+  let s = budget.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesAllowed, s.tokensSpent, s.requests, s.successes], [5, 2, 15, 1, 1]);
+  // A retry costing more than what is left is denied whole: BudgetExhaustedError, nothing taken.
+  await assert.rejects(callWithRetry(budget, async () => { throw unavailable(); }, { ...FAST, cost: 6 }), BudgetExhaustedError);
+  s = budget.stats();
+  assert.deepEqual([s.tokensHeld, s.retriesDenied, s.requests], [5, 1, 2]);
+});
+
+test('options.cost: a bad number is refused up front; a function returning a bad cost ends the call with a RangeError, no token taken', async () => {
+  const budget = await localBudget(10);
+  for (const bad of [0, 1.5, 1_000_001, -3, NaN]) {
+    await assert.rejects(callWithRetry(budget, async () => 1, { cost: bad }), (e) => e instanceof RangeError && e.message.startsWith(`options.cost is ${bad}`));
+  }
+  await assert.rejects(callWithRetry(budget, async () => 1, { cost: '5' }), (e) => e instanceof TypeError && /options\.cost is "5"/.test(e.message));
+  assert.equal(budget.stats().requests, 0, 'no call made, no request recorded');
+  let n = 0;
+  await assert.rejects(callWithRetry(budget, async () => { n++; throw unavailable(); }, { ...FAST, cost: () => 0 }),
+    (e) => e instanceof RangeError && /options\.cost returned 0/.test(e.message));
+  assert.equal(n, 1);
+  assert.deepEqual([budget.stats().tokensHeld, budget.stats().retriesDenied, budget.stats().requests], [10, 0, 1]);
+});
+
+test('an abort during the backoff refunds the retry\'s whole cost', async () => {
+  const budget = await localBudget(10);
+  const controller = new AbortController();
+  const reason = new Error('gone');
+  const call = callWithRetry(budget, async () => {
+    setImmediate(() => controller.abort(reason));
+    throw unavailable();
+  }, { signal: controller.signal, cost: 4, initialBackoffMs: 60_000, maxBackoffMs: 60_000, random: () => 0.99 });
+  await assert.rejects(call, (e) => e === reason);
+  const s = budget.stats();
+  assert.deepEqual([s.tokensHeld, s.refunds, s.retriesAllowed, s.tokensSpent, s.requests], [10, 4, 0, 0, 1]);
+});

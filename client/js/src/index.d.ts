@@ -13,6 +13,8 @@ export const LEASE: 'lease';
 export const FALLBACK: 'fallback';
 export const DENY_FALLBACK: 'deny_fallback';
 export const MODES: readonly BudgetMode[];
+/** The largest cost of one retry: tryAcquire(cost), refund(cost), the helpers' `cost`. */
+export const MAX_COST: 1000000;
 export const MAX_TENANTS_PER_CLIENT: 256;
 
 export interface ClientOptions {
@@ -56,36 +58,65 @@ export const DEFAULT_OPTIONS: Readonly<Required<ClientOptions>>;
 /** Counters of one tenant in this process, cumulative since the client was created. */
 export interface TenantStats {
   successes: number;
-  /** tryAcquire() true, minus refund() (lease + fallback). */
+  /** recordRequest() calls (first attempts). */
+  requests: number;
+  /** Retries tryAcquire() allowed with tokens (true, whatever their cost), minus the refund()
+   * calls that gave tokens back (lease + fallback). A count of retries. */
   retriesAllowed: number;
+  /** The tokens those retries took (a retry of cost c takes c), net of refunds:
+   * tokensReceived = tokensSpent + tokensReturned + tokensHeld (no fallback). */
+  tokensSpent: number;
+  /** tryAcquire() returned false (never in shadow mode). */
   retriesDenied: number;
-  /** Of retriesAllowed, from the local fallback bucket. */
+  /** Shadow mode's would-be denials: retries let through that enforcement would have denied
+   * (no token taken). */
+  shadowDenied: number;
+  /** Their tokens not yet refunded (refund() pays these back first, giving nothing back). */
+  unbacked: number;
+  /** Of tokensSpent, the tokens from the local fallback bucket. */
   fallbackAllowed: number;
   tokensReceived: number;
   tokensReturned: number;
   tokensHeld: number;
+  /** Tokens refund() gave back (already deducted from tokensSpent). */
   refunds: number;
   /** Of successes, those whose credit this process's fallback buckets deposited locally
    * (success-funded fallback; the server does not credit them again). */
   successesCreditedLocally: number;
+  /** Of requests, those whose credit (a windowed policy's retry_ratio) this process's fallback
+   * buckets deposited locally (the server does not credit them again). */
+  requestsCreditedLocally: number;
   leaseActive: boolean;
   mode: BudgetMode;
+  /** The tenant's policy is a dry run (the last answer for it said shadow). */
+  shadow: boolean;
   /** Why the server refused this tenant in the last Sync; null after a grant. */
   error: string | null;
 }
 
-/** One tenant's budget in this process. The hot path (tryAcquire, refund, recordSuccess) is
- * synchronous, allocation-free and never does I/O. */
+/** One tenant's budget in this process. The hot path (tryAcquire, refund, recordSuccess,
+ * recordRequest) is synchronous, allocation-free and never does I/O. */
 export class TenantBudget {
   private constructor();
   readonly tenant: string;
-  /** True: a token was taken, send the retry. False: fail the call now. */
-  tryAcquire(): boolean;
-  /** Gives back a token taken for a retry that was never sent. */
-  refund(): void;
+  /** One retry of `cost` tokens (an integer in [1, MAX_COST]; default 1), all or nothing.
+   * True: the tokens were taken, send the retry. False: fail the call now. In shadow mode a
+   * retry enforcement would deny is allowed without a token (counted in shadowDenied). Throws
+   * RangeError naming `cost` and the value for a bad cost (nothing counted). */
+  tryAcquire(cost?: number): boolean;
+  /** Gives back the `cost` tokens (default 1) taken by tryAcquire(cost) for a retry that was
+   * never sent. In shadow mode, pays back would-be denials first (nothing given back). Throws
+   * RangeError for a bad cost (nothing changed). */
+  refund(cost?: number): void;
   /** Records one successful logical call. */
   recordSuccess(): void;
+  /** Records one request (a logical call's first attempt; a windowed policy deposits its
+   * retry_ratio per request). The retry helpers call it once per call. */
+  recordRequest(): void;
   readonly mode: BudgetMode;
+  /** True while the tenant is in shadow mode (its last answer said MODE_SHADOW; false until
+   * the first answer). */
+  readonly shadow: boolean;
   /** True once the tenant's first Sync (sent when the handle was created) was answered, or
    * failed and the fallback applies, or the client closed. */
   readonly isReady: boolean;
@@ -138,6 +169,12 @@ export interface RetryPolicyOptions {
   multiplier?: number;
   perAttemptTimeoutMs?: number | null;
   isRetryable?: (error: unknown) => boolean;
+  /** The tokens each retry takes: an integer in [1, MAX_COST], or a function of the failed
+   * attempt's error returning one (checked at each retry: a bad value ends the call with a
+   * RangeError naming options.cost; the interceptor ends it with INTERNAL). Default 1. The
+   * cost taken is the cost refunded when the retry is never sent. AWS SDKs' shape:
+   * `(e) => (e?.code === Status.DEADLINE_EXCEEDED || e?.name === 'TimeoutError' ? 10 : 5)`. */
+  cost?: number | ((error: any) => number);
 }
 
 export interface RetryPolicy extends Required<RetryPolicyOptions> {}
@@ -180,7 +217,9 @@ export const IDEMPOTENCY_KEY_HEADER: 'x-idempotency-key';
 export const PREVIOUS_ATTEMPTS_HEADER: 'grpc-previous-rpc-attempts';
 export const RETRY_PUSHBACK_HEADER: 'grpc-retry-pushback-ms';
 
-/** A grpc-js client interceptor retrying unary calls through `budget`. */
+/** A grpc-js client interceptor retrying unary calls through `budget` (recordRequest() once per
+ * call; options.cost, when a function, gets an Error with the attempt's `code`, `details` and
+ * `metadata`). */
 export function retryInterceptor(budget: TenantBudget, options?: RetryPolicyOptions): grpcJs.Interceptor;
 export const BUDGET_EXHAUSTED_TRAILER: 'retry-budget-exhausted';
 

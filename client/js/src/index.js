@@ -2,7 +2,7 @@
 // one fleet-wide budget with the C++, Python and Go workers. See client/js/README.md.
 
 export { BudgetClient, ClientClosedError, MAX_TENANTS_PER_CLIENT } from './client.js';
-export { TenantBudget, NO_LEASE, LEASE, FALLBACK, DENY_FALLBACK, MODES } from './tenant-budget.js';
+export { TenantBudget, NO_LEASE, LEASE, FALLBACK, DENY_FALLBACK, MODES, MAX_COST } from './tenant-budget.js';
 export {
   callWithRetry, BudgetExhaustedError, RetryDeadlineExceededError, computeBackoff, retryPolicy,
   defaultIsRetryable, newIdempotencyKey, parseRetryPushback, abortableSleep,

@@ -27,13 +27,11 @@
 import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { Status } from './codes.js';
+import { MAX_COST } from './tenant-budget.js';
 
 export const IDEMPOTENCY_KEY_HEADER = 'x-idempotency-key';
 export const PREVIOUS_ATTEMPTS_HEADER = 'grpc-previous-rpc-attempts';
 export const RETRY_PUSHBACK_HEADER = 'grpc-retry-pushback-ms';
-
-/** The largest cost of one retry (options.cost, TenantBudget.tryAcquire). */
-export const MAX_RETRY_COST = 1_000_000;
 
 export const RETRYABLE_GRPC_CODES = Object.freeze([Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED, Status.DEADLINE_EXCEEDED]);
 const RETRYABLE_NET_CODES = new Set(['ECONNRESET', 'ECONNREFUSED', 'ETIMEDOUT', 'EPIPE', 'EAI_AGAIN', 'ENETUNREACH', 'EHOSTUNREACH', 'UND_ERR_SOCKET', 'UND_ERR_CONNECT_TIMEOUT']);
@@ -92,16 +90,16 @@ function show(value) {
 }
 
 function isCost(cost) {
-  return Number.isInteger(cost) && cost >= 1 && cost <= MAX_RETRY_COST;
+  return Number.isInteger(cost) && cost >= 1 && cost <= MAX_COST;
 }
 
 /** The tokens a retry after `error` costs under `policy` (its cost: a number, or a function of
  * the error); throws RangeError naming options.cost and the value when it is not an integer in
- * [1, MAX_RETRY_COST] (a function that throws: its error). */
+ * [1, MAX_COST] (a function that throws: its error). */
 export function retryCost(policy, error) {
   if (typeof policy.cost === 'number') return policy.cost;
   const cost = policy.cost(error);
-  if (!isCost(cost)) throw new RangeError(`options.cost returned ${show(cost)} for ${error?.message ?? show(error)}; expected an integer in [1, ${MAX_RETRY_COST}]`);
+  if (!isCost(cost)) throw new RangeError(`options.cost returned ${show(cost)} for ${error?.message ?? show(error)}; expected an integer in [1, ${MAX_COST}]`);
   return cost;
 }
 
@@ -133,9 +131,9 @@ export function retryPolicy(o = {}) {
   }
   if (typeof p.isRetryable !== 'function') throw new TypeError(`options.isRetryable is ${show(p.isRetryable)}; expected a function`);
   if (typeof p.cost === 'number') {
-    if (!isCost(p.cost)) throw new RangeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_RETRY_COST}] or a function (error) => cost`);
+    if (!isCost(p.cost)) throw new RangeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_COST}] or a function (error) => cost`);
   } else if (typeof p.cost !== 'function') {
-    throw new TypeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_RETRY_COST}] or a function (error) => cost`);
+    throw new TypeError(`options.cost is ${show(p.cost)}; expected an integer in [1, ${MAX_COST}] or a function (error) => cost`);
   }
   return p;
 }
