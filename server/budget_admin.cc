@@ -70,6 +70,9 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   s.set_refunded_total(totals.refunded);
   s.set_fallback_refunded_total(totals.fallback_refunded);
   s.set_retries_denied_total(totals.retries_denied);
+  s.set_shadow_denied_total(totals.shadow_denied);
+  s.set_requests_total(totals.requests);
+  s.set_retries_allowed_total(totals.retries_allowed);
   s.set_returned_total(totals.returned);
   s.set_reclaimed_total(totals.reclaimed);
   s.set_wanted_total(totals.wanted);

@@ -436,6 +436,9 @@ void BudgetCore::Credit(Tenant& tb, const ReportEffect& effect, int64_t now_ns,
   totals.refunded = SaturatingAdd(totals.refunded, effect.d_refunded);
   totals.fallback_refunded = SaturatingAdd(totals.fallback_refunded, effect.d_fallback_refunded);
   totals.retries_denied = SaturatingAdd(totals.retries_denied, effect.d_denied);
+  totals.shadow_denied = SaturatingAdd(totals.shadow_denied, effect.d_shadow_denied);
+  totals.requests = SaturatingAdd(totals.requests, effect.d_requests);
+  totals.retries_allowed = SaturatingAdd(totals.retries_allowed, effect.d_retries_allowed);
   totals.returned = SaturatingAdd(totals.returned, effect.d_returned);
   totals.reclaimed = SaturatingAdd(totals.reclaimed, effect.reclaimed);
   totals.uncredited = SaturatingAdd(totals.uncredited, effect.uncredited);

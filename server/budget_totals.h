@@ -18,6 +18,11 @@ struct BudgetTotals {
   uint64_t retries = 0;
   uint64_t refunded = 0;
   uint64_t retries_denied = 0;
+  // A shadow tenant's would-be denials, requests (first attempts) and retries allowed with
+  // tokens (counts; `retries` is in tokens).
+  uint64_t shadow_denied = 0;
+  uint64_t requests = 0;
+  uint64_t retries_allowed = 0;
   uint64_t returned = 0;
   uint64_t reclaimed = 0;
   uint64_t fallback_retries = 0;
@@ -35,6 +40,9 @@ struct BudgetTotals {
                         .retries = ts.retries_total(),
                         .refunded = ts.refunded_total(),
                         .retries_denied = ts.retries_denied_total(),
+                        .shadow_denied = ts.shadow_denied_total(),
+                        .requests = ts.requests_total(),
+                        .retries_allowed = ts.retries_allowed_total(),
                         .returned = ts.returned_total(),
                         .reclaimed = ts.reclaimed_total(),
                         .fallback_retries = ts.fallback_retries_total(),
@@ -49,6 +57,9 @@ struct BudgetTotals {
     ts.set_retries_total(retries);
     ts.set_refunded_total(refunded);
     ts.set_retries_denied_total(retries_denied);
+    ts.set_shadow_denied_total(shadow_denied);
+    ts.set_requests_total(requests);
+    ts.set_retries_allowed_total(retries_allowed);
     ts.set_returned_total(returned);
     ts.set_reclaimed_total(reclaimed);
     ts.set_fallback_retries_total(fallback_retries);

@@ -64,6 +64,9 @@ ReportEffect ApplyReport(LedgerEntry& entry, const CumulativeCounters& sent) {
   e.d_denied = sent.retries_denied - was.retries_denied;
   e.d_fallback = sent.fallback_spent - was.fallback_spent;
   e.d_fallback_refunded = sent.fallback_refunded - was.fallback_refunded;
+  e.d_requests = sent.requests - was.requests;
+  e.d_shadow_denied = sent.shadow_denied - was.shadow_denied;
+  e.d_retries_allowed = sent.retries_allowed - was.retries_allowed;
   e.d_returned = sent.tokens_returned - was.tokens_returned;
   e.spent_since = e.d_retries > e.d_refunded ? e.d_retries - e.d_refunded : 0;
   e.reclaimed = entry.expected_received - sent.tokens_received;

@@ -83,6 +83,11 @@ struct ReportEffect {
   uint64_t d_denied = 0;
   uint64_t d_fallback = 0;
   uint64_t d_fallback_refunded = 0;
+  // Requests (first attempts), a shadow tenant's would-be denials and the retries allowed with
+  // tokens since the previous report: counted in the totals.
+  uint64_t d_requests = 0;
+  uint64_t d_shadow_denied = 0;
+  uint64_t d_retries_allowed = 0;
   uint64_t d_returned = 0;
   // Granted but never received (a lost response).
   uint64_t reclaimed = 0;

@@ -214,7 +214,9 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
       safe->set_capacity(cold->safe_capacity);
       safe->set_refill_per_second(cold->safe_refill_per_second);
       safe->set_success_credit(cold->safe_success_credit);
+      safe->set_request_credit(cold->safe_request_credit);
       out->set_capacity(cold->capacity);
+      out->set_mode(cold->mode);
       continue;
     }
     if (r.policy() == nullptr) {  // never set: not a response any request was sent
@@ -232,7 +234,10 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     safe->set_refill_per_second(share.refill_per_second);
     // Credit is not divided: each success is seen by exactly one instance.
     safe->set_success_credit(p.success_credit);
+    // Nor is a request's deposit: each request is recorded by exactly one instance.
+    safe->set_request_credit(p.windowed ? p.retry_ratio : 0);
     out->set_capacity(p.capacity);
+    out->set_mode(p.shadow ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
   }
 }
 
@@ -254,7 +259,9 @@ void ReadResponse(const v1::SyncResponse& response, GrantRecords* records) {
     cold->safe_capacity = g.safe_share().capacity();
     cold->safe_refill_per_second = g.safe_share().refill_per_second();
     cold->safe_success_credit = g.safe_share().success_credit();
+    cold->safe_request_credit = g.safe_share().request_credit();
     cold->capacity = g.capacity();
+    cold->mode = g.mode();
     r.SetCold(std::move(cold));
   }
 }

@@ -80,7 +80,7 @@ uint64_t FingerprintV1(const v1::SyncRequest& request);
 // syncs, so what the response derives from the budget's policy (the lease TTL, the capacity, the
 // safe share) is not stored: the record keeps the interned, immutable policy it was granted under
 // and the fleet size the safe share divided among, and WriteResponse computes them again with the
-// same function, to the same bits. The rare entries, a refusal or a record read back from a
+// same function, to the same bits (and the mode, from the same policy). The rare entries, a refusal or a record read back from a
 // snapshot, are kept whole behind a pointer in the policy's place (112 bytes a record with the
 // values and the tenant's name as a string; 40 now).
 class GrantRecord {
@@ -99,7 +99,9 @@ class GrantRecord {
     double safe_capacity = 0;
     double safe_refill_per_second = 0;
     double safe_success_credit = 0;
+    double safe_request_credit = 0;
     double capacity = 0;
+    v1::Mode mode = v1::MODE_UNSPECIFIED;
   };
 
   // A grant's values (a restored one keeps its others in Cold; a refusal sends none).
