@@ -1,0 +1,115 @@
+//go:build integration
+
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	retrybudget "github.com/retry-budget/retry-budget/client/go"
+)
+
+// Issue 36's client side against the real server: retries that cost more than one token,
+// shadow mode from the tenant's policy, requests reported.
+
+func TestServerACostOf5Takes5TokensFleetWide(t *testing.T) {
+	s := startServer(t, policyText("costly", 20, 0, 0, 30000))
+	var clients []*retrybudget.Client
+	var budgets []*retrybudget.TenantBudget
+	for i := 0; i < 2; i++ {
+		c := newClient(t, s.target())
+		b := tenantOf(t, c, "costly")
+		waitForLease(t, b)
+		clients, budgets = append(clients, c), append(budgets, b)
+	}
+	var allowed uint64
+	end := time.Now().Add(time.Second)
+	for time.Now().Before(end) {
+		for _, b := range budgets {
+			if b.TryAcquireN(5) {
+				allowed++
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	var spent, counted uint64
+	for i, c := range clients {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		st := budgets[i].Stats()
+		spent += st.TokensSpent
+		counted += st.RetriesAllowed
+	}
+	st := getBudget(t, s.target(), "costly")
+	t.Logf("%d retries of cost 5 allowed; the server counts %d tokens, %d retries", allowed,
+		st.RetriesTotal, st.RetriesAllowedTotal)
+	if allowed == 0 || allowed*5 > 20 {
+		t.Fatalf("%d retries of cost 5 from a bucket of 20 that never refills", allowed)
+	}
+	if counted != allowed || spent != 5*allowed {
+		t.Fatalf("the clients count %d retries and %d tokens for %d retries of cost 5", counted, spent, allowed)
+	}
+	if st.RetriesTotal != 5*allowed || st.RetriesAllowedTotal != allowed {
+		t.Fatalf("the server counts %d tokens and %d retries; want %d and %d", st.RetriesTotal,
+			st.RetriesAllowedTotal, 5*allowed, allowed)
+	}
+}
+
+func TestServerShadowTenantDeniesNothingAndCountsWouldBeDenials(t *testing.T) {
+	s := startServer(t, `tenants { tenant: "dry-run" policy { capacity: 3 refill_per_second: 0 `+
+		"lease_ttl_ms: 30000 mode: MODE_SHADOW } }\n")
+	c := newClient(t, s.target())
+	b := tenantOf(t, c, "dry-run")
+	waitForLease(t, b)
+	if !b.Shadow() {
+		t.Fatal("the tenant's policy is MODE_SHADOW, the client enforces")
+	}
+	for i := 0; i < 20; i++ {
+		if !b.TryAcquire() {
+			t.Fatalf("retry %d denied in shadow mode", i+1)
+		}
+		time.Sleep(2 * time.Millisecond) // let the woken refresher ask for more
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	stats := b.Stats()
+	st := getBudget(t, s.target(), "dry-run")
+	t.Logf("20 retries: %d with tokens, %d would-be denials; server: %d tokens spent, %d "+
+		"would-be denials, %d denials", stats.RetriesAllowed, stats.ShadowDenied, st.RetriesTotal,
+		st.ShadowDeniedTotal, st.RetriesDeniedTotal)
+	if stats.RetriesAllowed+stats.ShadowDenied != 20 || stats.RetriesAllowed > 3 || stats.RetriesDenied != 0 {
+		t.Fatalf("stats %+v: want 20 = allowed (at most the bucket's 3) + would-be denials", stats)
+	}
+	if st.ShadowDeniedTotal != stats.ShadowDenied || st.RetriesDeniedTotal != 0 ||
+		st.RetriesTotal != stats.TokensSpent {
+		t.Fatalf("server: %d would-be denials, %d denials, %d tokens spent; the client: %d, 0, %d",
+			st.ShadowDeniedTotal, st.RetriesDeniedTotal, st.RetriesTotal, stats.ShadowDenied, stats.TokensSpent)
+	}
+}
+
+func TestServerRequestsAreReportedOncePerCall(t *testing.T) {
+	s := startServer(t, policyText("requests", 10, 1, 0, 5000))
+	c := newClient(t, s.target())
+	b := tenantOf(t, c, "requests")
+	// The server takes an instance's first report as its baseline: calls count from then on.
+	waitForLease(t, b)
+	for i := 0; i < 7; i++ {
+		attempts := 0
+		err := retrybudget.Do(context.Background(), b, func(ctx context.Context, a retrybudget.Attempt) error {
+			attempts++
+			return nil
+		})
+		if err != nil || attempts != 1 {
+			t.Fatalf("call %d: %d attempts, %v", i+1, attempts, err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := getBudget(t, s.target(), "requests"); st.RequestsTotal != 7 || st.SuccessesTotal != 7 {
+		t.Fatalf("the server counts %d requests and %d successes for 7 calls", st.RequestsTotal, st.SuccessesTotal)
+	}
+}
