@@ -8,7 +8,7 @@ namespace retrybudget {
 WindowShape WindowLedger::ShapeOf(int64_t ttl_ns, int64_t lease_ttl_ns, double floor) {
   WindowShape s;
   // ttl is a whole number of milliseconds (policy.cc), so W is exact: a deposit lives exactly
-  // 16 slots, i.e. until its slot's start + ttl.
+  // 32 slots, i.e. until its slot's start + ttl.
   s.slot_ns = std::max<int64_t>(1, ttl_ns / kSlotsPerWindow);
   s.deposit_slots = kSlotsPerWindow;
   const int64_t lease = std::clamp<int64_t>(lease_ttl_ns, 0, ttl_ns);
@@ -77,6 +77,26 @@ uint64_t WindowLedger::Release(const WindowShape& shape, int64_t now_ns, int64_t
   const uint64_t taken = std::min<uint64_t>(tokens, static_cast<uint64_t>(std::max(0.0, at.grants)));
   at.grants -= static_cast<double>(taken);
   return taken;
+}
+
+bool WindowLedger::Carry(const WindowShape& shape, int64_t now_ns, uint64_t tokens) {
+  if (tokens == 0) return true;
+  const int64_t s = Advance(SlotOf(shape, now_ns));
+  std::array<double, kRing> taken{};
+  double left = static_cast<double>(tokens);
+  const int64_t oldest = OldestGrant(shape, s);
+  for (int64_t j = oldest; j <= s && left > 0; ++j) {
+    Slot& at = At(j);
+    const double t = std::min(left, std::max(0.0, at.grants));
+    at.grants -= t;
+    taken[static_cast<size_t>(j - oldest)] = t;
+    left -= t;
+  }
+  At(s).grants += static_cast<double>(tokens);
+  if (Available(shape, now_ns) >= -1e-9) return true;
+  At(s).grants -= static_cast<double>(tokens);
+  for (int64_t j = oldest; j <= s; ++j) At(j).grants += taken[static_cast<size_t>(j - oldest)];
+  return false;
 }
 
 void WindowLedger::Unrelease(const WindowShape& shape, int64_t now_ns, int64_t slot,

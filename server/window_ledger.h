@@ -1,9 +1,9 @@
 // The windowed ratio policy's books for one tenant (DESIGN.md "The windowed ratio policy"): the
 // deposits of the last window (retry_ratio per request reported) and the tokens granted, in
-// slots of ttl/16. A plain value type with no clock and no policy of its own (as TokenBucket):
+// slots of ttl/32. A plain value type with no clock and no policy of its own (as TokenBucket):
 // every call passes the time and the shape in force. Allocated only for windowed tenants.
 //
-// Lifetimes, in whole slots of width W = ttl/16 (slot s covers [s*W, (s+1)*W)):
+// Lifetimes, in whole slots of width W = ttl/32 (slot s covers [s*W, (s+1)*W)):
 //   - a deposit made in slot i counts at every time t < i*W + ttl: it expires at its slot's
 //     start + ttl, up to one slot early (the safe direction);
 //   - a grant made in slot j counts at every time t < (j+1)*W + ttl + lease_ttl (rounded up to a
@@ -40,15 +40,17 @@ namespace retrybudget {
 // The window's shape, from the tenant's policy (WindowShapeOf).
 struct WindowShape {
   int64_t slot_ns = 1;       // W = ttl / kSlotsPerWindow
-  int32_t deposit_slots = 16;  // a deposit is live in the slots i .. i + deposit_slots - 1
-  int32_t lease_slots = 2;   // ceil(lease_ttl / W): a grant is live in j .. j + 16 + lease_slots
+  int32_t deposit_slots = 32;  // a deposit is live in the slots i .. i + deposit_slots - 1
+  int32_t lease_slots = 4;   // ceil(lease_ttl / W): a grant is live in j .. j + 32 + lease_slots
   double floor = 0;          // min_retries_per_second * ttl
 };
 
 class WindowLedger {
  public:
-  static constexpr int32_t kSlotsPerWindow = 16;
-  // Slots kept: a grant's whole life (16 + lease_slots + 1, lease_ttl <= ttl).
+  // 32: a deposit expires W/2 early and a grant W late on average, so the steady state grants
+  // (ttl - W/2) / (ttl + lease_ttl + W) of the nominal ratio; memory is 16 bytes a slot.
+  static constexpr int32_t kSlotsPerWindow = 32;
+  // Slots kept: a grant's whole life (32 + lease_slots + 1, lease_ttl <= ttl).
   static constexpr int32_t kRing = 2 * kSlotsPerWindow + 1;
 
   // The shape of a windowed policy: `ttl_ns` in [1 s, 60 s], `lease_ttl_ns` in (0, ttl].
@@ -72,6 +74,11 @@ class WindowLedger {
   // Takes up to `tokens` out of the grants of `slot`, if it is still live now; returns how
   // many were taken (0 for a slot that expired: its tokens no longer count).
   uint64_t Release(const WindowShape& shape, int64_t now_ns, int64_t slot, uint64_t tokens);
+  // Moves `tokens` a client still holds into a lease that starts now: taken out of the oldest
+  // live grant slots (what is not found there is added all the same) and counted in now's slot,
+  // if the ledger then still allows every future time (Available >= 0). Otherwise changes
+  // nothing and returns false: the tokens must not outlive the lease they were counted for.
+  bool Carry(const WindowShape& shape, int64_t now_ns, uint64_t tokens);
   // Puts back `tokens` a Release of `slot` just took (the same call's time).
   void Unrelease(const WindowShape& shape, int64_t now_ns, int64_t slot, uint64_t tokens);
   // Takes up to `tokens` out of the oldest live grant slots first; returns how many.

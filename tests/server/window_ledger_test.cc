@@ -11,17 +11,17 @@ namespace retrybudget {
 namespace {
 
 constexpr int64_t kMs = 1'000'000;
-constexpr int64_t kTtl = 1000 * kMs;   // 1 s window: 16 slots of 62.5 ms
+constexpr int64_t kTtl = 1000 * kMs;   // 1 s window: 32 slots of 31.25 ms
 constexpr int64_t kLease = 100 * kMs;  // ttl/10, the default
 const int64_t kT0 = int64_t{1'700'000'000} * 1'000'000'000;  // a fake clock, in Unix ns
 
 WindowShape Shape(double floor) { return WindowLedger::ShapeOf(kTtl, kLease, floor); }
 
-TEST(WindowLedgerTest, ShapeIsSixteenSlotsAndTheLeaseRoundedUp) {
+TEST(WindowLedgerTest, ShapeIsThirtyTwoSlotsAndTheLeaseRoundedUp) {
   const WindowShape s = Shape(10);
-  EXPECT_EQ(s.slot_ns, 62'500'000);
-  EXPECT_EQ(s.deposit_slots, 16);
-  EXPECT_EQ(s.lease_slots, 2);  // 100 ms is 1.6 slots
+  EXPECT_EQ(s.slot_ns, 31'250'000);
+  EXPECT_EQ(s.deposit_slots, 32);
+  EXPECT_EQ(s.lease_slots, 4);  // 100 ms is 3.2 slots
   EXPECT_DOUBLE_EQ(s.floor, 10);
 }
 
@@ -119,12 +119,26 @@ TEST(WindowLedgerTest, SnapshotRoundTrip) {
   EXPECT_DOUBLE_EQ(copy.Available(s, now), l.Available(s, now));
 }
 
+TEST(WindowLedgerTest, ACarryMovesHeldTokensToNowOnlyWhenTheyFit) {
+  const WindowShape s = Shape(10);
+  WindowLedger l;
+  l.Add(s, kT0, 6);
+  const int64_t later = kT0 + 10 * s.slot_ns;
+  EXPECT_TRUE(l.Carry(s, later, 6));  // moved: still 6 counted, now from `later`
+  EXPECT_DOUBLE_EQ(l.LiveGrants(s, later), 6);
+  EXPECT_EQ(l.Grantable(s, kT0 + kTtl + kLease + 2 * s.slot_ns), 4u);  // the first expiry passed
+  l.Add(s, later, 4);
+  // Nothing left: a carry of more than was counted would outlive the floor.
+  EXPECT_FALSE(l.Carry(s, later + s.slot_ns, 11));
+  EXPECT_DOUBLE_EQ(l.LiveGrants(s, later + s.slot_ns), 10);  // unchanged
+}
+
 // A brute-force check of the bound: a simulated fleet leases tokens from the ledger (grants at
 // most Grantable, spends each token at a random time before its lease ends, returns or carries
 // the rest into a new lease), and every window of length ttl is checked against
 // floor + ratio * requests reported in it.
 TEST(WindowLedgerTest, SpendingInEveryWindowStaysWithinTheBound) {
-  for (uint32_t seed = 1; seed <= 40; ++seed) {
+  for (uint32_t seed = 1; seed <= 60; ++seed) {
     std::mt19937_64 rng(seed);
     const double floor = static_cast<double>(rng() % 20);
     const double ratio = 0.05 * static_cast<double>(rng() % 40);
@@ -148,22 +162,36 @@ TEST(WindowLedgerTest, SpendingInEveryWindowStaysWithinTheBound) {
       for (Lease& le : leases) {
         // Spend some held tokens while the lease runs.
         if (now <= le.ends) {
-          const uint64_t spend = le.held == 0 ? 0 : rng() % (le.held + 1);
+          // Mostly idle, at times all at once: held tokens are carried across syncs.
+          const uint64_t spend = le.held == 0 || rng() % 10 != 0 ? 0 : rng() % (le.held + 1);
           for (uint64_t i = 0; i < spend; ++i) spends.push_back(now);
           le.held -= spend;
         }
         if (rng() % 5 != 0) continue;  // this instance syncs now
-        if (now > le.ends) {  // expired: the rest comes back
-          l.Release(s, now, le.slot, le.held);
+        if (now > le.ends) {  // expired: the rest comes back (within a lease TTL: active)
+          if (now - le.ends <= lease) l.ReleaseOldest(s, now, le.held);
           le.held = 0;
         }
-        // Carry what is held into the new lease when it fits; else the lease keeps its end
-        // (the core answers with a lease TTL that ends it there) and nothing is granted.
+        // Carry what is held into the new lease when it fits (taken from the oldest slots);
+        // else the lease ends now (the core answers with a lease TTL of 0: the client gives
+        // the tokens back) and nothing is granted.
+        if (seed % 2 == 0) {  // even seeds: Carry; odd ones: the lease's own slot
+          if (l.Carry(s, now, le.held)) {
+            le.ends = now + lease;
+            const uint64_t grant = std::min<uint64_t>(l.Grantable(s, now), rng() % 64);
+            l.Add(s, now, grant);
+            le.held += grant;
+          } else {
+            le.ends = now;
+          }
+          continue;
+        }
+        // The same with the lease's own slot (Release + Add).
         const uint64_t released = l.Release(s, now, le.slot, le.held);
         if (static_cast<double>(le.held) <= l.Available(s, now)) {
           le.slot = l.Add(s, now, le.held);
           le.ends = now + lease;
-          const uint64_t grant = std::min<uint64_t>(l.Grantable(s, now), rng() % 8);
+          const uint64_t grant = std::min<uint64_t>(l.Grantable(s, now), rng() % 64);
           l.Add(s, now, grant);
           le.held += grant;
         } else {
