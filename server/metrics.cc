@@ -56,6 +56,12 @@ struct TenantValues {
   double fallback_retries = 0;
   double fallback_refunded = 0;
   double uncredited = 0;
+  double shadow_denied = 0;
+  double requests = 0;
+  double retries_allowed = 0;
+  // 1 for a shadow tenant (the "_other" row: how many of its tenants are).
+  double shadow = 0;
+  double window_deposits = 0;
 
   // The counters are the gross totals (refunds added back to the retries sent that
   // BudgetStatus gives), which never go down: a refund is its own counter.
@@ -76,6 +82,11 @@ struct TenantValues {
         static_cast<double>(s.fallback_retries_total() + s.fallback_refunded_total());
     fallback_refunded += static_cast<double>(s.fallback_refunded_total());
     uncredited += static_cast<double>(s.uncredited_total());
+    shadow_denied += static_cast<double>(s.shadow_denied_total());
+    requests += static_cast<double>(s.requests_total());
+    retries_allowed += static_cast<double>(s.retries_allowed_total());
+    shadow += s.policy().mode() == v1::MODE_SHADOW ? 1 : 0;
+    window_deposits += s.window_deposits();
   }
 };
 
@@ -103,9 +114,9 @@ constexpr TenantFamilySpec kTenantFamilies[] = {
     {"retry_budget_wanted_tokens_total", "Tokens clients asked for in their Syncs.",
      MetricType::Counter, &TenantValues::wanted},
     {"retry_budget_retries_total",
-     "Retries clients allowed (spent a token on), from leases and fallback, as reported; "
-     "those refunded unsent are counted here too: the retries sent are this minus "
-     "retry_budget_refunded_retries_total.",
+     "Tokens clients spent on the retries they allowed (a retry of cost c spends c), from "
+     "leases and fallback, as reported; those refunded unsent are counted here too: the tokens "
+     "of the retries sent are this minus retry_budget_refunded_retries_total.",
      MetricType::Counter, &TenantValues::retries},
     {"retry_budget_refunded_retries_total",
      "Of the retries, tokens clients gave back unsent (a backoff cancelled, a deadline "
@@ -131,6 +142,27 @@ constexpr TenantFamilySpec kTenantFamilies[] = {
      "Tokens clients returned or had reclaimed beyond what this server granted them and had not "
      "had back (a baseline's earlier tokens, or a client's lie): recorded, not credited.",
      MetricType::Counter, &TenantValues::uncredited},
+    {"retry_budget_shadow",
+     "1 while the tenant's policy is in shadow mode (a dry run: clients allow every retry and "
+     "count the ones enforcement would deny), 0 while it is enforced. For tenant=\"_other\": "
+     "how many of those tenants are in shadow mode.",
+     MetricType::Gauge, &TenantValues::shadow},
+    {"retry_budget_shadow_denied_total",
+     "Retries a shadow tenant's clients let through that enforcement would have denied "
+     "(would-be denials; compare retry_budget_retries_denied_total).",
+     MetricType::Counter, &TenantValues::shadow_denied},
+    {"retry_budget_requests_total",
+     "Requests (first attempts) clients reported; a windowed policy deposits retry_ratio tokens "
+     "for each.",
+     MetricType::Counter, &TenantValues::requests},
+    {"retry_budget_retries_allowed_total",
+     "Retries clients allowed with tokens, whatever their cost (retry_budget_retries_total "
+     "counts tokens: the two give the mean cost of a retry).",
+     MetricType::Counter, &TenantValues::retries_allowed},
+    {"retry_budget_window_deposits",
+     "A windowed policy: the tokens deposited by the requests reported within the last ttl "
+     "(0 for the token bucket shape).",
+     MetricType::Gauge, &TenantValues::window_deposits},
 };
 
 }  // namespace

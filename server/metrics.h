@@ -21,13 +21,18 @@
 //   retry_budget_active_instances{tenant}              gauge    instances synced within a TTL
 //   retry_budget_granted_tokens_total{tenant}          counter  tokens granted in leases
 //   retry_budget_wanted_tokens_total{tenant}           counter  tokens asked for
-//   retry_budget_retries_total{tenant}                 counter  retries clients spent
+//   retry_budget_retries_total{tenant}                 counter  tokens clients' retries spent
 //   retry_budget_retries_denied_total{tenant}          counter  retries clients denied
 //   retry_budget_successes_total{tenant}               counter  successes clients reported
 //   retry_budget_returned_tokens_total{tenant}         counter  leased tokens given back unspent
 //   retry_budget_reclaimed_tokens_total{tenant}        counter  grants lost in transit, refunded
 //   retry_budget_fallback_retries_total{tenant}        counter  of retries, from fallback buckets
 //   retry_budget_uncredited_tokens_total{tenant}       counter  returns beyond grants, not credited
+//   retry_budget_shadow{tenant}                        gauge    1 in shadow mode (a dry run), 0 enforced
+//   retry_budget_shadow_denied_total{tenant}           counter  would-be denials of a shadow tenant
+//   retry_budget_requests_total{tenant}                counter  requests (first attempts) reported
+//   retry_budget_retries_allowed_total{tenant}         counter  retries allowed (retries_total: tokens)
+//   retry_budget_window_deposits{tenant}               gauge    windowed: deposits within the last ttl
 //   retry_budget_tenants                               gauge    budgets held by the server
 //   retry_budget_store_errors_total                    counter  reservations not made durable
 //   retry_budget_snapshots_total{result="ok|error"}    counter  snapshots written / failed

@@ -145,10 +145,13 @@ TEST(MetricsTest, ExposesEveryDesignedNameWithTheTenantLabel) {
         "retry_budget_successes_total", "retry_budget_returned_tokens_total",
         "retry_budget_reclaimed_tokens_total", "retry_budget_fallback_retries_total",
         "retry_budget_uncredited_tokens_total", "retry_budget_refunded_retries_total",
-        "retry_budget_fallback_refunded_retries_total"}) {
+        "retry_budget_fallback_refunded_retries_total", "retry_budget_shadow",
+        "retry_budget_shadow_denied_total", "retry_budget_requests_total",
+        "retry_budget_retries_allowed_total", "retry_budget_window_deposits"}) {
     EXPECT_TRUE(SampleValue(text, absl::StrCat(name, "{tenant=\"named\"}")).has_value()) << name;
   }
   EXPECT_EQ(SampleValue(text, "retry_budget_capacity{tenant=\"named\"}"), 10);
+  EXPECT_EQ(SampleValue(text, "retry_budget_shadow{tenant=\"named\"}"), 0);
   EXPECT_GE(SampleValue(text, "retry_budget_sync_requests_total{code=\"OK\"}").value_or(0), 1);
   EXPECT_GE(SampleValue(text, "retry_budget_sync_duration_seconds_count").value_or(0), 1);
   EXPECT_GE(SampleValue(text, "retry_budget_admin_requests_total{code=\"OK\",rpc=\"PutPolicy\"}")
@@ -157,6 +160,26 @@ TEST(MetricsTest, ExposesEveryDesignedNameWithTheTenantLabel) {
   EXPECT_EQ(SampleValue(text, "retry_budget_store_errors_total"), 0);
   EXPECT_TRUE(SampleValue(text, "retry_budget_snapshots_total{result=\"error\"}").has_value());
   EXPECT_EQ(SampleValue(text, "retry_budget_tenants"), 1);
+}
+
+TEST(MetricsTest, TheShadowGaugeFollowsTheTenantsMode) {
+  std::unique_ptr<OpsServer> server = OpsServer::Start(RETRY_BUDGET_SERVER_BINARY);
+  ASSERT_NE(server, nullptr);
+  auto admin = Admin(*server);
+  for (const auto& [tenant, mode] : {std::pair{"dry", v1::MODE_SHADOW},
+                                     std::pair{"enforced", v1::MODE_ENFORCE}}) {
+    grpc::ClientContext context;
+    v1::PutPolicyRequest request;
+    request.set_tenant(tenant);
+    request.mutable_policy()->set_mode(mode);
+    v1::PutPolicyResponse response;
+    const grpc::Status s = admin->PutPolicy(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::string text = Scrape(*server);
+  EXPECT_EQ(SampleValue(text, "retry_budget_shadow{tenant=\"dry\"}"), 1);
+  EXPECT_EQ(SampleValue(text, "retry_budget_shadow{tenant=\"enforced\"}"), 0);
+  EXPECT_EQ(SampleValue(text, "retry_budget_shadow_denied_total{tenant=\"dry\"}"), 0);
 }
 
 TEST(MetricsTest, TenantsPastTheLimitShareTheOtherLabel) {
