@@ -37,6 +37,9 @@ DOWN = "down"                # unreachable for a refresh period (or the shard ha
 
 # The largest cost of one retry (try_acquire(cost), refund(cost)).
 MAX_COST = 1_000_000
+# The default cost: the hot path checks it by identity (every int 1 is this object in CPython;
+# True and 1.0 are not), anything else by type and range.
+_ONE = 1
 
 
 def check_cost(cost) -> None:
@@ -150,15 +153,16 @@ class TenantBudget:
         True where enforcement would deny, taking no token and counting a would-be denial.
         Never blocks, never performs I/O; on a denial (or when the lease runs low) it wakes the
         refresher so a grant arrives within one round trip."""
-        if type(cost) is not int or not 0 < cost <= MAX_COST:
+        if cost is not _ONE and (type(cost) is not int or not 0 < cost <= MAX_COST):
             check_cost(cost)
         with self._lock:
-            before = self._held
-            if not self._closed and before >= cost:
-                self._held = before - cost
+            held = self._held - cost
+            if held >= 0 and not self._closed:
+                self._held = held
                 self._allowed += 1
+                if held > self._mark or held + cost <= self._mark:
+                    return True  # not across the low-water mark
                 allowed = True
-                wake = self._held <= self._mark < before
             else:
                 allowed = self._shadow
                 if allowed:
@@ -167,9 +171,7 @@ class TenantBudget:
                 else:
                     self._denied += 1
                 self._denied_tokens += cost
-                wake = True
-        if wake:
-            self._request_sync()
+        self._request_sync()
         return allowed
 
     def refund(self, cost: int = 1) -> None:
@@ -178,7 +180,7 @@ class TenantBudget:
         its cost (ValueError naming `cost` when it is not an int in [1, 1000000]). While
         would-be denials of shadow mode are out (their cost not yet refunded), a refund of at
         most their cost cancels theirs instead and gives nothing back."""
-        if type(cost) is not int or not 0 < cost <= MAX_COST:
+        if cost is not _ONE and (type(cost) is not int or not 0 < cost <= MAX_COST):
             check_cost(cost)
         with self._lock:
             if self._unbacked >= cost:
