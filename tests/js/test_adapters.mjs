@@ -182,7 +182,7 @@ test('p-retry and cockatiel: options.cost prices each retry from its error, refu
     setImmediate(() => controller.abort(reason));
     throw unavailable();
   }, { retries: 5, minTimeout: 60_000, signal: controller.signal, cost: 4 }), (e) => e === reason);
-  assert.deepEqual([pr.stats().tokensHeld, pr.stats().refunds], [5, 4]);
+  assert.deepEqual([pr.stats().tokensHeld, pr.stats().refunds, pr.stats().tokensSpent], [5, 1, 15]);
 
   // cockatiel: the same through budgetRetry.
   const ck = await localBudget(20);

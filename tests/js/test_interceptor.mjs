@@ -185,5 +185,5 @@ test('cancelling the call during a backoff refunds the retry\'s whole cost', asy
   await waitUntil(() => backend.attempts.length === 1 && budget.stats().tokensHeld === 7, { what: 'the backoff' });
   call.cancel();
   await assert.rejects(promise, (e) => e.code === grpc.status.CANCELLED);
-  assert.deepEqual([budget.stats().tokensHeld, budget.stats().refunds, budget.stats().retriesAllowed], [10, 3, 0]);
+  assert.deepEqual([budget.stats().tokensHeld, budget.stats().refunds, budget.stats().retriesAllowed, budget.stats().tokensSpent], [10, 1, 0, 0]);
 });

@@ -78,7 +78,8 @@ export interface TenantStats {
   tokensReceived: number;
   tokensReturned: number;
   tokensHeld: number;
-  /** Tokens refund() gave back (already deducted from tokensSpent). */
+  /** refund() calls that gave tokens back (already deducted from retriesAllowed; their tokens
+   * from tokensSpent). */
   refunds: number;
   /** Of successes, those whose credit this process's fallback buckets deposited locally
    * (success-funded fallback; the server does not credit them again). */

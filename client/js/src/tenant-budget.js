@@ -88,8 +88,7 @@ export class TenantBudget {
     this._shadowDenied = 0;
     // Tokens asked by denied and shadow-denied retries: with the tokens spent, the demand.
     this._deniedTokens = 0;
-    this._refunds = 0; // tokens given back by refund()
-    this._backedRefunds = 0; // refund() calls that gave tokens back
+    this._refunds = 0; // refund() calls that gave tokens back
     this._syncWanted = false;
     // Shadow mode (TenantGrant.mode): a retry enforcement would deny is allowed without a token
     // and its cost added to `_unbacked`, which refunds pay back first.
@@ -158,8 +157,7 @@ export class TenantBudget {
       return;
     }
     this._held += cost;
-    this._refunds += cost;
-    this._backedRefunds++;
+    this._refunds++;
   }
 
   /** Records one successful logical call; it earns the budget `success_credit`. */
@@ -245,7 +243,7 @@ export class TenantBudget {
     return {
       successes: this._successes,
       requests: this._requests,
-      retriesAllowed: Math.max(0, this._allowed - this._backedRefunds),
+      retriesAllowed: Math.max(0, this._allowed - this._refunds),
       tokensSpent: this._ledger.exactSpent(held),
       retriesDenied: this._denied,
       shadowDenied: this._shadowDenied,

@@ -1,0 +1,48 @@
+// Issue 36's client rules against the real server: a retry of cost 5 takes 5 tokens of the
+// server's bucket (the server counts tokens in retries_total and retries in
+// retries_allowed_total, and the call's one request), a shadow tenant denies nothing, reports
+// its would-be denials and follows a live switch to enforce.
+
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { BudgetClient, BudgetExhaustedError, callWithRetry, Status, grpc } from '../../client/js/src/index.js';
+import { AdminClient, startServer, getBudget, waitUntil } from './helpers.mjs';
+
+const unavailable = () => Object.assign(new Error('14 UNAVAILABLE: down'), { code: Status.UNAVAILABLE, details: 'down', metadata: new grpc.Metadata() });
+const fixed = (tenant, capacity, extra = '') => `tenants { tenant: "${tenant}" policy { capacity: ${capacity} refill_per_second: 0 success_credit: 0 initial_tokens: ${capacity} lease_ttl_ms: 5000 ${extra} } }\n`;
+
+test('a retry of cost 5 takes 5 tokens of the server\'s bucket; retries_total counts tokens, retries_allowed_total retries', async (t) => {
+  const server = await startServer(t, fixed('cost', 22));
+  const client = new BudgetClient({ target: server.target, refreshPeriodMs: 50, leaseBurst: 22, logger: () => {} });
+  const budget = client.tenant('cost');
+  await waitUntil(() => budget.stats().tokensHeld === 22, { what: 'the whole bucket leased' });
+  await assert.rejects(callWithRetry(budget, async () => { throw unavailable(); }, { maxAttempts: 10, initialBackoffMs: 0, maxBackoffMs: 0, cost: 5 }),
+    (e) => e instanceof BudgetExhaustedError && e.attempts === 5); // four retries of 5 from 22, the fifth denied
+  const s = budget.stats();
+  assert.deepEqual([s.retriesAllowed, s.tokensSpent, s.retriesDenied, s.requests, s.tokensHeld], [4, 20, 1, 1, 2]);
+  assert.equal(await client.close(), null);
+  const status = await getBudget(server.target, 'cost');
+  assert.deepEqual([Number(status.retriesTotal), Number(status.retriesAllowedTotal), Number(status.requestsTotal), Number(status.retriesDeniedTotal)], [20, 4, 1, 1]);
+  assert.equal(Number(status.tokens), 2, 'the 2 left went back with the final Sync');
+});
+
+test('a shadow tenant denies nothing, reports its would-be denials, and follows a live switch to enforce', async (t) => {
+  const server = await startServer(t, fixed('dry', 3, 'mode: MODE_SHADOW'));
+  const client = new BudgetClient({ target: server.target, refreshPeriodMs: 50, leaseBurst: 3, logger: () => {} });
+  const budget = client.tenant('dry');
+  await waitUntil(() => budget.stats().tokensHeld === 3, { what: 'the whole bucket leased' });
+  assert.equal(budget.shadow, true);
+  for (let i = 0; i < 10; i++) assert.equal(budget.tryAcquire(), true, `retry ${i} allowed`);
+  const s = budget.stats();
+  assert.deepEqual([s.retriesAllowed, s.retriesDenied, s.shadowDenied, s.unbacked], [3, 0, 7, 7]);
+  await waitUntil(async () => Number((await getBudget(server.target, 'dry')).shadowDeniedTotal) === 7, { what: 'the would-be denials reported' });
+  // Switched to enforce live: the client follows within a refresh period, no restart.
+  const admin = new AdminClient(server.target);
+  t.after(() => admin.close());
+  await admin.putPolicy('dry', { capacity: 3, refillPerSecond: 0, successCredit: 0, leaseTtlMs: 5000, mode: 1 });
+  await waitUntil(() => !budget.shadow, { what: 'the switch to enforce' });
+  assert.equal(budget.tryAcquire(), false);
+  assert.equal(await client.close(), null);
+  const status = await getBudget(server.target, 'dry');
+  assert.deepEqual([Number(status.shadowDeniedTotal), Number(status.retriesDeniedTotal), Number(status.retriesTotal)], [7, 1, 3]);
+});
