@@ -522,3 +522,40 @@ def test_a_shadow_tenant_denies_nothing_counts_would_be_denials_and_follows_a_sw
     assert client.close() is None
     status = server.get_budget("t")
     assert (status.shadow_denied_total, status.retries_denied_total) == (7, 1)
+
+
+def test_threads_taking_random_costs_never_spend_more_than_the_bucket(start_server):
+    import random
+    import time
+
+    server = start_server(FIXED.format(cap=400, extra=""))
+    client = _client(server, min_sync_interval=0.001)
+    budget = client.tenant("t")
+    tokens, retries = [0] * 16, [0] * 16
+    go = threading.Event()
+
+    def worker(i):
+        rng = random.Random(i)
+        go.wait()
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            cost = rng.randint(1, 7)
+            if budget.try_acquire(cost):
+                tokens[i] += cost
+                retries[i] += 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join()
+    assert client.close() is None
+    spent = sum(tokens)
+    assert 300 <= spent <= 400, spent  # never a partial take, never more than the bucket
+    stats = budget.stats()
+    assert (stats.tokens_spent, stats.retries_allowed) == (spent, sum(retries))
+    assert stats.retries_denied > 0
+    status = server.get_budget("t")
+    assert (status.retries_total, status.retries_allowed_total) == (spent, sum(retries))
+    assert status.tokens == pytest.approx(400 - spent)

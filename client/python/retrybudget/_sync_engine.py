@@ -31,6 +31,11 @@ engine:
    (MAX_OWNER_ROUTES), unavailable-parks, owner-unreachable-parks. Nothing of it runs until a
    redirect is seen.
  * final-sync: begin_final .. finish_final.
+ * Costs, shadow mode and requests, in TenantBudget (each request's entries carry its
+   cumulative requests, requests_credited_locally, shadow_denied and retries_allowed):
+   cost.all-or-nothing, cost.refund, retries-allowed.reported, shadow.mode-from-response,
+   shadow.allow-and-count, shadow.refund-unbacked-first, requests.counted,
+   requests.fallback-credit (with success-funded-fallback: LocalCredit, FallbackBucket.refill).
 Why some of them are as they are: client/cpp/sync_engine.h and refresher.h.
 
 Not thread-safe: the driver serialises calls (it holds `mu` for a whole step)."""
