@@ -99,10 +99,7 @@ type TenantBudget struct {
 	successes atomic.Uint64
 	requests  atomic.Uint64
 	_         [48]byte
-	// allowed: TryAcquireN true with tokens (TenantSync.retries_allowed, refunds not deducted).
-	allowed atomic.Uint64
-	_       [56]byte
-	denied  atomic.Uint64
+	denied    atomic.Uint64
 	// deniedTokens: the cost of the retries denied and of the shadow's would-be denials (the
 	// demand estimator counts tokens).
 	deniedTokens atomic.Uint64
@@ -178,10 +175,8 @@ func (t *TenantBudget) TryAcquireN(cost int) bool {
 	}
 	switch t.lease.tryTake(uint64(cost)) {
 	case taken:
-		t.allowed.Add(1)
 		return true
 	case takenLow:
-		t.allowed.Add(1)
 		t.requestSync()
 		return true
 	}
@@ -298,7 +293,7 @@ func (t *TenantBudget) Stats() TenantStats {
 	return TenantStats{
 		Successes:                t.successes.Load(),
 		Requests:                 t.requests.Load(),
-		RetriesAllowed:           subU64(t.allowed.Load(), refunds),
+		RetriesAllowed:           subU64(t.lease.taken(), refunds),
 		TokensSpent:              t.ledger.exactSpent(held),
 		RetriesDenied:            t.denied.Load(),
 		ShadowDenied:             t.shadowDenied.Load(),
@@ -514,7 +509,7 @@ func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 	out.ShadowDenied = t.shadowDenied.Load()
 	// A take refunded before any report is in neither retries_spent nor the server's books, but
 	// was counted as allowed: retries_allowed stays at most retries_spent (both monotonic).
-	if allowed := minU64(t.allowed.Load(), out.RetriesSpent); allowed > t.reportedAllowed {
+	if allowed := minU64(t.lease.taken(), out.RetriesSpent); allowed > t.reportedAllowed {
 		t.reportedAllowed = allowed
 	}
 	out.RetriesAllowed = t.reportedAllowed
