@@ -94,8 +94,9 @@ func (c *Client) LastSyncError() error { return c.refresher.lastSyncStatus() }
 // Close reports everything and returns every unspent token now (the final Sync, to every
 // server holding tenants of this client, at most 3 attempts with the same seq, each bounded
 // by SyncTimeout), then stops the refresher and closes the channels; afterwards TryAcquire
-// denies. Returns the final Sync's error (nil when it got a response or there was nothing to
-// report). Idempotent: later calls return the first result.
+// denies (a tenant in shadow mode allows, with no token, as it allows every would-be denial).
+// Returns the final Sync's error (nil when it got a response or there was nothing to report).
+// Idempotent: later calls return the first result.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closeErr = c.refresher.shutdown()

@@ -1,7 +1,9 @@
 // Package retrybudget is the Go client of retry-budget: a fleet-wide retry budget. One
 // Client per worker process leases retry tokens for every tenant the process uses from the
 // budget server (one Sync RPC for all of them, from one refresher goroutine) and reports
-// successes; TenantBudget.TryAcquire and RecordSuccess, the hot path, only touch atomics.
+// successes and requests; TenantBudget.TryAcquire (TryAcquireN for a retry that costs more
+// than one token), RecordSuccess and RecordRequest, the hot path, only touch atomics. A tenant
+// whose policy is a dry run (shadow mode) allows every retry and counts those it would deny.
 //
 //	opts := retrybudget.DefaultClientOptions()
 //	opts.Target = "127.0.0.1:50051"
