@@ -3,7 +3,8 @@
 // the loop (backoff.Stop) when the budget says no. It keeps the budget's rules:
 //
 //   - the first attempt is free: backoff.Retry calls the operation before any NextBackOff;
-//   - one token per retry: each NextBackOff (one per failed attempt) takes one, or stops;
+//   - one token per retry (or the cost WithCost prices it at): each NextBackOff (one per
+//     failed attempt) takes it, or stops;
 //   - a retry never sent gives its token back: a token taken for a retry whose backoff was
 //     cancelled (the context of backoff.WithContext done) is refunded by Done;
 //   - a request is recorded once per logical call, before its first attempt, and a success
@@ -42,17 +43,36 @@ type BackOff struct {
 	budget retrybudget.Budget
 	inner  backoff.BackOff
 
-	mu       sync.Mutex
-	pending  bool // a token was taken for a retry not sent yet
-	denied   bool // the budget said no in this call
-	attempts int  // attempts of this call the operation wrapper saw
+	cost func(err error) int // nil: every retry costs 1
+
+	mu          sync.Mutex
+	pending     bool  // tokens were taken for a retry not sent yet
+	pendingCost int   // how many
+	denied      bool  // the budget said no in this call
+	attempts    int   // attempts of this call the operation wrapper saw
+	lastErr     error // the last attempt's error, as op returned it
+}
+
+// Option configures New and Retry.
+type Option func(*BackOff)
+
+// WithCost prices each retry from the error of the attempt before it (as op returned it):
+// NextBackOff takes cost(err) tokens (retrybudget.TryAcquireN), and a retry never sent
+// refunds the same cost. AWS's shape, 5 tokens for a retryable error and 10 for a timeout, is
+// in client/go/README.md. A cost outside [1, retrybudget.MaxCost] is denied. Default: 1.
+func WithCost(cost func(err error) int) Option {
+	return func(b *BackOff) { b.cost = cost }
 }
 
 // New makes the adapter: the delays come from inner (its Stop ends the loop as usual), the
 // permission for each retry from budget. ctx bounds the wait for a new tenant's first answer;
 // give the loop the same one (backoff.WithContext) so that a cancelled call stops sleeping.
-func New(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff) *BackOff {
-	return &BackOff{ctx: ctx, budget: budget, inner: inner}
+func New(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff, opts ...Option) *BackOff {
+	b := &BackOff{ctx: ctx, budget: budget, inner: inner}
+	for _, o := range opts {
+		o(b)
+	}
+	return b
 }
 
 type readyBudget interface{ Ready() <-chan struct{} }
@@ -97,11 +117,15 @@ func (b *BackOff) NextBackOff() time.Duration {
 		// The previous token's retry never ran (a loop that asks twice): one token per retry.
 		return d
 	}
-	if !b.budget.TryAcquire() {
+	cost := 1
+	if b.cost != nil {
+		cost = b.cost(b.lastErr)
+	}
+	if !b.budget.TryAcquireN(cost) {
 		b.denied = true
 		return backoff.Stop
 	}
-	b.pending = true
+	b.pending, b.pendingCost = true, cost
 	return d
 }
 
@@ -114,12 +138,13 @@ func (b *BackOff) Reset() {
 	b.refundLocked()
 	b.denied = false
 	b.attempts = 0
+	b.lastErr = nil
 }
 
 func (b *BackOff) refundLocked() {
 	if b.pending {
 		b.pending = false
-		b.budget.Refund()
+		b.budget.RefundN(b.pendingCost)
 	}
 }
 
@@ -139,6 +164,9 @@ func (b *BackOff) Operation(op backoff.Operation) backoff.Operation {
 		if err == nil {
 			b.budget.RecordSuccess()
 		}
+		b.mu.Lock()
+		b.lastErr = err
+		b.mu.Unlock()
 		return err
 	}
 }
@@ -169,7 +197,7 @@ func (b *BackOff) Done(err error) error {
 // token, stopped by ctx (a token taken for a retry never sent is refunded), a success
 // recorded. Returns nil, op's last error (permanent, or inner stopped), ctx.Err(), or a
 // *retrybudget.CallError matching retrybudget.ErrBudgetExhausted when the budget said no.
-func Retry(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff, op backoff.Operation) error {
-	b := New(ctx, budget, inner)
+func Retry(ctx context.Context, budget retrybudget.Budget, inner backoff.BackOff, op backoff.Operation, opts ...Option) error {
+	b := New(ctx, budget, inner, opts...)
 	return b.Done(backoff.Retry(b.Operation(op), backoff.WithContext(b, ctx)))
 }

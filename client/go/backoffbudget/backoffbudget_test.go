@@ -150,3 +150,42 @@ func TestANewTenantsFirstAnswerIsWaitedForWithinTheBackoff(t *testing.T) {
 		t.Fatalf("err %v denied %d taken %d", err, b2.denied, b2.taken)
 	}
 }
+
+func TestWithCostPricesEachRetryFromTheErrorBeforeItAndRefundsTheSameCost(t *testing.T) {
+	b := &fakeBudget{tokens: 20}
+	errTimeout := errors.New("timeout")
+	cost := WithCost(func(err error) int {
+		if err == errTimeout {
+			return 10
+		}
+		return 5
+	})
+	calls := 0
+	err := Retry(context.Background(), b, &backoff.ZeroBackOff{}, func() error {
+		calls++
+		switch calls {
+		case 1:
+			return errDown
+		case 2:
+			return errTimeout
+		}
+		return nil
+	}, cost)
+	if err != nil || b.tokens != 5 || b.taken != 2 || b.reqs != 1 {
+		t.Fatalf("err %v, %d tokens left of 20 (want 5: 5 + 10 taken), %d taken, %d requests", err,
+			b.tokens, b.taken, b.reqs)
+	}
+	// A retry never sent gives its cost back.
+	b = &fakeBudget{tokens: 20}
+	ctx, cancel := context.WithCancel(context.Background())
+	bo := New(ctx, b, backoff.NewConstantBackOff(time.Hour), cost)
+	_ = bo.Operation(func() error { return errTimeout })()
+	if d := bo.NextBackOff(); d != time.Hour || b.tokens != 10 {
+		t.Fatalf("NextBackOff %v with %d tokens left; want 1h and 10", d, b.tokens)
+	}
+	cancel()
+	_ = bo.Done(context.Canceled)
+	if b.tokens != 20 || b.refunds != 1 {
+		t.Fatalf("after Done: %d tokens, %d refunds; want 20 and 1", b.tokens, b.refunds)
+	}
+}
