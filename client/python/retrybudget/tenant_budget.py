@@ -515,6 +515,10 @@ class TenantBudget:
             if self._mode == SHUTDOWN:
                 return
             self._sync_wanted = False
+            # Rule shadow.mode-from-response: every entry applied sets the mode, before its
+            # tokens land.
+            with self._lock:
+                self._shadow = grant.mode == budget_pb2.MODE_SHADOW
             granted = grant.granted
             if self._ledger.source == _ledger.FALLBACK:
                 # Back from fallback: swap the fallback tokens for the leased ones at once.
@@ -527,9 +531,6 @@ class TenantBudget:
             else:
                 deposited = self._deposit(granted, low_water_mark(granted))
             self._ledger.received(granted, deposited)
-            # Rule shadow.mode-from-response: every entry applied sets the mode.
-            with self._lock:
-                self._shadow = grant.mode == budget_pb2.MODE_SHADOW
             if grant.HasField("safe_share"):
                 share = grant.safe_share
                 self._safe_shares.note(BucketShape(share.capacity, share.refill_per_second,
