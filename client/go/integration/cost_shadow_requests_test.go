@@ -8,6 +8,8 @@ import (
 	"time"
 
 	retrybudget "github.com/retry-budget/retry-budget/client/go"
+	pb "github.com/retry-budget/retry-budget/client/go/budgetpb"
+	"google.golang.org/grpc"
 )
 
 // Issue 36's client side against the real server: retries that cost more than one token,
@@ -111,5 +113,55 @@ func TestServerRequestsAreReportedOncePerCall(t *testing.T) {
 	}
 	if st := getBudget(t, s.target(), "requests"); st.RequestsTotal != 7 || st.SuccessesTotal != 7 {
 		t.Fatalf("the server counts %d requests and %d successes for 7 calls", st.RequestsTotal, st.SuccessesTotal)
+	}
+}
+
+func putPolicy(t *testing.T, address, tenant string, policy *pb.BudgetPolicy) {
+	t.Helper()
+	conn, err := grpc.Dial(address, grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := pb.NewBudgetAdminServiceClient(conn).PutPolicy(ctx,
+		&pb.PutPolicyRequest{Tenant: tenant, Policy: policy}); err != nil {
+		t.Fatalf("PutPolicy(%s, %v): %v", tenant, policy, err)
+	}
+}
+
+func TestServerShadowModeSwitchedLiveIsFollowedWithoutARestart(t *testing.T) {
+	s := startServer(t, policyText("switch", 2, 0, 0, 30000))
+	c := newClient(t, s.target())
+	b := tenantOf(t, c, "switch")
+	waitForLease(t, b)
+	if b.Shadow() {
+		t.Fatal("an enforced tenant's client is in shadow mode")
+	}
+	policy := func(mode pb.Mode) *pb.BudgetPolicy {
+		capacity, refill, ttl := 2.0, 0.0, int64(30000)
+		return &pb.BudgetPolicy{Capacity: &capacity, RefillPerSecond: &refill, LeaseTtlMs: &ttl, Mode: mode}
+	}
+	putPolicy(t, s.target(), "switch", policy(pb.Mode_MODE_SHADOW))
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the client to follow MODE_SHADOW", b.Shadow)
+	t.Logf("shadow mode followed %v after PutPolicy", time.Since(start).Round(time.Millisecond))
+	for i := 0; i < 10; i++ {
+		if !b.TryAcquire() {
+			t.Fatalf("retry %d denied in shadow mode", i+1)
+		}
+	}
+	if st := b.Stats(); st.ShadowDenied == 0 || st.RetriesDenied != 0 {
+		t.Fatalf("10 retries from a bucket of 2 in shadow mode: %+v", st)
+	}
+	putPolicy(t, s.target(), "switch", policy(pb.Mode_MODE_ENFORCE))
+	waitFor(t, 10*time.Second, "the client to follow MODE_ENFORCE", func() bool { return !b.Shadow() })
+	denied := false
+	for i := 0; i < 10 && !denied; i++ {
+		denied = !b.TryAcquire()
+	}
+	if !denied {
+		t.Fatal("10 more retries from a bucket of 2, all allowed once enforced")
 	}
 }
