@@ -23,27 +23,32 @@ FallbackBucket::FallbackBucket(BucketShape shape, absl::Time now, bool start_ful
   shape_.capacity = Sanitize(shape.capacity, kMost);
   shape_.refill_per_second = Sanitize(shape.refill_per_second, kMost);
   shape_.success_credit = Sanitize(shape.success_credit, kMost);
+  shape_.request_credit = Sanitize(shape.request_credit, kMost);
   cap_ = shape_.refill_per_second > 0 ? std::max(shape_.capacity, 1.0) : shape_.capacity;
   level_ = start_full ? shape_.capacity : 0;
   held_ = 0;  // nothing in the word yet: the first Refill() puts floor(capacity) in
 }
 
-uint64_t FallbackBucket::Refill(absl::Time now, uint64_t held, uint64_t successes,
-                                uint64_t* credited) {
+uint64_t FallbackBucket::CreditFitting(uint64_t count, double credit, double* level) const {
+  // Whole events only, up to the cap: those that do not fit stay the server's to credit.
+  if (count == 0 || credit <= 0 || *level >= cap_) return 0;
+  const double room = std::floor((cap_ - *level) / credit + kEpsilon);
+  const uint64_t fit = room >= static_cast<double>(count) ? count : static_cast<uint64_t>(room);
+  *level += static_cast<double>(fit) * credit;
+  return fit;
+}
+
+uint64_t FallbackBucket::Refill(absl::Time now, uint64_t held, Credits pending,
+                                Credits* credited) {
   const double dt = std::max(0.0, absl::ToDoubleSeconds(now - last_));
   last_ = std::max(last_, now);
   // Growth since the last step, as if every take since then happened just now.
   const double grown = std::max(level_, std::min(cap_, level_ + shape_.refill_per_second * dt));
   double level = grown - static_cast<double>(held_) + static_cast<double>(held);
   level = std::max(level, static_cast<double>(held));
-  // Success credit, whole successes only, up to the cap: those that do not fit stay the
-  // server's to credit.
-  uint64_t fit = 0;
-  if (successes > 0 && shape_.success_credit > 0 && level < cap_) {
-    const double room = std::floor((cap_ - level) / shape_.success_credit + kEpsilon);
-    fit = room >= static_cast<double>(successes) ? successes : static_cast<uint64_t>(room);
-    level += static_cast<double>(fit) * shape_.success_credit;
-  }
+  const Credits fit = {
+      .successes = CreditFitting(pending.successes, shape_.success_credit, &level),
+      .requests = CreditFitting(pending.requests, shape_.request_credit, &level)};
   if (credited != nullptr) *credited = fit;
   // The epsilon absorbs rounding in rate * time (a token due at t is there at t).
   const double whole = std::floor(level + kEpsilon);
@@ -60,7 +65,8 @@ bool FallbackBucket::Full() const {
 }
 
 absl::Time FallbackBucket::NextTokenAt() const {
-  const absl::Time credit_step = shape_.success_credit > 0 && level_ + kEpsilon < cap_
+  const bool credited = shape_.success_credit > 0 || shape_.request_credit > 0;
+  const absl::Time credit_step = credited && level_ + kEpsilon < cap_
                                      ? last_ + kCreditStepInterval
                                      : absl::InfiniteFuture();
   if (shape_.refill_per_second <= 0 || Full()) return credit_step;

@@ -15,6 +15,7 @@ struct BucketShape {
   double capacity = 0;           // tokens
   double refill_per_second = 0;  // tokens per second
   double success_credit = 0;     // tokens per success recorded in fallback (not divided)
+  double request_credit = 0;     // tokens per request recorded in fallback (not divided)
 };
 
 // The smaller of two shapes in each dimension.
@@ -22,8 +23,15 @@ struct SmallerShape {
   BucketShape operator()(const BucketShape& a, const BucketShape& b) const {
     return {.capacity = std::min(a.capacity, b.capacity),
             .refill_per_second = std::min(a.refill_per_second, b.refill_per_second),
-            .success_credit = std::min(a.success_credit, b.success_credit)};
+            .success_credit = std::min(a.success_credit, b.success_credit),
+            .request_credit = std::min(a.request_credit, b.request_credit)};
   }
+};
+
+// Events that may earn a fallback bucket credit at a step, or that did.
+struct FallbackCredits {
+  uint64_t successes = 0;
+  uint64_t requests = 0;
 };
 
 // The bucket math of fallback mode, for a bucket whose whole tokens sit in the lease word where
@@ -38,16 +46,19 @@ struct SmallerShape {
 // tokens handed out <= capacity + refill_per_second * elapsed (+ at most one token for a share
 // below one) + success_credit * (successes credited).
 //
-// Success-funded fallback: Refill() also takes the successes recorded since the last step that
-// may be credited here (none the server may already have credited: the caller passes only
-// successes it has put in no request). Each deposits `success_credit`, up to the cap; a success
-// whose credit does not fit is not credited here, and the caller reports it to the server as an
-// ordinary success (credited there). So each success is credited once, locally or centrally,
+// Success- and request-funded fallback: Refill() also takes the successes and the requests
+// recorded since the last step that may be credited here (none the server may already have
+// credited: the caller passes only those it has put in no request). Each success deposits
+// `success_credit`, then each request `request_credit` (the same code), up to the cap; one whose
+// credit does not fit is not credited here, and the caller reports it to the server as an
+// ordinary success or request (credited there). So each is credited once, locally or centrally,
 // and the fleet's fallback buckets together earn exactly the credit the central bucket would.
 //
 // Not thread-safe: the owner serialises calls.
 class FallbackBucket {
  public:
+  using Credits = FallbackCredits;
+
   // A bucket of `shape` at `now`, full or (`start_full` false: a spent lease falling back
   // early, whose share of the burst was already spent in the lease) empty. Negative or
   // non-finite values count as 0.
@@ -55,13 +66,14 @@ class FallbackBucket {
 
   // Whole tokens to put into the word at `now`, which holds `held` tokens right now (taken
   // tokens lower it, refunds raise it). The caller deposits exactly the returned count.
-  // `successes` may be credited (see above); *credited (if not null) is set to how many were.
-  uint64_t Refill(absl::Time now, uint64_t held, uint64_t successes = 0,
-                  uint64_t* credited = nullptr);
+  // `pending` may be credited (see above); *credited (if not null) is set to how many were.
+  uint64_t Refill(absl::Time now, uint64_t held, Credits pending = {},
+                  Credits* credited = nullptr);
 
   // When the next step is due if nobody takes any: the next whole token of refill, or, for a
-  // bucket funded by success credit and not full, at most kCreditStepInterval away (successes
-  // are only seen at steps, and credit that waits while workers run dry is retries denied).
+  // bucket funded by success or request credit and not full, at most kCreditStepInterval away
+  // (successes and requests are only seen at steps, and credit that waits while workers run dry
+  // is retries denied).
   // InfiniteFuture when the bucket is full or gains nothing. Valid after Refill().
   absl::Time NextTokenAt() const;
 
@@ -77,6 +89,10 @@ class FallbackBucket {
   const BucketShape& shape() const { return shape_; }
 
  private:
+  // Adds the credit of as many of `count` events of `credit` tokens each as fit under the cap to
+  // `*level`; returns how many were credited.
+  uint64_t CreditFitting(uint64_t count, double credit, double* level) const;
+
   BucketShape shape_;
   double cap_ = 0;       // most the level reaches (capacity, or 1 for a refilling share below 1)
   double level_ = 0;     // modelled level after the last Refill(): held_ + a fraction

@@ -12,8 +12,9 @@ namespace retrybudget::client_internal {
 // lets the count go below zero:
 //
 //   bits  0-31  tokens held (a count, never negative)
-//   bits 32-62  low-water mark: the take that brings the count down to it reports kTakenLow, so
-//               the refresher is woken to refresh early (the mark is ~20% of the last grant)
+//   bits 32-62  low-water mark: the take that brings the count from above it to it or below
+//               reports kTakenLow, so the refresher is woken to refresh early (the mark is ~20%
+//               of the last grant)
 //   bit  63     closed: no token may be taken (no lease yet, expired, refused, fallback =
 //               deny, shut down); tokens that sit in a closed word (a Refund() racing with a
 //               withdrawal) cannot be taken
@@ -35,17 +36,17 @@ class alignas(64) Lease {
   static constexpr uint64_t kMaxMark = (uint64_t{1} << 31) - 1;
 
   enum class Take {
-    kTaken,     // a token was taken
-    kTakenLow,  // a token was taken and the count fell to the low-water mark (or to 0)
-    kEmpty,     // no token: the count is 0 or the lease is closed
+    kTaken,     // the tokens were taken
+    kTakenLow,  // the tokens were taken and the count fell to the low-water mark or below it
+    kEmpty,     // nothing taken: fewer tokens than the cost, or the lease is closed
   };
 
   Lease() = default;
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
-  // Takes one token if the lease is open and holds one. Lock-free: one CAS loop, no allocation,
-  // no clock read.
+  // Takes `cost` tokens (>= 1) if the lease is open and holds at least that many: all or
+  // nothing, never a partial take. Lock-free: one CAS loop, no allocation, no clock read.
   //
   // Why a CAS and not one fetch_sub (lock xadd, ~1.6x faster uncontended): an unconditional
   // decrement of an empty word borrows into the mark (or, with the count moved to the high
@@ -57,20 +58,22 @@ class alignas(64) Lease {
   // received" check fails). Keeping the word exact needs every exchange to carry the in-flight
   // debts over (a CAS loop of its own), and a denial costs two atomics; not worth it for a
   // path that is already one uncontended lock cmpxchg.
-  Take TryTake() noexcept {
+  Take TryTake(uint32_t cost = 1) noexcept {
     uint64_t word = word_.load(std::memory_order_relaxed);
-    while (Spendable(word)) {
-      if (word_.compare_exchange_weak(word, word - 1, std::memory_order_acq_rel,
+    while (Spendable(word, cost)) {
+      if (word_.compare_exchange_weak(word, word - cost, std::memory_order_acq_rel,
                                       std::memory_order_relaxed)) {
-        return Tokens(word - 1) == Mark(word) ? Take::kTakenLow : Take::kTaken;
+        const uint64_t mark = Mark(word);
+        return Tokens(word) > mark && Tokens(word) - cost <= mark ? Take::kTakenLow
+                                                                  : Take::kTaken;
       }
     }
     return Take::kEmpty;
   }
 
-  // Puts back one token taken by TryTake(). One atomic add. If the lease was closed in the
-  // meantime the token stays unspendable until the refresher withdraws it.
-  void Refund() noexcept { word_.fetch_add(1, std::memory_order_acq_rel); }
+  // Puts back `cost` tokens taken by TryTake(). One atomic add. If the lease was closed in the
+  // meantime the tokens stay unspendable until the refresher withdraws them.
+  void Refund(uint32_t cost = 1) noexcept { word_.fetch_add(cost, std::memory_order_acq_rel); }
 
   // Adds up to `tokens` tokens (the count is capped at kMaxTokens), sets the low-water mark to
   // `mark` and opens the lease. Returns how many tokens were actually added; the caller must
@@ -122,8 +125,8 @@ class alignas(64) Lease {
 
   static constexpr uint64_t Tokens(uint64_t word) { return word & kTokenMask; }
   static constexpr uint64_t Mark(uint64_t word) { return (word & ~kClosedBit) >> kMarkShift; }
-  static constexpr bool Spendable(uint64_t word) {
-    return (word & kClosedBit) == 0 && Tokens(word) != 0;
+  static constexpr bool Spendable(uint64_t word, uint32_t cost) {
+    return (word & kClosedBit) == 0 && Tokens(word) >= cost;
   }
 
   // Starts closed: no lease until the first grant arrives.

@@ -41,13 +41,21 @@ class PrometheusClientMetrics final : public ClientMetrics {
  public:
   explicit PrometheusClientMetrics(prometheus::Registry& registry)
       : allowed_(Counters(registry, "retry_budget_client_retries_allowed_total",
-                          "Retries this process allowed (TryAcquire() true, net of refunds), "
-                          "from leases and from the local fallback bucket.")),
+                          "Retries this process allowed with tokens (TryAcquire() true, net of "
+                          "refunds; a count of retries, whatever their cost), from leases and "
+                          "from the local fallback bucket.")),
         denied_(Counters(registry, "retry_budget_client_retries_denied_total",
                          "Retries this process denied for lack of a token.")),
+        shadow_denied_(Counters(registry, "retry_budget_client_shadow_denied_total",
+                                "Retries a shadow-mode tenant let through that enforcement "
+                                "would have denied (would-be denials).")),
+        requests_(Counters(registry, "retry_budget_client_requests_total",
+                           "Logical calls (first attempts) recorded by this process "
+                           "(RecordRequest()).")),
         fallback_(Counters(registry, "retry_budget_client_fallback_retries_total",
-                           "Of the retries allowed, those from the local fallback bucket while "
-                           "the budget server was unreachable.")),
+                           "Tokens this process spent from the local fallback bucket while "
+                           "the budget server was unreachable (a retry of cost c counts c), "
+                           "net of refunds.")),
         successes_(Counters(registry, "retry_budget_client_successes_total",
                             "Successful calls recorded by this process.")),
         held_(prometheus::BuildGauge()
@@ -93,6 +101,8 @@ class PrometheusClientMetrics final : public ClientMetrics {
     PerTenant& t = it->second;
     t.allowed.Update(stats.retries_allowed);
     t.denied.Update(stats.retries_denied);
+    t.shadow_denied.Update(stats.shadow_denied);
+    t.requests.Update(stats.requests);
     t.fallback.Update(stats.fallback_allowed);
     t.successes.Update(stats.successes);
     t.held->Set(static_cast<double>(std::max<int64_t>(0, stats.tokens_held)));
@@ -103,6 +113,8 @@ class PrometheusClientMetrics final : public ClientMetrics {
   struct PerTenant {
     CumulativeCounter allowed;
     CumulativeCounter denied;
+    CumulativeCounter shadow_denied;
+    CumulativeCounter requests;
     CumulativeCounter fallback;
     CumulativeCounter successes;
     prometheus::Gauge* held;
@@ -119,6 +131,8 @@ class PrometheusClientMetrics final : public ClientMetrics {
     const prometheus::Labels labels = {{"tenant", tenant}};
     PerTenant t{CumulativeCounter(&allowed_.Add(labels)),
                 CumulativeCounter(&denied_.Add(labels)),
+                CumulativeCounter(&shadow_denied_.Add(labels)),
+                CumulativeCounter(&requests_.Add(labels)),
                 CumulativeCounter(&fallback_.Add(labels)),
                 CumulativeCounter(&successes_.Add(labels)), &held_.Add(labels), {}};
     for (size_t i = 0; i < kModes.size(); ++i) {
@@ -129,6 +143,8 @@ class PrometheusClientMetrics final : public ClientMetrics {
 
   prometheus::Family<prometheus::Counter>& allowed_;
   prometheus::Family<prometheus::Counter>& denied_;
+  prometheus::Family<prometheus::Counter>& shadow_denied_;
+  prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Counter>& fallback_;
   prometheus::Family<prometheus::Counter>& successes_;
   prometheus::Family<prometheus::Gauge>& held_;

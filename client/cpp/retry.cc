@@ -45,6 +45,19 @@ std::string LastError(const absl::Status& last) {
   return last.ok() ? std::string() : absl::StrCat(" (last error: ", last.ToString(), ")");
 }
 
+// The cost of the retry after `last` (RetryPolicy::retry_cost), or INVALID_ARGUMENT.
+absl::StatusOr<uint32_t> RetryCost(const RetryPolicy& policy, const absl::Status& last,
+                                   int retry) {
+  if (!policy.retry_cost) return 1;
+  const uint32_t cost = policy.retry_cost(last);
+  if (cost < 1 || cost > TenantBudget::kMaxCost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RetryPolicy.retry_cost returned ", cost, " for retry ", retry,
+        "; a cost must be in [1, ", TenantBudget::kMaxCost, "]", LastError(last)));
+  }
+  return cost;
+}
+
 }  // namespace
 
 absl::Status ValidateRetryPolicy(const RetryPolicy& policy) {
@@ -75,6 +88,10 @@ absl::Status ValidateRetryPolicy(const RetryPolicy& policy) {
                      absl::FormatDuration(policy.per_attempt_timeout)));
   }
   return absl::OkStatus();
+}
+
+uint32_t AwsRetryCost(const absl::Status& error) {
+  return error.code() == absl::StatusCode::kDeadlineExceeded ? 10 : 5;
 }
 
 bool IsBudgetExhausted(const absl::Status& status) {
@@ -130,21 +147,22 @@ absl::Status RunRetryLoop(TenantBudget& budget, const RetryPolicy& policy,
   const absl::Time deadline = control.deadline;
 
   absl::Status last;
-  // A budget token taken for the retry about to start; given back if it is never sent.
-  bool token_held = false;
+  // The tokens taken for the retry about to start (0: none); given back if it is never sent.
+  uint32_t tokens_held = 0;
   for (int number = 1;; ++number) {
     if (control.stop.stop_requested()) {
-      if (token_held) budget.Refund();
+      if (tokens_held > 0) budget.Refund(tokens_held);
       return absl::CancelledError(
           absl::StrCat("retry: cancelled before attempt ", number, LastError(last)));
     }
     const absl::Time start = clock.Now();
     if (start >= deadline) {
-      if (token_held) budget.Refund();
+      if (tokens_held > 0) budget.Refund(tokens_held);
       return absl::DeadlineExceededError(absl::StrCat(
           "retry: overall deadline passed before attempt ", number, LastError(last)));
     }
-    token_held = false;  // the retry is sent now: the token is spent
+    tokens_held = 0;  // the retry is sent now: its tokens are spent
+    if (number == 1) budget.RecordRequest();
 
     Attempt a;
     a.number = number;
@@ -198,10 +216,12 @@ absl::Status RunRetryLoop(TenantBudget& budget, const RetryPolicy& policy,
       }
       // No answer within the wait: TryAcquire() decides (and denies).
     }
-    if (!budget.TryAcquire()) return MarkBudgetExhausted(std::move(last), number);
-    token_held = true;
+    absl::StatusOr<uint32_t> cost = RetryCost(policy, last, number);
+    if (!cost.ok()) return cost.status();
+    if (!budget.TryAcquire(*cost)) return MarkBudgetExhausted(std::move(last), number);
+    tokens_held = *cost;
     if (!clock.SleepUntil(now + backoff, control.stop)) {
-      budget.Refund();
+      budget.Refund(tokens_held);
       return absl::CancelledError(absl::StrCat("retry: cancelled during the backoff before attempt ",
                                                number + 1, LastError(last)));
     }

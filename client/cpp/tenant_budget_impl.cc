@@ -1,7 +1,13 @@
 #include "client/cpp/tenant_budget_impl.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <string_view>
 #include <utility>
+
+#include <grpc/support/log.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,6 +30,29 @@ BudgetMode PublicMode(LeaseMode mode) {
   }
   return BudgetMode::kNoLease;
 }
+
+uint64_t Sub(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
+
+// A cost out of range is a caller's bug on the hot path: deny (or ignore the refund), never
+// throw, and say so at most once a second per process, whatever the rate of bad calls.
+void LogBadCost(const char* call, const std::string& tenant, uint32_t cost) {
+  static std::atomic<int64_t> next_log_ns{0};
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t next = next_log_ns.load(std::memory_order_relaxed);
+  if (now < next || !next_log_ns.compare_exchange_strong(next, now + 1'000'000'000,
+                                                         std::memory_order_relaxed)) {
+    return;
+  }
+  gpr_log(GPR_ERROR,
+          "retrybudget: %s(cost=%u) on tenant \"%s\": cost must be in [1, %u]; %s (further "
+          "bad costs are not logged for a second)",
+          call, cost, tenant.c_str(), TenantBudget::kMaxCost,
+          std::string_view(call) == "Refund" ? "ignored" : "denied, nothing counted");
+}
+
+bool CostInRange(uint32_t cost) { return cost >= 1 && cost <= TenantBudget::kMaxCost; }
 
 }  // namespace
 
@@ -66,25 +95,97 @@ void TenantBudgetImpl::NoteAnsweredLocked() {
   for (std::stop_source* waiter : ready_waiters_) waiter->request_stop();
 }
 
-bool TenantBudgetImpl::AcquireSlow() {
-  slow_.denied.fetch_add(1, std::memory_order_relaxed);
+bool TenantBudgetImpl::TryAcquireCost(uint32_t cost) {
+  if (!CostInRange(cost)) {
+    LogBadCost("TryAcquire", tenant_, cost);
+    return false;
+  }
+  // Counted before the take (and taken back if it fails): the refresher reads `extra` after the
+  // word, so a take it sees always has its extra tokens counted (TenantLedger::Takes never
+  // counts a take of cost c as c retries).
+  slow_.extra.fetch_add(cost - 1, std::memory_order_relaxed);
+  switch (lease_.TryTake(cost)) {
+    case Lease::Take::kTaken:
+      return true;
+    case Lease::Take::kTakenLow:
+      RequestSync();
+      return true;
+    case Lease::Take::kEmpty:
+      break;
+  }
+  slow_.extra.fetch_sub(cost - 1, std::memory_order_relaxed);
+  return AcquireSlow(cost);
+}
+
+bool TenantBudgetImpl::AcquireSlow(uint32_t cost) {
+  // Demand counts what workers asked for, allowed or not, in tokens: a starved tenant's
+  // denials (and a shadow tenant's would-be denials) size its next lease.
+  slow_.denied_tokens.fetch_add(cost, std::memory_order_relaxed);
+  const bool shadow = shadow_.load(std::memory_order_relaxed);
+  if (shadow) {
+    slow_.unbacked.fetch_add(cost, std::memory_order_relaxed);
+    slow_.shadow_denied.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    slow_.denied.fetch_add(1, std::memory_order_relaxed);
+  }
   RequestSync();
+  return shadow;
+}
+
+bool TenantBudgetImpl::TakeUnbacked(uint32_t cost) {
+  uint64_t unbacked = slow_.unbacked.load(std::memory_order_relaxed);
+  while (unbacked >= cost) {
+    if (slow_.unbacked.compare_exchange_weak(unbacked, unbacked - cost,
+                                             std::memory_order_relaxed)) {
+      return true;
+    }
+  }
   return false;
+}
+
+void TenantBudgetImpl::Refund(uint32_t cost) {
+  if (!CostInRange(cost)) {
+    LogBadCost("Refund", tenant_, cost);
+    return;
+  }
+  // A shadow permit given without a token is cancelled first (conservative: a token-backed
+  // permit refunded while unbacked ones are out leaves its tokens spent).
+  if (TakeUnbacked(cost)) return;
+  lease_.Refund(cost);
+  // After the word (release): a Snapshot() that reads this count reads the word with the tokens.
+  slow_.refunded_tokens.fetch_add(cost, std::memory_order_release);
+  slow_.refunds.fetch_add(1, std::memory_order_relaxed);
+}
+
+WordSnapshot TenantBudgetImpl::Snapshot() const {
+  WordSnapshot word;
+  word.refunded = slow_.refunded_tokens.load(std::memory_order_acquire);
+  word.held = lease_.Held();  // acquire: every extra count made before a take it sees is seen
+  word.extra = slow_.extra.load(std::memory_order_relaxed);
+  return word;
 }
 
 TenantStats TenantBudgetImpl::Stats() const {
   MutexLock lock(&mu_);
-  const uint64_t held = lease_.Held();
+  // Refunds first: the refund count never covers a refund the snapshot's word does not show.
+  const uint64_t refunds = slow_.refunds.load(std::memory_order_acquire);
+  const WordSnapshot word = Snapshot();
+  const uint64_t held = word.held;
   TenantStats stats;
   stats.successes = successes_.value.load(std::memory_order_relaxed);
-  stats.retries_allowed = ledger_.ExactSpent(held);
+  stats.requests = requests_.value.load(std::memory_order_relaxed);
+  stats.retries_allowed = Sub(ledger_.Takes(word), refunds);
   stats.retries_denied = slow_.denied.load(std::memory_order_relaxed);
+  stats.shadow_denied = slow_.shadow_denied.load(std::memory_order_relaxed);
+  stats.tokens_spent = ledger_.ExactSpent(held);
   stats.fallback_allowed = ledger_.ExactFallbackSpent(held);
   stats.tokens_received = ledger_.received();
   stats.tokens_returned = ledger_.returned();
   stats.tokens_held = static_cast<int64_t>(held);
-  stats.refunds = slow_.refunds.load(std::memory_order_relaxed);
-  stats.successes_credited_locally = successes_credited_locally_;
+  stats.refunds = refunds;
+  stats.successes_credited_locally = successes_credit_.credited();
+  stats.requests_credited_locally = requests_credit_.credited();
+  stats.shadow = shadow();
   stats.lease_active = mode_ == LeaseMode::kLeased && lease_.IsOpen();
   stats.mode = PublicMode(mode_);
   stats.error = error_;
@@ -135,9 +236,7 @@ absl::Time TenantBudgetImpl::EnterFallbackLocked(absl::Time now, bool start_full
       last_safe_share_at_ == absl::InfinitePast() ? std::nullopt
                                                   : safe_shares_.Get(last_safe_share_at_);
   fallback_.emplace(share.value_or(fallback_config_.never_reached), now, start_full);
-  uint64_t credited = 0;
-  const uint64_t first = fallback_->Refill(now, 0, CreditableSuccessesLocked(), &credited);
-  successes_credited_locally_ += credited;
+  const uint64_t first = RefillLocked(now, 0);
   const uint64_t withdrawn = lease_.Replace(first, FallbackMarkLocked());
   ledger_.Withdrew(withdrawn, 0);  // leased tokens (or raced-in refunds): returned
   ledger_.SwitchTo(TenantLedger::Source::kFallback);
@@ -159,18 +258,20 @@ uint64_t TenantBudgetImpl::FallbackMarkLocked() {
   return fallback_->held() - 1;
 }
 
-uint64_t TenantBudgetImpl::CreditableSuccessesLocked() {
-  const uint64_t successes = successes_.value.load(std::memory_order_relaxed);
-  const uint64_t from = std::max(successes_in_requests_, successes_considered_);
-  successes_considered_ = std::max(successes_considered_, successes);
-  return successes > from ? successes - from : 0;
+uint64_t TenantBudgetImpl::RefillLocked(absl::Time now, uint64_t held) {
+  const FallbackBucket::Credits pending = {
+      .successes =
+          successes_credit_.Creditable(successes_.value.load(std::memory_order_relaxed)),
+      .requests = requests_credit_.Creditable(requests_.value.load(std::memory_order_relaxed))};
+  FallbackBucket::Credits credited;
+  const uint64_t add = fallback_->Refill(now, held, pending, &credited);
+  successes_credit_.Credited(credited.successes);
+  requests_credit_.Credited(credited.requests);
+  return add;
 }
 
 absl::Time TenantBudgetImpl::RefillFallbackLocked(absl::Time now) {
-  uint64_t credited = 0;
-  const uint64_t add =
-      fallback_->Refill(now, lease_.Held(), CreditableSuccessesLocked(), &credited);
-  successes_credited_locally_ += credited;
+  const uint64_t add = RefillLocked(now, lease_.Held());
   // Deposit even 0 tokens: it sets the low-water mark for the new level.
   ledger_.FallbackDeposited(lease_.Deposit(add, FallbackMarkLocked()));
   return fallback_->NextTokenAt();
@@ -224,33 +325,40 @@ absl::Time TenantBudgetImpl::Step(absl::Time now, ServerState server) {
   return absl::InfiniteFuture();
 }
 
-void TenantBudgetImpl::FillCounters(uint64_t held, v1::TenantSync* out) {
+void TenantBudgetImpl::FillCounters(const WordSnapshot& word, v1::TenantSync* out) {
   out->set_tenant(tenant_);
   out->set_successes(successes_.value.load(std::memory_order_relaxed));
-  ledger_.Report(held);
+  out->set_requests(requests_.value.load(std::memory_order_relaxed));
+  ledger_.Report(word);
   out->set_retries_spent(ledger_.reported_spent());
+  out->set_retries_allowed(ledger_.reported_allowed());
   out->set_retries_refunded(ledger_.reported_refunded());
   out->set_retries_denied(slow_.denied.load(std::memory_order_relaxed));
+  out->set_shadow_denied(slow_.shadow_denied.load(std::memory_order_relaxed));
   out->set_tokens_returned(ledger_.returned());
   out->set_tokens_received(ledger_.received());
   out->set_fallback_spent(ledger_.reported_fallback_spent());
   out->set_fallback_refunded(ledger_.reported_fallback_refunded());
-  out->set_successes_credited_locally(successes_credited_locally_);
-  // From now on the server may credit every success this request carries.
-  successes_in_requests_ = std::max(successes_in_requests_, out->successes());
+  out->set_successes_credited_locally(successes_credit_.credited());
+  out->set_requests_credited_locally(requests_credit_.credited());
+  // From now on the server may credit every success and request this request carries.
+  successes_credit_.Carried(out->successes());
+  requests_credit_.Carried(out->requests());
 }
 
 void TenantBudgetImpl::FillSync(absl::Time now, const RefreshPolicy& policy,
                                 v1::TenantSync* out) {
   MutexLock lock(&mu_);
   synced_ = true;
-  const uint64_t held = lease_.Held();
-  FillCounters(held, out);
-  // Demand is what workers asked for, allowed or not: a starved tenant's denials count, so the
-  // server's proportional split sees how much it really needs.
-  demand_.Observe(now, out->retries_spent() + out->retries_denied());
+  const WordSnapshot word = Snapshot();
+  FillCounters(word, out);
+  // Demand is what workers asked for, allowed or not, in tokens: a starved tenant's denials (a
+  // shadow tenant's would-be denials) count, so the server's proportional split sees how much
+  // it really needs.
+  demand_.Observe(now,
+                  out->retries_spent() + slow_.denied_tokens.load(std::memory_order_relaxed));
   // Fallback tokens are withdrawn when a grant arrives: only leased tokens reduce the want.
-  const uint64_t leased = ledger_.source() == TenantLedger::Source::kLease ? held : 0;
+  const uint64_t leased = ledger_.source() == TenantLedger::Source::kLease ? word.held : 0;
   out->set_want(WantFor(demand_.rate(), policy.refresh_period, policy.lease_burst, leased));
 }
 
@@ -277,10 +385,12 @@ void TenantBudgetImpl::ApplyGrant(const v1::TenantGrant& grant, const v1::Tenant
     deposited = lease_.Deposit(granted, LowWaterMark(granted));
   }
   ledger_.Received(granted, deposited);
+  shadow_.store(grant.mode() == v1::MODE_SHADOW, std::memory_order_relaxed);
   if (grant.has_safe_share()) {
     safe_shares_.Note({.capacity = grant.safe_share().capacity(),
                        .refill_per_second = grant.safe_share().refill_per_second(),
-                       .success_credit = grant.safe_share().success_credit()},
+                       .success_credit = grant.safe_share().success_credit(),
+                       .request_credit = grant.safe_share().request_credit()},
                       received);
     last_safe_share_at_ = received;
   }
@@ -328,7 +438,7 @@ void TenantBudgetImpl::FillFinal(v1::TenantSync* out) {
   mode_ = LeaseMode::kShutdown;
   NoteAnsweredLocked();
   WithdrawAllLocked();
-  FillCounters(lease_.Held(), out);
+  FillCounters(Snapshot(), out);
   out->set_want(0);
 }
 

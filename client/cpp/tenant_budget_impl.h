@@ -68,8 +68,10 @@ struct FallbackConfig {
   BucketShape never_reached{.capacity = 1, .refill_per_second = 0.1};
 };
 
-// Thread-safe. Worker-facing methods (TryAcquire, Refund, RecordSuccess) are lock-free and touch
-// only atomics, each group on its own cache line. Refresher-facing methods take `mu_`; the
+// Thread-safe. Worker-facing methods (TryAcquire, Refund, RecordRequest, RecordSuccess) are
+// lock-free and touch only atomics, each group on its own cache line: a TryAcquire of cost 1 that
+// finds its tokens is one CAS on the lease word; a cost above 1 adds one atomic (the `extra`
+// count, see TenantLedger); a denial, and every shadow-mode decision, a few more. Refresher-facing methods take `mu_`; the
 // refresher is their only caller, and Stats() may run concurrently with them.
 class TenantBudgetImpl final : public TenantBudget {
  public:
@@ -83,7 +85,11 @@ class TenantBudgetImpl final : public TenantBudget {
 
   // ---- worker side (hot path) ----
 
-  bool TryAcquire() override {
+  using TenantBudget::Refund;
+  using TenantBudget::TryAcquire;
+
+  bool TryAcquire(uint32_t cost) override {
+    if (cost != 1) [[unlikely]] return TryAcquireCost(cost);
     switch (lease_.TryTake()) {
       case Lease::Take::kTaken:
         return true;
@@ -93,13 +99,12 @@ class TenantBudgetImpl final : public TenantBudget {
       case Lease::Take::kEmpty:
         break;
     }
-    return AcquireSlow();
+    return AcquireSlow(1);
   }
 
-  void Refund() override {
-    lease_.Refund();
-    slow_.refunds.fetch_add(1, std::memory_order_relaxed);
-  }
+  void Refund(uint32_t cost) override;
+
+  void RecordRequest() override { requests_.value.fetch_add(1, std::memory_order_relaxed); }
 
   void RecordSuccess() override { successes_.value.fetch_add(1, std::memory_order_relaxed); }
 
@@ -137,7 +142,7 @@ class TenantBudgetImpl final : public TenantBudget {
   // Applies the grant answering `sent_entry` of a request first sent at `sent` and answered at
   // `received`: leaves fallback (its tokens are withdrawn, never returned to the server),
   // deposits `granted`, renews the lease to `sent` + lease_ttl_ms, keeps the SafeShare for a
-  // later fallback, schedules the next sync.
+  // later fallback, takes the tenant's mode (shadow or enforce), schedules the next sync.
   void ApplyGrant(const v1::TenantGrant& grant, const v1::TenantSync& sent_entry, absl::Time sent,
                   absl::Time received, const RefreshPolicy& policy);
 
@@ -156,10 +161,21 @@ class TenantBudgetImpl final : public TenantBudget {
 
   LeaseMode mode() const;
 
+  // True while the tenant is in shadow mode (the last applied grant said MODE_SHADOW).
+  bool shadow() const { return shadow_.load(std::memory_order_relaxed); }
+
  private:
-  // Lease word empty or closed: count the denial and wake the refresher. (In fallback the
-  // refresher refills the word itself; the hot path never reads a clock.)
-  bool AcquireSlow();
+  // TryAcquire() of a cost other than 1: the range check, then the same take with the `extra`
+  // tokens counted (see TenantLedger).
+  bool TryAcquireCost(uint32_t cost);
+  // Fewer than `cost` tokens in the word, or the word closed: count the denial (in shadow mode
+  // the would-be denial, and allow) and wake the refresher. (In fallback the refresher refills
+  // the word itself; the hot path never reads a clock.)
+  bool AcquireSlow(uint32_t cost);
+  // Shadow mode's permits given without a token: takes `cost` of them if that many are out.
+  bool TakeUnbacked(uint32_t cost);
+  // The lease word and the workers' counts of it, read in the order TenantLedger needs.
+  WordSnapshot Snapshot() const;
 
   // Empties the word (attributing its tokens to the current source) and closes it.
   void WithdrawAllLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -176,12 +192,13 @@ class TenantBudgetImpl final : public TenantBudget {
   // The low-water mark for the fallback tokens in the word (see the .cc).
   uint64_t FallbackMarkLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Puts the tokens the fallback bucket owes into the word, with the credit of the successes
-  // that may be credited locally (CreditableSuccessesLocked); returns the next token's time.
+  // and requests that may be credited locally (RefillLocked); returns the next token's time.
   absl::Time RefillFallbackLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Successes recorded since the last fallback step that no request built so far carries (the
-  // server may have applied any request built, so only later successes may be credited by the
-  // fallback bucket); marks them as considered.
-  uint64_t CreditableSuccessesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // fallback_->Refill() at `now` with the word holding `held`, offering the successes and
+  // requests recorded since the last fallback step that no request built so far carries (the
+  // server may have applied any request built, so only later ones may be credited by the
+  // fallback bucket), and counting those it credited. Returns the tokens to put in the word.
+  uint64_t RefillLocked(absl::Time now, uint64_t held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static bool InFallback(LeaseMode mode) {
     return mode == LeaseMode::kFallback || mode == LeaseMode::kDenyFallback;
   }
@@ -192,15 +209,21 @@ class TenantBudgetImpl final : public TenantBudget {
     if (!sync_wanted_.value.exchange(true, std::memory_order_acq_rel)) waker_->Wake();
   }
 
-  void FillCounters(uint64_t held, v1::TenantSync* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillCounters(const WordSnapshot& word, v1::TenantSync* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   template <typename T>
   struct alignas(64) Padded {
     std::atomic<T> value{};
   };
   struct alignas(64) SlowCounters {
-    std::atomic<uint64_t> denied{0};
-    std::atomic<uint64_t> refunds{0};
+    std::atomic<uint64_t> denied{0};          // retries denied (enforce mode)
+    std::atomic<uint64_t> shadow_denied{0};   // would-be denials (shadow mode)
+    std::atomic<uint64_t> denied_tokens{0};   // the cost of both: demand the word could not meet
+    std::atomic<uint64_t> unbacked{0};        // shadow permits' tokens out (Refund cancels them)
+    std::atomic<uint64_t> refunds{0};         // Refund() calls that put tokens back
+    std::atomic<uint64_t> refunded_tokens{0};  // the tokens they put back
+    std::atomic<uint64_t> extra{0};           // sum of cost - 1 over takes of cost > 1
   };
 
   const std::string tenant_;
@@ -211,8 +234,11 @@ class TenantBudgetImpl final : public TenantBudget {
   // Hot-path atomics, one cache line each.
   Lease lease_;
   Padded<uint64_t> successes_;
+  Padded<uint64_t> requests_;
   Padded<bool> sync_wanted_;
   SlowCounters slow_;
+  // Set from every applied grant (TenantGrant.mode); read by the slow path only.
+  std::atomic<bool> shadow_{false};
 
   mutable Mutex mu_;
   LeaseMode mode_ ABSL_GUARDED_BY(mu_) = LeaseMode::kAwaitingLease;
@@ -238,12 +264,10 @@ class TenantBudgetImpl final : public TenantBudget {
   absl::Time last_safe_share_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // The local bucket while mode_ == kFallback.
   std::optional<FallbackBucket> fallback_ ABSL_GUARDED_BY(mu_);
-  // Success-funded fallback (TenantSync.successes_credited_locally): the most successes any
-  // request built so far carried, the successes counter up to which fallback steps have
-  // considered crediting, and how many successes the fallback buckets credited.
-  uint64_t successes_in_requests_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t successes_considered_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t successes_credited_locally_ ABSL_GUARDED_BY(mu_) = 0;
+  // Success- and request-funded fallback (TenantSync.successes_credited_locally,
+  // requests_credited_locally).
+  LocalCredit successes_credit_ ABSL_GUARDED_BY(mu_);
+  LocalCredit requests_credit_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace retrybudget::client_internal

@@ -31,16 +31,27 @@ uint64_t TokenAccount::ExactSpent(uint64_t held) const { return Sub(in_, out_ + 
 
 void TenantLedger::Received(uint64_t granted, uint64_t deposited) {
   lease_.In(deposited);
+  put_ += deposited;
   if (deposited < granted) lease_.InAndOut(granted - deposited);
 }
 
 void TenantLedger::Withdrew(uint64_t withdrawn, uint64_t held_after) {
+  withdrawn_ += withdrawn;
   (source_ == Source::kLease ? lease_ : fallback_).Withdrew(withdrawn, held_after);
 }
 
 void TenantLedger::Report(uint64_t held) {
   lease_.Report(HeldBy(Source::kLease, held));
   fallback_.Report(HeldBy(Source::kFallback, held));
+}
+
+void TenantLedger::Report(const WordSnapshot& word) {
+  Report(word.held);
+  reported_allowed_ = std::max(reported_allowed_, std::min(Takes(word), reported_spent()));
+}
+
+uint64_t TenantLedger::Takes(const WordSnapshot& word) const {
+  return Sub(Sub(put_ + word.refunded, withdrawn_ + word.held), word.extra);
 }
 
 uint64_t TenantLedger::ExactSpent(uint64_t held) const {

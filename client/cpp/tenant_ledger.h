@@ -4,6 +4,7 @@
 #ifndef RETRYBUDGET_CLIENT_TENANT_LEDGER_H_
 #define RETRYBUDGET_CLIENT_TENANT_LEDGER_H_
 
+#include <algorithm>
 #include <cstdint>
 
 namespace retrybudget::client_internal {
@@ -83,6 +84,16 @@ class TokenAccount {
   uint64_t refunded_ = 0;
 };
 
+// What a worker changed in the lease word besides taking tokens, as the refresher reads it for
+// a report: read `refunded` first, then `held`, then `extra` (TenantBudgetImpl::Snapshot), so a
+// take or a refund racing with the read is at worst left out of this report, never counted
+// ahead of the word.
+struct WordSnapshot {
+  uint64_t refunded = 0;  // tokens Refund() put back into the word, cumulative
+  uint64_t held = 0;      // tokens in the word
+  uint64_t extra = 0;     // of the takes of cost c > 1, the c - 1 above one token, cumulative
+};
+
 // Both sources of one tenant. At any time exactly one source owns the tokens in the lease word;
 // the owner switches only after the word was emptied (TenantBudgetImpl withdraws first), so a
 // token is attributed to the source that put it there. The wire counters are:
@@ -93,6 +104,14 @@ class TokenAccount {
 //     fallback_refunded = fallback.refunded
 //     retries_spent     = lease.reported_spent + fallback_spent
 //     retries_refunded  = lease.refunded + fallback_refunded
+//     retries_allowed   = min(takes, retries_spent), never lower than its last report
+//
+// where `takes`, the retries allowed with tokens whatever their cost, is what the word lost to
+// workers, `put + refunded - withdrawn - held` (every token the refresher put in or took out
+// passes through this ledger), less the `extra` tokens of the takes of cost above 1: the hot path
+// counts nothing for a take of cost 1. Capped at retries_spent (the server checks
+// retries_allowed <= retries_spent) because a take refunded before any report is left out of
+// retries_spent.
 //
 // so every report keeps the server's constraints: retries_refunded <= retries_spent,
 // fallback_refunded <= fallback_spent, fallback_refunded <= retries_refunded,
@@ -112,7 +131,10 @@ class TenantLedger {
   void Received(uint64_t granted, uint64_t deposited);
 
   // `n` tokens from the local fallback bucket went into the word. The source must be kFallback.
-  void FallbackDeposited(uint64_t n) { fallback_.In(n); }
+  void FallbackDeposited(uint64_t n) {
+    fallback_.In(n);
+    put_ += n;
+  }
 
   // `withdrawn` tokens were taken out of the word (expiry, refusal, change of source, shutdown);
   // they are counted to the current source. `held_after` is what the word holds right after.
@@ -125,11 +147,16 @@ class TenantLedger {
   // Brings every reported counter up to date while the word holds `held` tokens (of the current
   // source); read them with the accessors below. Call once per request built.
   void Report(uint64_t held);
+  // Report(word.held), then brings reported_allowed() up to date.
+  void Report(const WordSnapshot& word);
   // Report(held), then the cumulative `retries_spent`.
   uint64_t ReportSpent(uint64_t held) {
     Report(held);
     return reported_spent();
   }
+
+  // Retries allowed with tokens so far (takes, whatever their cost; refunds not deducted).
+  uint64_t Takes(const WordSnapshot& word) const;
 
   // Retries really spent (TryAcquire() minus Refund()), for Stats. Not monotonic.
   uint64_t ExactSpent(uint64_t held) const;
@@ -145,6 +172,7 @@ class TenantLedger {
   uint64_t reported_refunded() const { return lease_.refunded() + fallback_.refunded(); }
   uint64_t reported_fallback_spent() const { return fallback_.reported_spent(); }
   uint64_t reported_fallback_refunded() const { return fallback_.refunded(); }
+  uint64_t reported_allowed() const { return reported_allowed_; }
 
  private:
   uint64_t HeldBy(Source source, uint64_t held) const { return source_ == source ? held : 0; }
@@ -152,6 +180,37 @@ class TenantLedger {
   TokenAccount lease_;
   TokenAccount fallback_;
   Source source_ = Source::kLease;
+  uint64_t put_ = 0;        // tokens put into the word, both sources
+  uint64_t withdrawn_ = 0;  // tokens taken out of the word by the refresher, both sources
+  uint64_t reported_allowed_ = 0;
+};
+
+// The books of success- or request-funded fallback for one kind of event (successes, or
+// requests): a fallback bucket may credit only events that no request built so far carried (the
+// server may have credited those), and each at most once; the count it credited is reported
+// (TenantSync.successes_credited_locally / requests_credited_locally) so that the server credits
+// only the others.
+//
+// Not thread-safe: the owner serialises calls.
+class LocalCredit {
+ public:
+  // Of the `recorded` events so far (cumulative), those no fallback step has considered and no
+  // request carried; marks them considered (credited or not, they are never offered again).
+  uint64_t Creditable(uint64_t recorded) {
+    const uint64_t from = std::max(in_requests_, considered_);
+    considered_ = std::max(considered_, recorded);
+    return recorded > from ? recorded - from : 0;
+  }
+  // `n` of those were credited by a fallback bucket.
+  void Credited(uint64_t n) { credited_ += n; }
+  // A request was built carrying `reported` events: the server may credit every one of them.
+  void Carried(uint64_t reported) { in_requests_ = std::max(in_requests_, reported); }
+  uint64_t credited() const { return credited_; }
+
+ private:
+  uint64_t in_requests_ = 0;  // the most events any request built so far carried
+  uint64_t considered_ = 0;   // events up to which fallback steps considered crediting
+  uint64_t credited_ = 0;
 };
 
 }  // namespace retrybudget::client_internal

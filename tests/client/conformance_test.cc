@@ -9,7 +9,10 @@
 // timeout lies between the two readings of the deadline, and the scenario's expect_timeout_ms
 // must lie in that interval (within 0.001 ms). No check depends on how fast the code runs.
 // wait_for_ready is read from the ClientContext (see InteropClientContextInspector below).
-// A Refund() returns nothing in C++: a refund step's `expect` is not checked.
+// A Refund() returns nothing in C++: a refund step's `expect` is not checked, except that
+// "cost_out_of_range" must name a cost outside [1, TenantBudget::kMaxCost] (a try_acquire's
+// "cost_out_of_range" is TryAcquire returning false: C++ denies such a cost); the scenario's
+// later steps check that nothing changed.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -587,8 +590,9 @@ class ScenarioRunner {
     }
     const Struct& step = value.struct_value();
     if (absl::Status s = CheckKeys(step,
-                                   {"at_ms", "tenant", "try_acquire", "record_success", "refund",
-                                    "run", "shutdown", "expect_tenant", "expect"},
+                                   {"at_ms", "tenant", "try_acquire", "record_success",
+                                    "record_request", "refund", "run", "shutdown",
+                                    "expect_tenant", "expect", "cost"},
                                    where);
         !s.ok()) {
       return s;
@@ -603,8 +607,8 @@ class ScenarioRunner {
     }
     clock_.Set(time);
     std::vector<std::string> actions;
-    for (const char* key : {"tenant", "try_acquire", "record_success", "refund", "run",
-                            "shutdown", "expect_tenant"}) {
+    for (const char* key : {"tenant", "try_acquire", "record_success", "record_request",
+                            "refund", "run", "shutdown", "expect_tenant"}) {
       if (step.fields().contains(key)) actions.emplace_back(key);
     }
     if (actions.size() != 1) {
@@ -612,8 +616,10 @@ class ScenarioRunner {
                                                      actions.size()));
     }
     const std::string& action = actions[0];
-    if (step.fields().contains("expect") && action != "try_acquire" && action != "refund") {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", action, " takes no expect"));
+    for (const char* key : {"expect", "cost"}) {
+      if (step.fields().contains(key) && action != "try_acquire" && action != "refund") {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": ", action, " takes no ", key));
+      }
     }
     if (action == "run" || action == "shutdown") return RunSync(step, action, where);
     if (action == "expect_tenant") return ExpectTenants(step, where);
@@ -646,14 +652,67 @@ class ScenarioRunner {
       (*tenant)->RecordSuccess();
       return absl::OkStatus();
     }
-    if (action == "refund") {
-      (*tenant)->Refund();  // returns nothing in C++: `expect` is not checked
+    if (action == "record_request") {
+      (*tenant)->RecordRequest();
       return absl::OkStatus();
     }
-    absl::StatusOr<bool> expect = BoolAt(step, "expect", where);
+    absl::StatusOr<uint32_t> cost = CostAt(step, where);
+    if (!cost.ok()) return cost.status();
+    absl::StatusOr<std::optional<bool>> expect = WorkerExpect(step, action, *cost, where);
     if (!expect.ok()) return expect.status();
-    EXPECT_EQ((*tenant)->TryAcquire(), *expect) << where << ": try_acquire " << *name;
+    if (action == "refund") {
+      (*tenant)->Refund(*cost);  // returns nothing in C++: `expect` true/false is not checked
+      return absl::OkStatus();
+    }
+    if (!expect->has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": try_acquire needs an expect"));
+    }
+    EXPECT_EQ((*tenant)->TryAcquire(*cost), **expect)
+        << where << ": try_acquire " << *name << " cost " << *cost;
     return absl::OkStatus();
+  }
+
+  // The step's `cost`: 1 when left out; an integer in [0, 2^32) (out-of-range costs included).
+  static absl::StatusOr<uint32_t> CostAt(const Struct& step, const std::string& where) {
+    if (!step.fields().contains("cost")) return 1;
+    absl::StatusOr<double> cost = NumberAt(step, "cost", where);
+    if (!cost.ok()) return cost.status();
+    if (*cost != std::floor(*cost) || *cost < 0 || *cost > 4294967295.0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": cost ", *cost, " is not an integer in [0, 2^32)"));
+    }
+    return static_cast<uint32_t>(*cost);
+  }
+
+  // A worker step's `expect`: none, true / false, or "cost_out_of_range" (false in C++), which
+  // must name a cost out of range.
+  static absl::StatusOr<std::optional<bool>> WorkerExpect(const Struct& step,
+                                                          const std::string& action,
+                                                          uint32_t cost,
+                                                          const std::string& where) {
+    const Value* expect = Find(step, "expect");
+    const bool out_of_range = cost < 1 || cost > TenantBudget::kMaxCost;
+    if (expect != nullptr && expect->has_string_value()) {
+      if (expect->string_value() != "cost_out_of_range") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": expect \"", expect->string_value(), "\" is not true, false or "
+            "\"cost_out_of_range\""));
+      }
+      if (!out_of_range) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": expect \"cost_out_of_range\" with cost ", cost, ", which is in range"));
+      }
+      return std::optional<bool>(false);
+    }
+    if (out_of_range) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": ", action, " of cost ", cost,
+          " (out of range) must expect \"cost_out_of_range\""));
+    }
+    if (expect == nullptr) return std::optional<bool>();
+    absl::StatusOr<bool> value = BoolAt(step, "expect", where);
+    if (!value.ok()) return value.status();
+    return std::optional<bool>(*value);
   }
 
   absl::Status RunSync(const Struct& step, const std::string& action, const std::string& where) {
@@ -749,6 +808,9 @@ class ScenarioRunner {
         {"tokens_held", stats.tokens_held},
         {"retries_allowed", static_cast<int64_t>(stats.retries_allowed)},
         {"retries_denied", static_cast<int64_t>(stats.retries_denied)},
+        {"shadow_denied", static_cast<int64_t>(stats.shadow_denied)},
+        {"requests", static_cast<int64_t>(stats.requests)},
+        {"requests_credited_locally", static_cast<int64_t>(stats.requests_credited_locally)},
         {"fallback_allowed", static_cast<int64_t>(stats.fallback_allowed)},
         {"successes", static_cast<int64_t>(stats.successes)},
         {"successes_credited_locally", static_cast<int64_t>(stats.successes_credited_locally)},
@@ -757,6 +819,12 @@ class ScenarioRunner {
         {"refunds", static_cast<int64_t>(stats.refunds)},
     };
     for (const auto& [key, value] : want.fields()) {
+      if (key == "shadow") {
+        absl::StatusOr<bool> shadow = BoolAt(want, key, where);
+        if (!shadow.ok()) return shadow.status();
+        EXPECT_EQ(stats.shadow, *shadow) << where << ": shadow";
+        continue;
+      }
       if (key == "mode" || key == "error") {
         absl::StatusOr<std::string> text = StringAt(want, key, where);
         if (!text.ok()) return text.status();

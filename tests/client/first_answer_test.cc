@@ -188,8 +188,9 @@ TEST(FirstAnswerTest, WithoutTheWaitTheSameRetryIsDenied) {
   class NoWait : public TenantBudget {
    public:
     explicit NoWait(TenantBudget& inner) : inner_(inner) {}
-    bool TryAcquire() override { return inner_.TryAcquire(); }
-    void Refund() override { inner_.Refund(); }
+    bool TryAcquire(uint32_t cost) override { return inner_.TryAcquire(cost); }
+    void Refund(uint32_t cost) override { inner_.Refund(cost); }
+    void RecordRequest() override { inner_.RecordRequest(); }
     void RecordSuccess() override { inner_.RecordSuccess(); }
     const std::string& tenant() const override { return inner_.tenant(); }
     TenantStats Stats() const override { return inner_.Stats(); }

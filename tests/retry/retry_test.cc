@@ -301,6 +301,93 @@ TEST_F(RetryTest, CancellationDuringBackoffWakesAtOnceAndRefundsTheToken) {
   EXPECT_EQ(budget_.spent(), 0);
 }
 
+TEST_F(RetryTest, EachRetryCostsWhatRetryCostSaysOfTheErrorBeforeIt) {
+  RetryPolicy p = TestPolicy();
+  p.max_attempts = 4;
+  p.retry_cost = AwsRetryCost;
+  std::vector<absl::Status> errors = {absl::UnavailableError("down"),
+                                      absl::DeadlineExceededError("attempt timed out"),
+                                      absl::ResourceExhaustedError("busy"),
+                                      absl::UnavailableError("down")};
+  absl::Status s = Retry(budget_, p, Control(), [&](const Attempt& a) {
+    return errors[static_cast<size_t>(a.number - 1)];
+  });
+  EXPECT_EQ(s, absl::UnavailableError("down"));
+  EXPECT_THAT(budget_.costs_asked(), ElementsAre(5, 10, 5));
+  EXPECT_EQ(budget_.tokens(), 1'000'000 - 20);
+}
+
+TEST(AwsRetryCostTest, FiveForARetryableErrorTenForATimeout) {
+  EXPECT_EQ(AwsRetryCost(absl::UnavailableError("x")), 5u);
+  EXPECT_EQ(AwsRetryCost(absl::ResourceExhaustedError("x")), 5u);
+  EXPECT_EQ(AwsRetryCost(absl::DeadlineExceededError("x")), 10u);
+}
+
+TEST_F(RetryTest, ARetryDeniedForItsCostIsBudgetExhausted) {
+  FakeBudget budget(/*tokens=*/4);
+  RetryPolicy p = TestPolicy();
+  p.retry_cost = [](const absl::Status&) -> uint32_t { return 5; };
+  absl::Status s = Retry(budget, p, Control(), [](const Attempt&) {
+    return absl::UnavailableError("down");
+  });
+  EXPECT_TRUE(IsBudgetExhausted(s));
+  EXPECT_EQ(budget.tokens(), 4);  // all or nothing: no partial take
+  EXPECT_THAT(budget.costs_asked(), ElementsAre(5));
+}
+
+TEST_F(RetryTest, ACostOutOfRangeEndsTheCallNamingItAndTakesNothing) {
+  for (const uint32_t bad : {0u, TenantBudget::kMaxCost + 1}) {
+    FakeBudget budget;
+    RetryPolicy p = TestPolicy();
+    p.retry_cost = [bad](const absl::Status&) { return bad; };
+    int calls = 0;
+    absl::Status s = Retry(budget, p, Control(), [&](const Attempt&) {
+      ++calls;
+      return absl::UnavailableError("down");
+    });
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("RetryPolicy.retry_cost returned ", bad)));
+    EXPECT_THAT(s.message(), HasSubstr("down"));
+    EXPECT_EQ(calls, 1);
+    EXPECT_THAT(budget.costs_asked(), IsEmpty());
+  }
+}
+
+TEST_F(RetryTest, ARetryCancelledDuringItsBackoffRefundsItsCost) {
+  BlockingClock clock;
+  CallControl control = Control();
+  control.clock = &clock;
+  RetryPolicy p = TestPolicy();
+  p.retry_cost = [](const absl::Status&) -> uint32_t { return 7; };
+  absl::Status result;
+  std::thread caller([&] {
+    result = Retry(budget_, p, control, [&](const Attempt&) {
+      return absl::UnavailableError("down");
+    });
+  });
+  clock.WaitForSleeper();
+  EXPECT_EQ(budget_.tokens(), 1'000'000 - 7);
+  stop_.request_stop();
+  caller.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(budget_.costs_refunded(), ElementsAre(7));
+  EXPECT_EQ(budget_.tokens(), 1'000'000);
+}
+
+TEST_F(RetryTest, EachCallRecordsOneRequestWhateverItsAttempts) {
+  (void)Retry(budget_, TestPolicy(), Control(), [](const Attempt& a) {
+    return a.number < 3 ? absl::UnavailableError("down") : absl::OkStatus();
+  });
+  EXPECT_EQ(budget_.requests, 1);
+  (void)Retry(budget_, TestPolicy(), Control(), [](const Attempt&) {
+    return absl::InvalidArgumentError("bad");
+  });
+  EXPECT_EQ(budget_.requests, 2);
+  stop_.request_stop();  // a call that sends nothing is no request
+  (void)Retry(budget_, TestPolicy(), Control(), [](const Attempt&) { return absl::OkStatus(); });
+  EXPECT_EQ(budget_.requests, 2);
+}
+
 TEST_F(RetryTest, CancellationDuringRealClockBackoffReturnsPromptly) {
   RetryPolicy p = TestPolicy();
   p.initial_backoff = absl::Hours(1);

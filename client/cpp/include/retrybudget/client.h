@@ -5,15 +5,19 @@
 //   if (!client.ok()) return client.status();
 //   retrybudget::TenantBudget* budget = (*client)->Tenant("payments-db").value();
 //   ...
+//   budget->RecordRequest();                  // once per logical call (its first attempt)
 //   if (call failed && budget->TryAcquire()) { retry(); } else { fail now; }
 //   if (call succeeded) budget->RecordSuccess();
+//
+// A retry may cost more than one token (TryAcquire(cost): e.g. AWS's 5 per retryable error and
+// 10 per timeout, or an LLM call priced by its size); the budget counts tokens.
 //
 // Tenant() sends the tenant's first Sync at once; until its answer (about one round trip on a
 // live server) TryAcquire() denies. A program whose first action may be a retry waits for it
 // with TenantBudget::WaitReady(); Retry() (retrybudget/retry.h) does so within its backoff.
 //
-// The hot path (TryAcquire, RecordSuccess) is local: one atomic operation, no RPC, no lock, no
-// allocation. A background refresher (one thread per BudgetClient, whatever the number of
+// The hot path (TryAcquire, RecordRequest, RecordSuccess) is local: one atomic operation (a
+// second one for a cost above 1), no RPC, no lock, no allocation. A background refresher (one thread per BudgetClient, whatever the number of
 // tenants) leases tokens from the server with one Sync RPC for all tenants, reports successes,
 // returns unspent tokens, and is woken at once when a worker finds its lease empty.
 //
@@ -94,22 +98,35 @@ enum class FallbackMode {
 // Counters of one tenant in this process, cumulative since the client was created. While every
 // token came from leases (fallback_allowed == 0, no fallback tokens held), they add up:
 //
-//     tokens_received = retries_allowed + tokens_returned + tokens_held
+//     tokens_received = tokens_spent + tokens_returned + tokens_held
 //
-// A refunded token is back in the lease (tokens_held) and goes back to the server with the rest
-// (tokens_returned) when the lease is given back or expires, whichever Sync reported it spent.
+// (with every retry of cost 1, tokens_spent == retries_allowed). A refunded token is back in the
+// lease (tokens_held) and goes back to the server with the rest (tokens_returned) when the lease
+// is given back or expires, whichever Sync reported it spent.
 struct TenantStats {
   uint64_t successes = 0;
-  uint64_t retries_allowed = 0;   // TryAcquire() returned true, minus Refund() (lease + fallback)
-  uint64_t retries_denied = 0;    // TryAcquire() returned false
-  uint64_t fallback_allowed = 0;  // of retries_allowed, from the local fallback bucket
+  uint64_t requests = 0;          // RecordRequest() calls
+  // Retries allowed with tokens (TryAcquire() true, whatever the cost), minus Refund() calls that
+  // gave tokens back (lease + fallback). A count of retries.
+  uint64_t retries_allowed = 0;
+  uint64_t retries_denied = 0;    // TryAcquire() false (enforce mode), a count of retries
+  // Shadow mode: TryAcquire() calls that returned true without a token because enforcement
+  // would have denied them (would-be denials). A count of retries.
+  uint64_t shadow_denied = 0;
+  uint64_t tokens_spent = 0;      // tokens taken by the allowed retries, minus refunded tokens
+  uint64_t fallback_allowed = 0;  // of tokens_spent, tokens from the local fallback bucket
   uint64_t tokens_received = 0;   // granted by the server and received
   uint64_t tokens_returned = 0;   // leased tokens given back unspent (refunded ones included)
   int64_t tokens_held = 0;        // in the lease right now
-  uint64_t refunds = 0;           // Refund() calls (already deducted from retries_allowed)
+  uint64_t refunds = 0;           // Refund() calls that gave tokens back (not unbacked ones)
   // Of successes, those whose credit this process's fallback buckets deposited locally
   // (success-funded fallback; the server does not credit them again).
   uint64_t successes_credited_locally = 0;
+  // Of requests, those whose credit (SafeShare.request_credit) the fallback buckets deposited.
+  uint64_t requests_credited_locally = 0;
+  // The tenant is in shadow mode (the server's last applied answer said MODE_SHADOW): every
+  // TryAcquire() returns true; those enforcement would deny count in shadow_denied.
+  bool shadow = false;
   bool lease_active = false;      // a lease from the server is in force (tokens may be taken)
   BudgetMode mode = BudgetMode::kNoLease;  // where tokens come from right now
   // Why the server refused this tenant in the last Sync (e.g. NOT_FOUND on a strict server);
@@ -123,17 +140,38 @@ class TenantBudget {
  public:
   virtual ~TenantBudget() = default;
 
-  // Asks for one retry. Returns true when a token was taken (the retry may be sent), false when
-  // none is available (the retry must not be sent: fail the call now). Never blocks, never
-  // performs I/O; on false it wakes the refresher so a grant arrives within one round trip.
-  virtual bool TryAcquire() = 0;
+  // Costs a retry may have: [1, kMaxCost].
+  static constexpr uint32_t kMaxCost = 1'000'000;
 
-  // Gives back a token taken by TryAcquire() for a retry that was then never sent (for example
-  // cancelled during backoff). Call at most once per successful TryAcquire(). The token may be
-  // taken again; if not, it goes back to the server's bucket with the rest of the lease, and the
-  // server does not count it as a retry (TenantSync.retries_refunded), whether or not a Sync
-  // had already reported it spent. Never blocks.
-  virtual void Refund() = 0;
+  // Asks for one retry of `cost` tokens (1 to kMaxCost). Returns true when `cost` tokens were
+  // taken, all or nothing (the retry may be sent), false when fewer are available (the retry
+  // must not be sent: fail the call now). Never blocks, never performs I/O; on false it wakes
+  // the refresher so a grant arrives within one round trip. A cost out of range returns false,
+  // counts nothing and is logged (rate-limited).
+  //
+  // A tenant in shadow mode (the server's policy says MODE_SHADOW; TenantStats::shadow) takes
+  // the tokens when it can, exactly as in enforce mode; where enforce mode would return false it
+  // returns TRUE without a token, counts a would-be denial (TenantStats::shadow_denied) and
+  // wakes the refresher as a denial would (so leases evolve as if enforced).
+  virtual bool TryAcquire(uint32_t cost) = 0;
+  // TryAcquire(1).
+  bool TryAcquire() { return TryAcquire(1); }
+
+  // Gives back the `cost` tokens a TryAcquire(cost) took for a retry that was then never sent
+  // (for example cancelled during backoff). Call at most once per successful TryAcquire(), with
+  // its cost. The tokens may be taken again; if not, they go back to the server's bucket with
+  // the rest of the lease, and the server does not count them as spent
+  // (TenantSync.retries_refunded), whether or not a Sync had already reported them. In shadow
+  // mode a refund first cancels permits given without a token: while at least `cost` such
+  // tokens are out, it only lowers that count. Never blocks. A cost out of range does nothing
+  // (logged, rate-limited).
+  virtual void Refund(uint32_t cost) = 0;
+  // Refund(1).
+  void Refund() { Refund(1); }
+
+  // Records one logical call (its first attempt, before it is sent): the windowed policy's
+  // deposit (retry_ratio per request). The retry helpers call it once per call.
+  virtual void RecordRequest() = 0;
 
   // Records one successful logical call; it earns the budget `success_credit`.
   virtual void RecordSuccess() = 0;

@@ -12,13 +12,15 @@
 //
 // What one logical call does:
 //  * The first attempt is always sent (if the call is not already cancelled or past its
-//    deadline). The budget decides every RETRY: one TenantBudget::TryAcquire() per retry.
+//    deadline), after one TenantBudget::RecordRequest() (the call counted once, for a windowed
+//    policy's deposits). The budget decides every RETRY: one TenantBudget::TryAcquire(cost) per
+//    retry, `cost` from RetryPolicy::retry_cost (1 by default).
 //  * After a failed attempt, in this order: cancelled? -> retryable? -> attempts left? ->
 //    backoff (server pushback or full-jitter exponential) -> would the backoff end at or after
 //    the overall deadline? (then DEADLINE_EXCEEDED now, no token taken) -> the budget's first
-//    answer (TenantBudget::WaitReady(), see below) -> TryAcquire() (denied: the last error now,
-//    marked budget-exhausted) -> sleep through Clock::SleepUntil with the stop token (cancelled:
-//    the token is Refund()ed and CANCELLED returned at once) -> next attempt.
+//    answer (TenantBudget::WaitReady(), see below) -> TryAcquire(cost) (denied: the last error
+//    now, marked budget-exhausted) -> sleep through Clock::SleepUntil with the stop token
+//    (cancelled: the same cost is Refund()ed and CANCELLED returned at once) -> next attempt.
 //  * A new client has no lease until the server's first answer (about one round trip after
 //    Tenant()), so a retry then would be denied. Before taking a token the loop waits for that
 //    answer, for at most the retry's backoff ceiling (min(max_backoff, initial_backoff *
@@ -79,7 +81,23 @@ struct RetryPolicy {
   // `retryable_codes` AND this returns true (e.g. to refuse errors that carry a "permanent"
   // payload). Called on the calling thread.
   std::function<bool(const absl::Status&)> is_retryable = nullptr;
+  // The tokens the retry after a failed attempt costs (TenantBudget::TryAcquire(cost)), given
+  // that attempt's error; empty: 1 per retry. A constant: `[](const absl::Status&) { return 5; }`.
+  // A retry refunded (never sent) gives back the cost it took. Must return a cost in
+  // [1, TenantBudget::kMaxCost]; another value ends the call with INVALID_ARGUMENT (naming it and
+  // the last error), no token taken. Called on the calling thread, once per retry.
+  //
+  // AWS's SDKs price retries this way (their standard retry quota: a 500-token bucket, 5 per
+  // retryable error, 10 per timeout, a success refunds): AwsRetryCost() below. A caller may also
+  // price an attempt itself, e.g. an LLM call by its request size.
+  std::function<uint32_t(const absl::Status&)> retry_cost = nullptr;
 };
+
+// AWS's shape of RetryPolicy::retry_cost: 10 tokens for a retry after a timeout
+// (DEADLINE_EXCEEDED), 5 after any other error.
+//
+//   retrybudget::RetryPolicy policy{.retry_cost = retrybudget::AwsRetryCost};
+uint32_t AwsRetryCost(const absl::Status& error);
 
 // OK, or INVALID_ARGUMENT naming the first bad field and its value.
 absl::Status ValidateRetryPolicy(const RetryPolicy& policy);

@@ -29,6 +29,12 @@
 // not retry" (the failure is returned as is). Pushback never makes a non-retryable code
 // retryable.
 //
+// The budget is used as by Retry(): one RecordRequest() per call, before its first attempt; one
+// TryAcquire(cost) per retry, the cost from RetryPolicy::retry_cost given the failed attempt's
+// status as StatusFromGrpc() makes it (an attempt that ran out of time is DEADLINE_EXCEEDED), so
+// AWS's pricing is `RetryPolicy{.retry_cost = AwsRetryCost}`: 5 tokens for a retryable error, 10
+// for a timeout.
+//
 // Thread-safety: as Retry(); the stub must be usable from the calling thread (generated gRPC
 // stubs are thread-safe). The RPC runs on the calling thread.
 #ifndef RETRYBUDGET_RETRY_GRPC_H_
