@@ -165,3 +165,35 @@ func TestServerShadowModeSwitchedLiveIsFollowedWithoutARestart(t *testing.T) {
 		t.Fatal("10 more retries from a bucket of 2, all allowed once enforced")
 	}
 }
+
+// The windowed bound through the Go client: every request reported once, every retry counted,
+// and no more retries than the floor's 5 tokens + 0.5 x 40 requests.
+func TestServerWindowedTenantStaysWithinTheFloorAndItsRequestsDeposits(t *testing.T) {
+	// A floor of 0.5 retries a second over a window of 10 s (5 tokens), and 0.5 a request.
+	s := startServer(t, `tenants { tenant: "window" policy { retry_ratio: 0.5 `+
+		"min_retries_per_second: 0.5 ttl_ms: 10000 } }\n")
+	c := newClient(t, s.target())
+	b := tenantOf(t, c, "window")
+	waitForLease(t, b) // the first report is the baseline
+	for i := 0; i < 40; i++ {
+		b.RecordRequest()
+	}
+	var allowed uint64
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if b.TryAcquire() {
+			allowed++
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st := getBudget(t, s.target(), "window")
+	t.Logf("floor 5 + 40 requests at 0.5: %d retries allowed; the server counts %d requests, "+
+		"%d tokens spent", allowed, st.RequestsTotal, st.RetriesTotal)
+	if allowed > 5+20 || st.RequestsTotal != 40 || st.RetriesTotal != allowed {
+		t.Fatalf("%d retries (at most 25); server: %d requests, %d tokens", allowed,
+			st.RequestsTotal, st.RetriesTotal)
+	}
+}
