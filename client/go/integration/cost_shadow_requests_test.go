@@ -191,7 +191,8 @@ func TestServerWindowedTenantStaysWithinTheFloorAndItsRequestsDeposits(t *testin
 	}
 	st := getBudget(t, s.target(), "window")
 	t.Logf("floor 5 + 40 requests at 0.5: %d retries allowed; the server counts %d requests, "+
-		"%d tokens spent", allowed, st.RequestsTotal, st.RetriesTotal)
+		"%d tokens spent, %.2f deposits in the window, %.2f tokens grantable", allowed,
+		st.RequestsTotal, st.RetriesTotal, st.WindowDeposits, st.Tokens)
 	if allowed > 5+20 || st.RequestsTotal != 40 || st.RetriesTotal != allowed {
 		t.Fatalf("%d retries (at most 25); server: %d requests, %d tokens", allowed,
 			st.RequestsTotal, st.RetriesTotal)
