@@ -11,7 +11,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "retrybudget/v1/budget.grpc.pb.h"
 #include "tests/ops/ops_test_util.h"
 
 namespace retrybudget::testing {
@@ -19,6 +21,18 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+
+// The value in column `name` of row `row` (1: the first budget) of `budgetctl list`'s table.
+std::string Column(const std::string& table, size_t row, const std::string& name) {
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  if (row >= lines.size()) return "(no row " + std::to_string(row) + ")";
+  const std::vector<std::string> header = absl::StrSplit(lines[0], ' ', absl::SkipEmpty());
+  const std::vector<std::string> cells = absl::StrSplit(lines[row], ' ', absl::SkipEmpty());
+  for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
+    if (header[i] == name) return cells[i];
+  }
+  return "(no column " + name + ")";
+}
 
 class BudgetctlTest : public ::testing::Test {
  protected:
@@ -32,6 +46,26 @@ class BudgetctlTest : public ::testing::Test {
   CommandResult Ctl(const std::string& args, const std::string& env = "") {
     return RunCommand(absl::StrCat("env -u RETRY_BUDGET_TOKEN -u RETRY_BUDGET_SERVER ", env, " ",
                                    BUDGETCTL_BINARY, " ", args, " --server=", server_->address()));
+  }
+
+  // One Sync of `tenant` by instance `instance`, as a client reports its cumulative counters.
+  void Sync(const std::string& instance, uint64_t seq, const std::string& tenant,
+            const v1::TenantSync& counters) {
+    auto stub = v1::RetryBudgetService::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::SyncRequest request;
+    request.set_instance_id(instance);
+    request.set_seq(seq);
+    v1::TenantSync* entry = request.add_tenants();
+    *entry = counters;
+    entry->set_tenant(tenant);
+    v1::SyncResponse response;
+    const grpc::Status s = stub->Sync(&context, request, &response);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(response.tenants_size(), 1);
+    ASSERT_FALSE(response.tenants(0).has_error()) << response.tenants(0).error().message();
   }
 
   std::unique_ptr<OpsServer> server_;
@@ -79,6 +113,118 @@ TEST_F(BudgetctlTest, PutGetListWatchDelete) {
   EXPECT_THAT(r.output, Not(HasSubstr("search")));
 }
 
+TEST_F(BudgetctlTest, PutsAWindowedShadowPolicyAndModeSwitchesOnlyTheMode) {
+  CommandResult r = Ctl(
+      "put checkout --retry-ratio=0.5 --min-retries-per-second=2 --ttl-ms=5000 --mode=shadow");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("policy of \"checkout\" set: windowed: retry ratio 0.5, min 2 "
+                                  "retries/s, ttl 5000 ms, lease 500 ms, mode shadow"));
+  r = Ctl("get checkout");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("mode:              shadow"));
+  EXPECT_THAT(r.output, HasSubstr("grantable now (deposits "));
+
+  r = Ctl("mode checkout enforce");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("windowed: retry ratio 0.5, min 2 retries/s, ttl 5000 ms, "
+                                  "lease 500 ms, mode enforce"));
+  r = Ctl("get checkout --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("\"mode\":\"MODE_ENFORCE\""));
+  EXPECT_THAT(r.output, HasSubstr("\"retry_ratio\":0.5"));
+  EXPECT_THAT(r.output, HasSubstr("\"ttl_ms\":\"5000\""));
+  EXPECT_THAT(r.output, HasSubstr("\"window_deposits\":"));
+
+  // A token bucket keeps its fields through a switch, and its level.
+  ASSERT_EQ(Ctl("put payments --capacity=40 --refill=0 --credit=0.5 --initial=7").exit_code, 0);
+  r = Ctl("mode payments shadow");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("capacity 40, refill 0/s, credit 0.5 per success, initial 7, "
+                                  "lease 5000 ms, mode shadow; tokens now 7.00"));
+
+  r = Ctl("list");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> lines = absl::StrSplit(r.output, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << r.output;
+  EXPECT_TRUE(absl::StartsWith(lines[1], "checkout  enforce")) << r.output;
+  EXPECT_TRUE(absl::StartsWith(lines[2], "payments  shadow ")) << r.output;
+  EXPECT_EQ(Column(r.output, 1, "RATIO"), "0.5");
+  EXPECT_EQ(Column(r.output, 1, "MIN/S"), "2");
+  EXPECT_EQ(Column(r.output, 1, "TTL_MS"), "5000");
+  EXPECT_EQ(Column(r.output, 1, "CAPACITY"), "-");
+  EXPECT_EQ(Column(r.output, 2, "CAPACITY"), "40");
+  EXPECT_EQ(Column(r.output, 2, "RATIO"), "-");
+  r = Ctl("list --json");
+  EXPECT_THAT(r.output, HasSubstr("\"mode\":\"MODE_SHADOW\""));
+}
+
+TEST_F(BudgetctlTest, GetListAndWatchShowTheNewTotals) {
+  ASSERT_EQ(Ctl("put dry --capacity=100 --mode=shadow").exit_code, 0);
+  v1::TenantSync first;
+  first.set_want(10);
+  Sync("worker", 1, "dry", first);  // a baseline, granted 10
+  v1::TenantSync next;
+  next.set_tokens_received(10);
+  next.set_requests(40);
+  next.set_retries_spent(6);  // two retries of cost 3
+  next.set_retries_allowed(2);
+  next.set_shadow_denied(5);
+  Sync("worker", 2, "dry", next);
+
+  CommandResult r = Ctl("get dry");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("requests:          40\n"));
+  EXPECT_THAT(r.output, HasSubstr("retries:           6 tokens sent"));
+  EXPECT_THAT(r.output, HasSubstr("retries allowed:   2 (mean cost 3 tokens)"));
+  EXPECT_THAT(r.output, HasSubstr("shadow denied:     5 (would-be denials"));
+  r = Ctl("get dry --json");
+  EXPECT_THAT(r.output, HasSubstr("\"shadow_denied_total\":\"5\""));
+  EXPECT_THAT(r.output, HasSubstr("\"requests_total\":\"40\""));
+  EXPECT_THAT(r.output, HasSubstr("\"retries_allowed_total\":\"2\""));
+  r = Ctl("list");
+  EXPECT_EQ(Column(r.output, 1, "MODE"), "shadow") << r.output;
+  EXPECT_EQ(Column(r.output, 1, "REQUESTS"), "40") << r.output;
+  EXPECT_EQ(Column(r.output, 1, "RETRIES"), "6") << r.output;
+  EXPECT_EQ(Column(r.output, 1, "ALLOWED"), "2") << r.output;
+  EXPECT_EQ(Column(r.output, 1, "DENIED"), "0") << r.output;
+  EXPECT_EQ(Column(r.output, 1, "SHADOW_DENIED"), "5") << r.output;
+  r = Ctl("watch dry --count=1");
+  EXPECT_THAT(r.output, HasSubstr("shadow-denied +0"));
+}
+
+TEST_F(BudgetctlTest, ModeOfATenantWithoutABudgetIsRefusedAndCreatesNothing) {
+  const CommandResult r = Ctl("mode nobody shadow");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("GetBudget(\"nobody\") failed: NOT_FOUND"));
+  EXPECT_THAT(r.output, HasSubstr("budgetctl put nobody --mode="));
+  EXPECT_THAT(Ctl("list").output, HasSubstr("(no budgets)"));
+}
+
+TEST_F(BudgetctlTest, AnUnknownModeNamesTheFlagAndTheValueAndSendsNothing) {
+  ASSERT_EQ(Ctl("put kept --capacity=9 --mode=shadow").exit_code, 0);
+  CommandResult r = Ctl("put kept --capacity=9 --mode=dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--mode=\"dry-run\" is not a mode (enforce or shadow)"));
+  r = Ctl("mode kept Shadow");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("MODE \"Shadow\" is not a mode (enforce or shadow)"));
+  r = Ctl("put kept --retry-ratio=lots");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--retry-ratio=\"lots\" is not a number"));
+  r = Ctl("get kept");
+  EXPECT_THAT(r.output, HasSubstr("mode:              shadow"));
+  EXPECT_THAT(r.output, HasSubstr("capacity 9,"));
+}
+
+TEST_F(BudgetctlTest, APolicyOfBothShapesIsRefusedByTheServerNamingTheFields) {
+  const CommandResult r = Ctl("put mixed --capacity=10 --retry-ratio=0.2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("PutPolicy(\"mixed\") failed: INVALID_ARGUMENT"));
+  EXPECT_THAT(r.output, HasSubstr("capacity"));
+  EXPECT_THAT(r.output, HasSubstr("retry_ratio"));
+  EXPECT_THAT(Ctl("list").output, HasSubstr("(no budgets)"));
+}
+
 TEST_F(BudgetctlTest, RefusedByTheServerExitsOneWithTheStatus) {
   CommandResult r = Ctl("get nobody");
   EXPECT_EQ(r.exit_code, 1);
@@ -104,7 +250,10 @@ TEST_F(BudgetctlTest, UnreachableServerExitsOneWithUnavailable) {
 TEST_F(BudgetctlTest, BadCommandLinesExitTwoAndSendNothing) {
   for (const char* args : {"", "frobnicate", "get", "put", "get a b", "list --bogus",
                            "get a --capacity=1", "put a --capacity=lots", "watch a --count=0",
-                           "watch a --interval=-1s", "list --timeout"}) {
+                           "watch a --interval=-1s", "list --timeout", "put a --mode=dry",
+                           "put a --mode", "mode a", "mode a dry", "mode a shadow extra",
+                           "get a --mode=shadow", "mode a shadow --capacity=1",
+                           "put a --ttl-ms=1.5"}) {
     const CommandResult r = Ctl(args);
     EXPECT_EQ(r.exit_code, 2) << "budgetctl " << args << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr("Usage: budgetctl")) << args;

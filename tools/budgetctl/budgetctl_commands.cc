@@ -32,10 +32,33 @@ std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
+bool Windowed(const v1::BudgetPolicy& p) {
+  return p.has_retry_ratio() || p.has_min_retries_per_second() || p.has_ttl_ms();
+}
+
+std::string ModeName(v1::Mode mode) { return mode == v1::MODE_SHADOW ? "shadow" : "enforce"; }
+
+// The policy's shape and fields (a status's policy has every field of its shape set).
 std::string PolicySummary(const v1::BudgetPolicy& p) {
-  return absl::StrCat("capacity ", Num(p.capacity()), ", refill ", Num(p.refill_per_second()),
-                      "/s, credit ", Num(p.success_credit()), " per success, initial ",
-                      Num(p.initial_tokens()), ", lease ", p.lease_ttl_ms(), " ms");
+  const std::string shape =
+      Windowed(p) ? absl::StrCat("windowed: retry ratio ", Num(p.retry_ratio()), ", min ",
+                                 Num(p.min_retries_per_second()), " retries/s, ttl ",
+                                 p.ttl_ms(), " ms")
+                  : absl::StrCat("capacity ", Num(p.capacity()), ", refill ",
+                                 Num(p.refill_per_second()), "/s, credit ",
+                                 Num(p.success_credit()), " per success, initial ",
+                                 Num(p.initial_tokens()));
+  return absl::StrCat(shape, ", lease ", p.lease_ttl_ms(), " ms");
+}
+
+// A shape's field in the table: "-" where the tenant's shape has no such field.
+std::string Field(bool applies, double v) { return applies ? Num(v) : "-"; }
+
+// Tokens per retry allowed ("-" before any).
+std::string MeanCost(const v1::BudgetStatus& b) {
+  if (b.retries_allowed_total() == 0) return "-";
+  return Num(static_cast<double>(b.retries_total() + b.refunded_total()) /
+             static_cast<double>(b.retries_allowed_total()));
 }
 
 }  // namespace
@@ -60,14 +83,21 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 
 std::string FormatTable(const std::vector<v1::BudgetStatus>& budgets) {
   std::vector<std::vector<std::string>> rows;
-  rows.push_back({"TENANT", "TOKENS", "CAPACITY", "REFILL/S", "CREDIT", "LEASE_MS", "ACTIVE",
-                  "GRANTED", "RETRIES", "DENIED", "SUCCESSES", "FALLBACK", "POLICY"});
+  rows.push_back({"TENANT", "MODE", "TOKENS", "CAPACITY", "REFILL/S", "CREDIT", "RATIO",
+                  "MIN/S", "TTL_MS", "LEASE_MS", "ACTIVE", "GRANTED", "REQUESTS", "RETRIES",
+                  "ALLOWED", "DENIED", "SHADOW_DENIED", "SUCCESSES", "FALLBACK", "POLICY"});
   for (const v1::BudgetStatus& b : budgets) {
-    rows.push_back({b.tenant(), absl::StrFormat("%.1f", b.tokens()),
-                    Num(b.policy().capacity()), Num(b.policy().refill_per_second()),
-                    Num(b.policy().success_credit()), absl::StrCat(b.policy().lease_ttl_ms()),
-                    absl::StrCat(b.active_instances()), absl::StrCat(b.granted_total()),
-                    absl::StrCat(b.retries_total()), absl::StrCat(b.retries_denied_total()),
+    const v1::BudgetPolicy& p = b.policy();
+    const bool windowed = Windowed(p);
+    rows.push_back({b.tenant(), ModeName(p.mode()), absl::StrFormat("%.1f", b.tokens()),
+                    Field(!windowed, p.capacity()), Field(!windowed, p.refill_per_second()),
+                    Field(!windowed, p.success_credit()), Field(windowed, p.retry_ratio()),
+                    Field(windowed, p.min_retries_per_second()),
+                    Field(windowed, static_cast<double>(p.ttl_ms())),
+                    absl::StrCat(p.lease_ttl_ms()), absl::StrCat(b.active_instances()),
+                    absl::StrCat(b.granted_total()), absl::StrCat(b.requests_total()),
+                    absl::StrCat(b.retries_total()), absl::StrCat(b.retries_allowed_total()),
+                    absl::StrCat(b.retries_denied_total()), absl::StrCat(b.shadow_denied_total()),
                     absl::StrCat(b.successes_total()), absl::StrCat(b.fallback_retries_total()),
                     b.explicit_policy() ? "explicit" : "default"});
   }
@@ -79,8 +109,8 @@ std::string FormatTable(const std::vector<v1::BudgetStatus>& budgets) {
   for (const auto& row : rows) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
-      // Tenant and policy left-aligned, numbers right-aligned.
-      const bool left = i == 0 || i + 1 == row.size();
+      // Tenant, mode and policy left-aligned, numbers right-aligned.
+      const bool left = i <= 1 || i + 1 == row.size();
       if (i > 0) line += "  ";
       line += left ? absl::StrFormat("%-*s", widths[i], row[i])
                    : absl::StrFormat("%*s", widths[i], row[i]);
@@ -93,18 +123,36 @@ std::string FormatTable(const std::vector<v1::BudgetStatus>& budgets) {
 }
 
 std::string FormatBudget(const v1::BudgetStatus& b) {
+  const v1::BudgetPolicy& p = b.policy();
+  const bool windowed = Windowed(p);
+  // A windowed budget's level is what may be granted now: the floor of one window plus the
+  // live deposits, less the live grants.
+  const std::string level =
+      windowed ? absl::StrCat(absl::StrFormat("%.2f", b.tokens()), " grantable now (deposits ",
+                              absl::StrFormat("%.2f", b.window_deposits()),
+                              " within the last ttl)")
+               : absl::StrCat(absl::StrFormat("%.2f", b.tokens()), " / ", Num(p.capacity()));
+  const std::string mode =
+      p.mode() == v1::MODE_SHADOW
+          ? "shadow (a dry run: clients allow every retry and count the would-be denials)"
+          : "enforce";
   return absl::StrCat(
       "tenant:            ", b.tenant(), "\n",
-      "policy:            ", PolicySummary(b.policy()),
+      "mode:              ", mode, "\n",
+      "policy:            ", PolicySummary(p),
       b.explicit_policy() ? " (explicit)" : " (default policy)", "\n",
-      "tokens:            ", absl::StrFormat("%.2f", b.tokens()), " / ",
-      Num(b.policy().capacity()), "\n",
+      "tokens:            ", level, "\n",
       "active instances:  ", b.active_instances(), "\n",
       "granted tokens:    ", b.granted_total(), "\n",
       "wanted tokens:     ", b.wanted_total(), "\n",
-      "retries:           ", b.retries_total(), " sent (", b.fallback_retries_total(),
+      "requests:          ", b.requests_total(), "\n",
+      "retries:           ", b.retries_total(), " tokens sent (", b.fallback_retries_total(),
       " from fallback; ", b.refunded_total(), " more refunded unsent)\n",
+      "retries allowed:   ", b.retries_allowed_total(), " (mean cost ", MeanCost(b),
+      " tokens)\n",
       "retries denied:    ", b.retries_denied_total(), "\n",
+      "shadow denied:     ", b.shadow_denied_total(),
+      " (would-be denials: allowed in shadow mode, denied if enforced)\n",
       "successes:         ", b.successes_total(), "\n",
       "returned tokens:   ", b.returned_total(), "\n",
       "reclaimed tokens:  ", b.reclaimed_total(), "\n");
@@ -176,6 +224,8 @@ int Commands::Run(const Invocation& inv, const std::atomic<bool>& stop) {
       return Get(inv);
     case Command::kPut:
       return Put(inv);
+    case Command::kMode:
+      return SetMode(inv);
     case Command::kDelete:
       return Delete(inv);
     case Command::kWatch:
@@ -247,14 +297,24 @@ int Commands::Get(const Invocation& inv) {
 }
 
 int Commands::Put(const Invocation& inv) {
+  v1::BudgetPolicy p;
+  const PolicyFlags& f = inv.policy;
+  if (f.capacity) p.set_capacity(*f.capacity);
+  if (f.refill_per_second) p.set_refill_per_second(*f.refill_per_second);
+  if (f.success_credit) p.set_success_credit(*f.success_credit);
+  if (f.initial_tokens) p.set_initial_tokens(*f.initial_tokens);
+  if (f.lease_ttl_ms) p.set_lease_ttl_ms(*f.lease_ttl_ms);
+  if (f.retry_ratio) p.set_retry_ratio(*f.retry_ratio);
+  if (f.min_retries_per_second) p.set_min_retries_per_second(*f.min_retries_per_second);
+  if (f.ttl_ms) p.set_ttl_ms(*f.ttl_ms);
+  if (f.mode) p.set_mode(*f.mode == PolicyMode::kShadow ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
+  return PutPolicy(inv, p);
+}
+
+int Commands::PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy) {
   v1::PutPolicyRequest request;
   request.set_tenant(inv.tenant);
-  v1::BudgetPolicy& p = *request.mutable_policy();
-  if (inv.policy.capacity) p.set_capacity(*inv.policy.capacity);
-  if (inv.policy.refill_per_second) p.set_refill_per_second(*inv.policy.refill_per_second);
-  if (inv.policy.success_credit) p.set_success_credit(*inv.policy.success_credit);
-  if (inv.policy.initial_tokens) p.set_initial_tokens(*inv.policy.initial_tokens);
-  if (inv.policy.lease_ttl_ms) p.set_lease_ttl_ms(*inv.policy.lease_ttl_ms);
+  *request.mutable_policy() = policy;
   v1::PutPolicyResponse response;
   const grpc::Status status =
       CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
@@ -264,10 +324,34 @@ int Commands::Put(const Invocation& inv) {
   if (inv.json) {
     out_ << ToJson(response.budget()) << "\n";
   } else {
-    out_ << "policy of \"" << inv.tenant << "\" set: " << PolicySummary(response.budget().policy())
-         << "; tokens now " << absl::StrFormat("%.2f", response.budget().tokens()) << "\n";
+    const v1::BudgetPolicy& now = response.budget().policy();
+    out_ << "policy of \"" << inv.tenant << "\" set: " << PolicySummary(now) << ", mode "
+         << ModeName(now.mode()) << "; tokens now "
+         << absl::StrFormat("%.2f", response.budget().tokens()) << "\n";
   }
   return kExitOk;
+}
+
+int Commands::SetMode(const Invocation& inv) {
+  // The current policy, every field of its shape set: put back with only the mode changed.
+  // (Two calls, not one transaction: a policy put by someone else in between is overwritten.)
+  v1::GetBudgetRequest request;
+  request.set_tenant(inv.tenant);
+  v1::GetBudgetResponse current;
+  const grpc::Status status =
+      CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
+        return stub.GetBudget(&context, request, &current);
+      });
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      err_ << "budgetctl: hint: `budgetctl put " << inv.tenant
+           << " --mode=...` creates a budget in that mode\n";
+    }
+    return Failed(absl::StrCat("GetBudget(\"", inv.tenant, "\")"), status);
+  }
+  v1::BudgetPolicy p = current.budget().policy();
+  p.set_mode(inv.mode == PolicyMode::kShadow ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
+  return PutPolicy(inv, p);
 }
 
 int Commands::Delete(const Invocation& inv) {
@@ -316,8 +400,12 @@ int Commands::Watch(const Invocation& inv, const std::atomic<bool>& stop) {
            << delta(b.granted_total(), &v1::BudgetStatus::granted_total) << "  retries "
            << delta(b.retries_total(), &v1::BudgetStatus::retries_total) << "  denied "
            << delta(b.retries_denied_total(), &v1::BudgetStatus::retries_denied_total)
-           << "  successes " << delta(b.successes_total(), &v1::BudgetStatus::successes_total)
-           << std::endl;
+           << "  successes " << delta(b.successes_total(), &v1::BudgetStatus::successes_total);
+      if (b.policy().mode() == v1::MODE_SHADOW) {
+        out_ << "  shadow-denied "
+             << delta(b.shadow_denied_total(), &v1::BudgetStatus::shadow_denied_total);
+      }
+      out_ << std::endl;
     }
     previous = b;
   }

@@ -36,7 +36,7 @@ std::string FormatBudget(const v1::BudgetStatus& budget);
 std::string ToJson(const google::protobuf::Message& message);
 
 // Not thread-safe. Prints results to `out`, errors to `err`. The calls about one tenant (get,
-// put, delete, watch) follow the tenant's owner in cluster mode (tools/admin/
+// put, mode, delete, watch) follow the tenant's owner in cluster mode (tools/admin/
 // owner_following_call.h) through stubs from `owner_stubs` (null: channels to the owner with
 // the credentials `connection` asks for), and wait out UNAVAILABLE for up to --timeout.
 class Commands {
@@ -53,6 +53,9 @@ class Commands {
   int Shards(const Invocation& inv);
   int Get(const Invocation& inv);
   int Put(const Invocation& inv);
+  int SetMode(const Invocation& inv);
+  // PutPolicy(inv.tenant, policy), following the owner; prints the outcome.
+  int PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy);
   int Delete(const Invocation& inv);
   int Watch(const Invocation& inv, const std::atomic<bool>& stop);
 

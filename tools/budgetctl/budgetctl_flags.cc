@@ -23,7 +23,8 @@ constexpr FlagSpec kFlags[] = {
     {"server", true},   {"token", true},        {"tls-ca", true},   {"tls-cert", true},
     {"tls-key", true},  {"timeout", true},      {"json", false},    {"capacity", true},
     {"refill", true},   {"credit", true},       {"initial", true},  {"lease-ttl-ms", true},
-    {"interval", true}, {"count", true},        {"help", false},
+    {"interval", true}, {"count", true},        {"help", false},    {"mode", true},
+    {"retry-ratio", true}, {"min-retries-per-second", true}, {"ttl-ms", true},
 };
 
 const FlagSpec* FindFlag(absl::string_view name) {
@@ -41,7 +42,10 @@ std::set<std::string> CommandFlags(Command c) {
     case Command::kShards:
       return {"json"};
     case Command::kPut:
-      return {"json", "capacity", "refill", "credit", "initial", "lease-ttl-ms"};
+      return {"json", "capacity", "refill", "credit", "initial", "lease-ttl-ms", "mode",
+              "retry-ratio", "min-retries-per-second", "ttl-ms"};
+    case Command::kMode:
+      return {"json"};
     case Command::kDelete:
       return {};
     case Command::kWatch:
@@ -87,16 +91,40 @@ absl::StatusOr<absl::Duration> ParsePositiveDuration(absl::string_view flag,
   return d;
 }
 
+// `what` names where the word came from (a flag or an argument) in the error.
+absl::StatusOr<PolicyMode> ParseMode(absl::string_view what, absl::string_view word) {
+  if (word == "enforce") return PolicyMode::kEnforce;
+  if (word == "shadow") return PolicyMode::kShadow;
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, "\"", word, "\" is not a mode (enforce or shadow)"));
+}
+
+// Positional arguments after the command word.
+size_t ArgumentsOf(Command c) {
+  switch (c) {
+    case Command::kList:
+    case Command::kShards:
+    case Command::kHelp:
+      return 0;
+    case Command::kMode:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 absl::StatusOr<Command> ParseCommand(absl::string_view word) {
   if (word == "list") return Command::kList;
   if (word == "get") return Command::kGet;
   if (word == "put") return Command::kPut;
+  if (word == "mode") return Command::kMode;
   if (word == "delete") return Command::kDelete;
   if (word == "watch") return Command::kWatch;
   if (word == "shards") return Command::kShards;
   if (word == "help") return Command::kHelp;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown command \"", word, "\" (commands: list, get, put, delete, watch, shards, help)"));
+      "unknown command \"", word,
+      "\" (commands: list, get, put, mode, delete, watch, shards, help)"));
 }
 
 }  // namespace
@@ -109,8 +137,17 @@ Commands:
   get TENANT                  one budget: policy, level, instances, totals (--json: JSON)
   put TENANT [POLICY FLAGS]   create a budget or change its policy (the level is kept, capped
                               at the new capacity); unset fields take the server's defaults
+                              (the mode too: enforce)
       --capacity=TOKENS --refill=TOKENS_PER_S --credit=TOKENS_PER_SUCCESS
       --initial=TOKENS --lease-ttl-ms=MS
+                              the token bucket shape, or the windowed ratio shape (Linkerd's
+                              retryBudget; setting any makes the policy windowed, and then no
+                              token bucket flag may be set):
+      --retry-ratio=R --min-retries-per-second=F --ttl-ms=MS
+      --mode=enforce|shadow   shadow: a dry run (clients allow every retry and count the ones
+                              enforcement would deny); default enforce
+  mode TENANT enforce|shadow  switch only the mode, keeping the rest of the current policy
+                              (reads it, then puts it back with the new mode)
   delete TENANT               forget a budget and its explicit policy
   watch TENANT                print the level live, one line per sample, until Ctrl-C
       --interval=1s           time between samples
@@ -124,11 +161,11 @@ Connection flags (any command):
                               `authorization: Bearer TOKEN`
   --tls_ca=PEM                use TLS, trusting this CA; --tls_cert=PEM --tls_key=PEM add a
                               client certificate (mutual TLS)
-  --timeout=10s               deadline of each RPC; get, put, delete and watch also retry
+  --timeout=10s               deadline of each RPC; get, put, mode, delete and watch also retry
                               UNAVAILABLE (no owner of the tenant's shard yet, a server that
                               is not up) with backoff for this long
 
-Cluster mode: get, put, delete and watch go through any server to the tenant's owner (a
+Cluster mode: get, put, mode, delete and watch go through any server to the tenant's owner (a
 non-owner names it in the trailing metadata retry-budget-owner).
 
 Exit codes: 0 ok; 1 the server refused the request or could not be reached (the gRPC status
@@ -207,11 +244,12 @@ absl::StatusOr<Invocation> ParseInvocation(
     return inv;
   }
 
-  const bool takes_tenant = inv.command != Command::kList && inv.command != Command::kShards;
-  const size_t want_args = takes_tenant ? 2 : 1;
+  const bool takes_tenant = ArgumentsOf(inv.command) > 0;
+  const size_t want_args = 1 + ArgumentsOf(inv.command);
   if (positional.size() < want_args) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("command \"", positional[0], "\" needs a TENANT argument"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "command \"", positional[0], "\" needs ",
+        inv.command == Command::kMode ? "TENANT and MODE arguments" : "a TENANT argument"));
   }
   if (positional.size() > want_args) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"",
@@ -224,6 +262,11 @@ absl::StatusOr<Invocation> ParseInvocation(
   if (takes_tenant) {
     inv.tenant = positional[1];
     if (inv.tenant.empty()) return absl::InvalidArgumentError("TENANT must not be empty");
+  }
+  if (inv.command == Command::kMode) {
+    absl::StatusOr<PolicyMode> mode = ParseMode("MODE ", positional[2]);
+    if (!mode.ok()) return mode.status();
+    inv.mode = *mode;
   }
 
   const std::set<std::string> allowed = CommandFlags(inv.command);
@@ -256,10 +299,18 @@ absl::StatusOr<Invocation> ParseInvocation(
       if (name == "refill") inv.policy.refill_per_second = *d;
       if (name == "credit") inv.policy.success_credit = *d;
       if (name == "initial") inv.policy.initial_tokens = *d;
-    } else if (name == "lease-ttl-ms") {
+    } else if (name == "retry-ratio" || name == "min-retries-per-second") {
+      absl::StatusOr<double> d = ParseDouble(name, value);
+      if (!d.ok()) return d.status();
+      (name == "retry-ratio" ? inv.policy.retry_ratio : inv.policy.min_retries_per_second) = *d;
+    } else if (name == "lease-ttl-ms" || name == "ttl-ms") {
       absl::StatusOr<int64_t> i = ParseInt(name, value);
       if (!i.ok()) return i.status();
-      inv.policy.lease_ttl_ms = *i;
+      (name == "ttl-ms" ? inv.policy.ttl_ms : inv.policy.lease_ttl_ms) = *i;
+    } else if (name == "mode") {
+      absl::StatusOr<PolicyMode> mode = ParseMode("--mode=", value);
+      if (!mode.ok()) return mode.status();
+      inv.policy.mode = *mode;
     } else if (name == "interval") {
       absl::StatusOr<absl::Duration> d = ParsePositiveDuration(name, value);
       if (!d.ok()) return d.status();

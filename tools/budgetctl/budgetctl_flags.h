@@ -21,7 +21,10 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitRpcFailed = 1;  // the server refused the request or was unreachable
 inline constexpr int kExitUsage = 2;      // bad command line (nothing was sent)
 
-enum class Command { kHelp, kList, kGet, kPut, kDelete, kWatch, kShards };
+enum class Command { kHelp, kList, kGet, kPut, kMode, kDelete, kWatch, kShards };
+
+// A budget's mode (budget.proto's Mode): enforce, or shadow (a dry run).
+enum class PolicyMode { kEnforce, kShadow };
 
 // How to reach the server.
 struct Connection {
@@ -36,19 +39,27 @@ struct Connection {
   absl::Duration timeout = absl::Seconds(10);
 };
 
-// The policy fields `put` sets; unset fields take the server's defaults (budget.proto).
+// The policy fields `put` sets; unset fields take the server's defaults (budget.proto). Any of
+// the windowed fields (retry_ratio, min_retries_per_second, ttl_ms) makes the policy windowed;
+// the server refuses one that also sets a token bucket field.
 struct PolicyFlags {
   std::optional<double> capacity;
   std::optional<double> refill_per_second;
   std::optional<double> success_credit;
   std::optional<double> initial_tokens;
   std::optional<int64_t> lease_ttl_ms;
+  std::optional<PolicyMode> mode;
+  std::optional<double> retry_ratio;
+  std::optional<double> min_retries_per_second;
+  std::optional<int64_t> ttl_ms;
 };
 
 struct Invocation {
   Command command = Command::kHelp;
-  // The TENANT argument of get/put/delete/watch.
+  // The TENANT argument of get/put/mode/delete/watch.
   std::string tenant;
+  // The MODE argument of `mode TENANT MODE`.
+  PolicyMode mode = PolicyMode::kEnforce;
   Connection connection;
   bool json = false;
   PolicyFlags policy;
@@ -64,7 +75,7 @@ const char* Usage();
 // --name value; `-` and `_` are the same in names. `getenv` reads RETRY_BUDGET_TOKEN and
 // RETRY_BUDGET_SERVER (null means none). INVALID_ARGUMENT naming the argument and the value for
 // anything wrong: unknown command or flag, a flag the command does not take, a missing or extra
-// argument, a malformed number.
+// argument, a malformed number, a mode other than enforce or shadow.
 absl::StatusOr<Invocation> ParseInvocation(
     const std::vector<std::string>& args,
     const std::function<const char*(const char*)>& getenv);
