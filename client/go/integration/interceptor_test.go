@@ -138,3 +138,39 @@ func TestInterceptorCancelStopsTheBackoffAndRefunds(t *testing.T) {
 		t.Fatalf("refunds %d allowed %d", st.Refunds, st.RetriesAllowed)
 	}
 }
+
+// Retries priced at 5 tokens through the interceptor: the server counts 5 tokens a retry, one
+// request a call, and the bucket of 30 pays for 6 retries at most.
+func TestInterceptorRetriesOfCost5Take5TokensEach(t *testing.T) {
+	const tenant = "echo-cost"
+	s := startServer(t, policyText(tenant, 30, 0, 0, 5000))
+	// Leases of 10 tokens on top of the demand: two retries' worth from the start.
+	c := newClient(t, s.target(), func(o *retrybudget.ClientOptions) { o.LeaseBurst = 10 })
+	b := tenantOf(t, c, tenant)
+	waitForLease(t, b)
+	backend := startFlakyBackend(t, 0.5, 11)
+	echo := dialWithBudget(t, backend.address, b, retrybudget.WithMaxAttempts(4),
+		retrybudget.WithBackoff(time.Millisecond, 5*time.Millisecond, 2), retrybudget.WithCost(5))
+	for i := 0; i < 100; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, _ = echo.Echo(ctx, &flakypb.EchoRequest{Message: "hi"})
+		cancel()
+	}
+	attempts := backend.checkHeaders(t)
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	stats := b.Stats()
+	st := getBudget(t, s.target(), tenant)
+	t.Logf("100 calls, %d attempts; %d retries of cost 5; server: %d tokens, %d retries, %d requests",
+		attempts, stats.RetriesAllowed, st.RetriesTotal, st.RetriesAllowedTotal, st.RequestsTotal)
+	if attempts != 100+int(stats.RetriesAllowed) || stats.RetriesAllowed < 2 || stats.RetriesAllowed > 6 {
+		t.Fatalf("%d attempts for 100 calls and %d retries of cost 5 from a bucket of 30", attempts,
+			stats.RetriesAllowed)
+	}
+	if st.RetriesTotal != 5*stats.RetriesAllowed || st.RetriesAllowedTotal != stats.RetriesAllowed ||
+		st.RequestsTotal != 100 {
+		t.Fatalf("server: %d tokens, %d retries, %d requests; want %d, %d, 100", st.RetriesTotal,
+			st.RetriesAllowedTotal, st.RequestsTotal, 5*stats.RetriesAllowed, stats.RetriesAllowed)
+	}
+}
