@@ -46,3 +46,27 @@ test('a shadow tenant denies nothing, reports its would-be denials, and follows 
   const status = await getBudget(server.target, 'dry');
   assert.deepEqual([Number(status.shadowDeniedTotal), Number(status.retriesDeniedTotal), Number(status.retriesTotal)], [7, 1, 3]);
 });
+
+test('a windowed tenant: the helpers report each call\'s request once, and the tokens spent stay within floor * ttl + retry_ratio * requests', async (t) => {
+  // A floor of 0.5 retries a second over a window of 10 s (5 tokens), and 0.5 a request.
+  const server = await startServer(t, 'tenants { tenant: "window" policy { retry_ratio: 0.5 min_retries_per_second: 0.5 ttl_ms: 10000 } }\n');
+  const client = new BudgetClient({ target: server.target, refreshPeriodMs: 50, logger: () => {} });
+  const budget = client.tenant('window');
+  assert.equal(await budget.ready(), 'lease');
+  for (let i = 0; i < 40; i++) assert.equal(await callWithRetry(budget, async () => i), i);
+  const deadline = Date.now() + 1500;
+  while (Date.now() < deadline) {
+    budget.tryAcquire(2); // a retry of 2 tokens: the bound counts tokens
+    await new Promise((resolve) => setTimeout(resolve, 2));
+  }
+  assert.equal(await client.close(), null);
+  const s = budget.stats();
+  const status = await getBudget(server.target, 'window');
+  t.diagnostic(`floor 5 + 40 requests at 0.5: ${s.retriesAllowed} retries of 2 allowed (${s.tokensSpent} tokens); the server counts ${status.requestsTotal} requests, ${status.retriesTotal} tokens`);
+  assert.equal(s.requests, 40);
+  assert.equal(Number(status.requestsTotal), 40, 'each request reported once');
+  assert.ok(s.tokensSpent <= 5 + 0.5 * 40, `${s.tokensSpent} tokens spent, the bound is 25`);
+  assert.equal(s.tokensSpent, 2 * s.retriesAllowed);
+  assert.equal(Number(status.retriesTotal), s.tokensSpent);
+  assert.equal(Number(status.retriesAllowedTotal), s.retriesAllowed);
+});
