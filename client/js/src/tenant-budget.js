@@ -147,8 +147,8 @@ export class TenantBudget {
 
   /** Gives back `cost` tokens (default 1) taken by tryAcquire(cost) for a retry that was never
    * sent (e.g. aborted during its backoff): exactly as `cost` refunds of one token. At most once
-   * per successful tryAcquire(), with its cost. In shadow mode, while retries allowed without a
-   * token are out (at least `cost` of them), it pays those back first and gives nothing back.
+   * per successful tryAcquire(), with its cost. While at least `cost` tokens of retries shadow
+   * mode allowed without a token are out, it pays those back first and gives nothing back.
    * Throws RangeError for a bad cost (nothing changed). */
   refund(cost = 1) {
     if (cost !== 1 && !(Number.isInteger(cost) && cost >= 1 && cost <= MAX_COST)) throw badCost(cost);
