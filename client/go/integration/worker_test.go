@@ -94,7 +94,9 @@ func TestWorkerFleetProtocolCountsWhatTheServerCounts(t *testing.T) {
 		st.RetriesTotal != w.LibRetriesAllowed || st.SuccessesTotal != uint64(w.Successes) {
 		t.Fatalf("worker %+v; server retries %d successes %d", w, st.RetriesTotal, st.SuccessesTotal)
 	}
-	if w.Calls != w.Successes+w.Failures || w.Attempts != w.Calls+w.RetriesAllowed || w.RetriesDenied != w.Failures {
+	// A call fails when its retry is denied, or (at most one a thread) when the run ends.
+	if w.Calls != w.Successes+w.Failures || w.Attempts != w.Calls+w.RetriesAllowed ||
+		w.RetriesDenied > w.Failures || w.Failures > w.RetriesDenied+4 {
 		t.Fatalf("inconsistent counts: %+v", w)
 	}
 	checkBound(t, st.RetriesTotal, 30, 10, 0.1, time.Since(s.started), st.SuccessesTotal, 0)
