@@ -559,3 +559,29 @@ def test_threads_taking_random_costs_never_spend_more_than_the_bucket(start_serv
     status = server.get_budget("t")
     assert (status.retries_total, status.retries_allowed_total) == (spent, sum(retries))
     assert status.tokens == pytest.approx(400 - spent)
+
+
+def test_a_windowed_tenant_gets_each_request_once_and_spends_within_its_window(start_server):
+    import time
+
+    # A floor of 0.5 retries a second over a window of 10 s (5 tokens), and 0.5 a request.
+    server = start_server('tenants { tenant: "window" policy { retry_ratio: 0.5 '
+                          'min_retries_per_second: 0.5 ttl_ms: 10000 } }\n')
+    client = _client(server)
+    budget = client.tenant("window")
+    assert budget.wait_ready(5)
+    for i in range(40):
+        assert call_with_retry(budget, lambda attempt: i) == i
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        budget.try_acquire(2)  # a retry of 2 tokens: the bound counts tokens
+        time.sleep(0.002)
+    assert client.close() is None
+    stats = budget.stats()
+    status = server.get_budget("window")
+    assert stats.requests == 40
+    assert status.requests_total == 40  # each request reported once
+    assert stats.tokens_spent <= 5 + 0.5 * 40, stats
+    assert stats.tokens_spent == 2 * stats.retries_allowed
+    assert (status.retries_total, status.retries_allowed_total) == (stats.tokens_spent,
+                                                                   stats.retries_allowed)
