@@ -70,3 +70,24 @@ test('a windowed tenant: the helpers report each call\'s request once, and the t
   assert.equal(Number(status.retriesTotal), s.tokensSpent);
   assert.equal(Number(status.retriesAllowedTotal), s.retriesAllowed);
 });
+
+test('a windowed tenant in fallback: requests fund the local bucket with the share\'s request_credit, once each, reported as credited locally', async (t) => {
+  // The server's safe share of this policy: capacity floor * ttl = 5, refill 0.5/s, request_credit 1.
+  const server = await startServer(t, 'tenants { tenant: "wfb" policy { retry_ratio: 1 min_retries_per_second: 0.5 ttl_ms: 10000 lease_ttl_ms: 200 } }\n');
+  const client = new BudgetClient({ target: server.target, refreshPeriodMs: 50, syncTimeoutMs: 200, logger: () => {} });
+  const budget = client.tenant('wfb');
+  assert.equal(await budget.ready(), 'lease');
+  await waitUntil(() => budget.stats().tokensHeld > 0, { what: 'a lease' }); // a safe share noted
+  await server.kill();
+  await waitUntil(() => budget.mode === 'fallback', { what: 'fallback' });
+  assert.equal(budget.tryAcquire(5), true, 'the bucket starts full');
+  for (let i = 0; i < 3; i++) budget.recordRequest();
+  await waitUntil(() => budget.stats().requestsCreditedLocally === 3, { what: 'the requests credited' });
+  assert.ok(budget.tryAcquire(3), 'three requests at 1 token each');
+  await server.restart();
+  await waitUntil(() => budget.mode === 'lease', { what: 'a lease again' });
+  const s = budget.stats();
+  assert.deepEqual([s.requests, s.requestsCreditedLocally], [3, 3], 'credited once, never again');
+  assert.ok(s.fallbackAllowed >= 8, `${s.fallbackAllowed} fallback tokens spent`);
+  assert.equal(await client.close(), null);
+});
