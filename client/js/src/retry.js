@@ -1,5 +1,5 @@
 // callWithRetry: runs an operation and retries it so that callers never write the loop
-// themselves, as the C++ retrybudget::Retry (client/retry.cc) and the Python call_with_retry.
+// themselves, as the C++ retrybudget::Retry (client/cpp/retry.cc) and the Python call_with_retry.
 //
 //     const row = await callWithRetry(budget, (attempt, signal) => db.get(key, { signal }),
 //                                     { signal: request.signal, timeoutMs: 2000 });
