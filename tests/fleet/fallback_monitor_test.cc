@@ -14,8 +14,9 @@ namespace {
 
 class ModeBudget : public TenantBudget {
  public:
-  bool TryAcquire() override { return false; }
-  void Refund() override {}
+  bool TryAcquire(uint32_t) override { return false; }
+  void Refund(uint32_t) override {}
+  void RecordRequest() override {}
   void RecordSuccess() override {}
   const std::string& tenant() const override { return name_; }
   TenantStats Stats() const override { return stats; }

@@ -35,6 +35,7 @@ FleetRun RunWith(uint64_t retries_allowed, uint64_t successes, double elapsed) {
                 .initial_tokens = 20, .lease_ttl_ms = 5000};
   run.elapsed_seconds = elapsed;
   run.totals.retries_allowed = retries_allowed;
+  run.totals.tokens_spent = retries_allowed;  // cost 1
   run.totals.successes = successes;
   run.totals.shutdown_status = "OK";
   return run;
@@ -78,6 +79,110 @@ TEST(JudgeTest, ZeroBoundWithSpendingIsExceededAndUtilisationPrintsAsNull) {
   EXPECT_FALSE(v.within_budget);
   EXPECT_EQ(v.utilisation, std::numeric_limits<double>::infinity());
   EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"utilisation\":null"));
+}
+
+TEST(JudgeTest, TheBoundCountsTokensNotRetries) {
+  // 12 retries of cost 5 = 60 tokens > bound 20 + 50 * 0.5 = 45.
+  FleetRun run = RunWith(/*retries_allowed=*/12, /*successes=*/0, /*elapsed=*/0.5);
+  run.retry_cost = 5;
+  run.totals.tokens_spent = 60;
+  const Verdict v = Judge(run);
+  EXPECT_EQ(v.spent, 60);
+  EXPECT_FALSE(v.within_budget);
+  run.totals.tokens_spent = 45;
+  EXPECT_TRUE(Judge(run).within_budget);
+}
+
+TEST(JudgeTest, AShadowRunsWouldBeDenialsTookNoTokenAndAreNotJudgedAsSpent) {
+  // 100 retries let through at cost 2, 80 of them would-be denials: 40 tokens taken.
+  FleetRun run = RunWith(/*retries_allowed=*/100, /*successes=*/0, /*elapsed=*/0.5);
+  run.policy.mode = "shadow";
+  run.retry_cost = 2;
+  run.totals.tokens_spent = 200;
+  run.totals.lib_shadow_denied = 80;
+  const Verdict v = Judge(run);
+  EXPECT_EQ(v.spent, 40);
+  EXPECT_TRUE(v.within_budget);  // 40 <= 45
+}
+
+// A windowed policy of 10 tokens/s floor over a 1 s window, ratio 0.5, slices of 0.1 s.
+PolicyView Windowed() {
+  return {.mode = "enforce", .windowed = true, .retry_ratio = 0.5,
+          .min_retries_per_second = 10, .ttl_ms = 1000};
+}
+
+WorkerCounts Timelines(std::vector<uint64_t> requests, std::vector<uint64_t> tokens) {
+  WorkerCounts c;
+  c.timeline_slice_seconds = 0.1;
+  c.requests_timeline = std::move(requests);
+  c.tokens_timeline = std::move(tokens);
+  return c;
+}
+
+TEST(CheckWindowedBoundTest, EveryWindowEndingAtASpendIsWithinFloorPlusRatioTimesRequests) {
+  // 10 tokens in slice 0 (the floor of a window), then 20 requests in slice 5 fund 10 more in
+  // slice 12: its window (0.3, 1.3] holds those 10, bound 10 + 0.5 * 20 = 20.
+  std::vector<uint64_t> requests(13, 0), tokens(13, 0);
+  tokens[0] = 10;
+  requests[5] = 20;
+  tokens[12] = 10;
+  const WindowedCheck c = CheckWindowedBound(Windowed(), Timelines(requests, tokens),
+                                             /*report_delay_seconds=*/0, 0);
+  EXPECT_TRUE(c.checked);
+  EXPECT_EQ(c.windows, 2);
+  EXPECT_TRUE(c.within);
+  EXPECT_EQ(c.windows_over, 0);
+  EXPECT_DOUBLE_EQ(c.floor_tokens, 10);
+}
+
+TEST(CheckWindowedBoundTest, SpendingBeyondTheWindowsDepositsIsOver) {
+  // 16 tokens within one window with no request: over the floor of 10.
+  std::vector<uint64_t> tokens = {6, 0, 0, 10};
+  const WindowedCheck c =
+      CheckWindowedBound(Windowed(), Timelines({}, tokens), 0, /*fallback_allowance=*/0);
+  EXPECT_FALSE(c.within);
+  EXPECT_EQ(c.windows_over, 1);
+  EXPECT_EQ(c.worst_spent, 16u);
+  EXPECT_DOUBLE_EQ(c.worst_bound, 10);
+  // The fallback allowance of an outage covers it.
+  EXPECT_TRUE(CheckWindowedBound(Windowed(), Timelines({}, tokens), 0, 6).within);
+}
+
+TEST(CheckWindowedBoundTest, RequestsMadeUpToTheReportDelayBeforeTheWindowFundIt) {
+  // 20 requests in slice 0 fund 20 tokens in slice 14 (its window starts at 0.5 s) only when
+  // the report delay D reaches back to slice 0.
+  std::vector<uint64_t> requests = {20};
+  std::vector<uint64_t> tokens(15, 0);
+  tokens[14] = 20;
+  EXPECT_FALSE(CheckWindowedBound(Windowed(), Timelines(requests, tokens), 0, 0).within);
+  EXPECT_TRUE(CheckWindowedBound(Windowed(), Timelines(requests, tokens), 0.5, 0).within);
+}
+
+TEST(CheckWindowedBoundTest, IsNotCheckedForAShadowTenantOrAClassicPolicy) {
+  PolicyView shadow = Windowed();
+  shadow.mode = "shadow";
+  EXPECT_FALSE(CheckWindowedBound(shadow, Timelines({}, {100}), 0, 0).checked);
+  EXPECT_FALSE(CheckWindowedBound(PolicyView{}, Timelines({}, {100}), 0, 0).checked);
+}
+
+TEST(JudgeTest, AWindowedPolicyIsJudgedByItsWindowedBound) {
+  FleetRun run = RunWith(/*retries_allowed=*/21, /*successes=*/0, /*elapsed=*/0.4);
+  run.policy = Windowed();
+  run.totals.timeline_slice_seconds = 0.1;
+  run.totals.tokens_timeline = {11, 0, 0, 10};
+  EXPECT_FALSE(Judge(run).within_budget);
+  run.totals.tokens_timeline = {5, 0, 0, 5};
+  const Verdict v = Judge(run);
+  EXPECT_TRUE(v.within_budget);
+  EXPECT_TRUE(v.windowed.checked);
+  EXPECT_THAT(FleetReportToJson(run, v), HasSubstr("\"windowed\":{\"checked\":true"));
+}
+
+TEST(SumWorkersTest, ModeChangesAreWhenTheLastClientSawEach) {
+  WorkerCounts a, b;
+  a.mode_changes_ms = {100, 2300};
+  b.mode_changes_ms = {150, 2200, 4100};
+  EXPECT_EQ(SumWorkers({a, b}).mode_changes_ms, (std::vector<uint64_t>{150, 2300, 4100}));
 }
 
 TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {

@@ -103,6 +103,33 @@ TEST(ForeignWorkerCountsTest, ReadsTheProtocolLineIntoTheFleetsCounts) {
   EXPECT_EQ(again->retries_allowed, 8u);
 }
 
+TEST(ForeignWorkerCountsTest, ReadsTheCostRequestsAndShadowFieldsAndDefaultsThemToCostOne) {
+  // Without them: every retry cost 1 token, counted at its call's start.
+  absl::StatusOr<WorkerCounts> c = ForeignWorkerCountsFromJson(kLine, 0, 0, 0.1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tokens_spent, 8u);
+  EXPECT_THAT(c->tokens_timeline, ElementsAre(5, 3));
+  EXPECT_EQ(c->requests, 0u);
+  std::string line = kLine;
+  line.insert(line.size() - 1,
+              R"(,"requests":10,"tokens_spent":40,"lib_requests":10,"lib_shadow_denied":3,)"
+              R"("requests_timeline":[6,4],"tokens_timeline":[0,25,15])");
+  c = ForeignWorkerCountsFromJson(line, 0, 0, 0.1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->requests, 10u);
+  EXPECT_EQ(c->tokens_spent, 40u);
+  EXPECT_EQ(c->lib_requests, 10u);
+  EXPECT_EQ(c->lib_shadow_denied, 3u);
+  EXPECT_THAT(c->requests_timeline, ElementsAre(6, 4));
+  EXPECT_THAT(c->tokens_timeline, ElementsAre(0, 25, 15));
+  // Present but malformed: refused, naming the field.
+  std::string bad = kLine;
+  bad.insert(bad.size() - 1, R"(,"tokens_spent":-1)");
+  c = ForeignWorkerCountsFromJson(bad, 0, 0, 0.1);
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("tokens_spent"));
+}
+
 TEST(ForeignWorkerCountsTest, RefusesAMissingFieldOrAnotherSlice) {
   std::string no_timeline = kLine;
   no_timeline.replace(no_timeline.find("\"retries_timeline\""), 18, "\"other\"");

@@ -16,18 +16,23 @@ namespace {
 class FakeBudget : public TenantBudget {
  public:
   explicit FakeBudget(int tokens) : tokens_(tokens) {}
-  bool TryAcquire() override {
+  using TenantBudget::Refund;
+  using TenantBudget::TryAcquire;
+  // All or nothing, as the client's.
+  bool TryAcquire(uint32_t cost) override {
     ++acquires;
-    if (tokens_ == 0) return false;
-    --tokens_;
+    if (tokens_ < static_cast<int>(cost)) return false;
+    tokens_ -= static_cast<int>(cost);
     return true;
   }
-  void Refund() override { ++tokens_; }
+  void Refund(uint32_t cost) override { tokens_ += static_cast<int>(cost); }
+  void RecordRequest() override { ++requests; }
   void RecordSuccess() override { ++successes; }
   const std::string& tenant() const override { return name_; }
   TenantStats Stats() const override { return {}; }
 
   int acquires = 0;
+  int requests = 0;
   int successes = 0;
 
  private:
@@ -79,6 +84,21 @@ TEST(RunLogicalCallTest, BudgetSuccessAfterARetryRecordsOneSuccess) {
   EXPECT_EQ(counts.successes, 1u);
   EXPECT_EQ(counts.failures, 0u);
   EXPECT_EQ(budget.successes, 1);
+}
+
+TEST(RunLogicalCallTest, BudgetRecordsOneRequestPerCallAndTakesTheCostOfEveryRetry) {
+  FakeBudget budget(12);  // two retries of 5, then 2 left: the third is denied (all or nothing)
+  ScriptedBackend backend({false, false, false, false});
+  std::stop_source stop;
+  CallCounts counts;
+  RunLogicalCall(RetryStrategy::kBudget, {.retry_cost = 5}, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(budget.requests, 1);
+  EXPECT_EQ(counts.requests, 1u);
+  EXPECT_EQ(counts.retries_allowed, 2u);
+  EXPECT_EQ(counts.tokens_spent, 10u);
+  EXPECT_EQ(counts.retries_denied, 1u);
+  EXPECT_EQ(budget.acquires, 3);
 }
 
 TEST(RunLogicalCallTest, FirstAttemptSuccessNeverAsksTheBudget) {
@@ -146,6 +166,22 @@ TEST(RunLogicalCallTest, RetryHelperCountsLikeBudgetAndItsDenialIsBudgetExhauste
   EXPECT_EQ(counts.retries_denied, 1u);
   EXPECT_EQ(counts.failures, 1u);
   EXPECT_EQ(counts.successes, 0u);
+}
+
+TEST(RunLogicalCallTest, RetryHelperRecordsTheRequestAndPricesEveryRetryAtTheCost) {
+  FakeBudget budget(7);  // one retry of 5, then 2 left: denied
+  ScriptedBackend backend({false, false, false});
+  std::stop_source stop;
+  CallCounts counts;
+  CallOptions options = kNoBackoff;
+  options.retry_cost = 5;
+  RunLogicalCall(RetryStrategy::kRetryHelper, options, backend, &budget, stop.get_token(),
+                 counts);
+  EXPECT_EQ(budget.requests, 1);
+  EXPECT_EQ(counts.requests, 1u);
+  EXPECT_EQ(counts.retries_allowed, 1u);
+  EXPECT_EQ(counts.tokens_spent, 5u);
+  EXPECT_EQ(counts.retries_denied, 1u);
 }
 
 TEST(RunLogicalCallTest, RetryHelperSuccessAfterARetryRecordsOneSuccess) {

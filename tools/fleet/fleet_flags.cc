@@ -22,6 +22,18 @@ ABSL_FLAG(double, refill, 1, "policy: refill, tokens per second");
 ABSL_FLAG(double, credit, 0.1, "policy: success credit, tokens per success");
 ABSL_FLAG(double, initial, 100, "policy: initial tokens of a new bucket");
 ABSL_FLAG(int64_t, lease_ttl_ms, 5000, "policy: lease TTL, milliseconds");
+ABSL_FLAG(std::string, mode, "enforce", "policy: enforce | shadow");
+ABSL_FLAG(double, retry_ratio, 0.2, "windowed policy: tokens deposited per request");
+ABSL_FLAG(double, min_retries_per_second, 10, "windowed policy: the floor, tokens per second");
+ABSL_FLAG(int64_t, ttl_ms, 10000, "windowed policy: the window, milliseconds");
+ABSL_FLAG(uint32_t, retry_cost, 1, "tokens each retry costs (TryAcquire(cost))");
+ABSL_FLAG(absl::Duration, call_interval, absl::ZeroDuration(),
+          "each thread starts a call every this long (paced load); 0: back to back");
+ABSL_FLAG(absl::Duration, report_delay_slack, absl::ZeroDuration(),
+          "the windowed bound's report delay D (0: 2 refresh periods + 1s + any outage)");
+ABSL_FLAG(std::string, mode_switch, "",
+          "MODE@SECONDS,...: switch every tenant's mode with budgetctl during the run");
+ABSL_FLAG(std::string, budgetctl, "", "the budgetctl binary --mode-switch runs");
 ABSL_FLAG(bool, reset_budget, false, "delete the tenant's budget before the run");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the simulated backends and of the fault injector");
 ABSL_FLAG(absl::Duration, call_latency, absl::Milliseconds(1), "latency of one backend attempt");
@@ -185,6 +197,27 @@ the tenant keeps the server's policy):
   --capacity=TOKENS  --refill=TOKENS_PER_SECOND  --credit=TOKENS_PER_SUCCESS
   --initial=TOKENS   --lease-ttl-ms=MS
   --reset-budget            delete the tenant's budget first (start from a fresh bucket)
+  --mode=enforce|shadow     enforce the budget (default), or a dry run: every retry allowed,
+                            the would-be denials counted (report: shadow_denied)
+  --retry-ratio=R --min-retries-per-second=F --ttl-ms=MS
+                            the windowed ratio shape instead of capacity/refill/credit/initial
+                            (server defaults 0.2, 10, 10000): the run is judged by the windowed
+                            bound (report: "windowed"), see --report-delay-slack
+  --report-delay-slack=DURATION
+                            D of the windowed bound: every window of ttl ending at a spend,
+                            tokens <= F * ttl + R * requests made in (end - ttl - D, end]
+                            (+ the fallback allowance); a request is deposited when the server
+                            RECEIVES its report (default 0: 2 refresh periods + 1s + the outage
+                            of --kill-server-after/--stop-server-after)
+  --mode-switch=MODE@SECONDS,...   run `budgetctl mode TENANT MODE` (the real binary,
+                            --budgetctl=PATH) at those seconds from the start, for every tenant;
+                            the report's "mode_switches" says when the last client saw each
+
+Load shape:
+  --retry-cost=N            tokens each retry takes (TryAcquire(N)), default 1; the bound
+                            counts tokens (report: tokens_spent, spent)
+  --call-interval=DURATION  each thread starts a call every DURATION (paced: the same calls
+                            whatever the budget decides); default 0, back to back
 
 Fault injection (a gRPC proxy on 127.0.0.1:0 between the workers and the server; per Sync
 request, each with its own probability):
@@ -297,6 +330,21 @@ absl::StatusOr<FleetOptions> FleetOptionsFromFlags(const CommandLine& command_li
   if (given("credit")) o.success_credit = absl::GetFlag(FLAGS_credit);
   if (given("initial")) o.initial_tokens = absl::GetFlag(FLAGS_initial);
   if (given("lease_ttl_ms")) o.lease_ttl_ms = absl::GetFlag(FLAGS_lease_ttl_ms);
+  if (given("mode")) o.mode = absl::GetFlag(FLAGS_mode);
+  if (given("retry_ratio")) o.retry_ratio = absl::GetFlag(FLAGS_retry_ratio);
+  if (given("min_retries_per_second")) {
+    o.min_retries_per_second = absl::GetFlag(FLAGS_min_retries_per_second);
+  }
+  if (given("ttl_ms")) o.ttl_ms = absl::GetFlag(FLAGS_ttl_ms);
+  o.retry_cost = absl::GetFlag(FLAGS_retry_cost);
+  o.call.retry_cost = o.retry_cost;
+  o.call_interval = absl::GetFlag(FLAGS_call_interval);
+  o.report_delay_slack = absl::GetFlag(FLAGS_report_delay_slack);
+  absl::StatusOr<std::vector<ModeSwitchStep>> switches =
+      ParseModeSwitches(absl::GetFlag(FLAGS_mode_switch));
+  if (!switches.ok()) return switches.status();
+  o.mode_switches = *std::move(switches);
+  o.budgetctl = absl::GetFlag(FLAGS_budgetctl);
   o.reset_budget = absl::GetFlag(FLAGS_reset_budget);
   o.fault_drop_response = absl::GetFlag(FLAGS_fault_drop_response);
   o.fault_duplicate_request = absl::GetFlag(FLAGS_fault_duplicate_request);
@@ -347,6 +395,8 @@ absl::StatusOr<WorkerOptions> WorkerOptionsFromFlags() {
   w.call_latency = absl::GetFlag(FLAGS_call_latency);
   w.seed = absl::GetFlag(FLAGS_seed);
   w.strategy = *strategy;
+  w.call.retry_cost = absl::GetFlag(FLAGS_retry_cost);
+  w.call_interval = absl::GetFlag(FLAGS_call_interval);
   w.call.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   w.call.backoff_initial = absl::GetFlag(FLAGS_backoff_initial);
   w.call.backoff_max = absl::GetFlag(FLAGS_backoff_max);

@@ -112,6 +112,32 @@ void AddInto(std::vector<uint64_t>& sum, const std::vector<uint64_t>& add) {
   for (size_t i = 0; i < add.size(); ++i) sum[i] += add[i];
 }
 
+void MaxInto(std::vector<uint64_t>& max, const std::vector<uint64_t>& of) {
+  if (max.size() < of.size()) max.resize(of.size(), 0);
+  for (size_t i = 0; i < of.size(); ++i) max[i] = std::max(max[i], of[i]);
+}
+
+// The fields of the worker protocol a worker may leave out (the cost, requests and shadow of
+// issue 36): an absent one keeps what `c` holds; a present one must be well formed.
+absl::Status ReadOptionalFields(const Struct& s, WorkerCounts& c) {
+  auto has = [&s](absl::string_view field) { return s.fields().contains(std::string(field)); };
+  for (auto [field, out] : {std::pair<const char*, uint64_t*>{"requests", &c.requests},
+                            {"tokens_spent", &c.tokens_spent},
+                            {"lib_requests", &c.lib_requests},
+                            {"lib_shadow_denied", &c.lib_shadow_denied}}) {
+    if (!has(field)) continue;
+    if (absl::Status st = ReadCount(s, field, out); !st.ok()) return st;
+  }
+  for (auto [field, out] :
+       {std::pair<const char*, std::vector<uint64_t>*>{"requests_timeline", &c.requests_timeline},
+        {"tokens_timeline", &c.tokens_timeline},
+        {"mode_changes_ms", &c.mode_changes_ms}}) {
+    if (!has(field)) continue;
+    if (absl::Status st = ReadCountArray(s, field, out); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
@@ -123,7 +149,11 @@ WorkerCounts SumWorkers(const std::vector<WorkerCounts>& workers) {
                                     const auto& value) {
       using T = std::decay_t<decltype(total)>;
       if constexpr (std::is_same_v<T, std::vector<uint64_t>>) {
-        AddInto(total, value);
+        if (combine == Combine::kMaxEach) {
+          MaxInto(total, value);
+        } else {
+          AddInto(total, value);
+        }
       } else if constexpr (std::is_same_v<T, std::string>) {
         if (combine == Combine::kFirstError && total == "OK" && value != "OK") {
           total = absl::StrCat("worker ", w.worker, ": ", value);
@@ -217,6 +247,10 @@ absl::StatusOr<WorkerCounts> ForeignWorkerCountsFromJson(absl::string_view line,
     if (!status.ok()) return status;
   }
   c.lease_after_fallback = lease_after_fallback ? 1 : 0;
+  // A worker that reports no cost spends 1 token per retry, counted at its call's start.
+  c.tokens_spent = c.retries_allowed;
+  c.tokens_timeline = c.retries_timeline;
+  if (absl::Status st = ReadOptionalFields(s, c); !st.ok()) return st;
   if (!(c.fallback_allowance >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker line: field 'fallback_allowance' must be >= 0, got ", c.fallback_allowance));
@@ -294,17 +328,89 @@ double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
   return allowed;
 }
 
+WindowedCheck CheckWindowedBound(const PolicyView& policy, const WorkerCounts& totals,
+                                 double report_delay_seconds, double fallback_allowance) {
+  WindowedCheck c;
+  c.ttl_seconds = static_cast<double>(policy.ttl_ms) / 1000.0;
+  c.report_delay_seconds = report_delay_seconds;
+  c.slice_seconds = totals.timeline_slice_seconds;
+  c.floor_tokens = policy.min_retries_per_second * c.ttl_seconds;
+  if (!policy.windowed) {
+    c.not_checked_because = "the policy is not windowed";
+    return c;
+  }
+  if (policy.mode == "shadow") {
+    c.not_checked_because =
+        "shadow: the allowed retries include would-be denials that took no token";
+    return c;
+  }
+  const double slice = c.slice_seconds;
+  if (!(slice > 0) || c.ttl_seconds < slice) {
+    c.not_checked_because = "no timeline, or a slice longer than the ttl";
+    return c;
+  }
+  c.checked = true;
+  // Slices per window: whole slices only, so a window never exceeds the ttl.
+  const size_t k = static_cast<size_t>(std::floor(c.ttl_seconds / slice + 1e-9));
+  const std::vector<uint64_t>& tokens = totals.tokens_timeline;
+  const std::vector<uint64_t>& requests = totals.requests_timeline;
+  // prefix[i]: requests in slices [0, i).
+  std::vector<uint64_t> prefix(std::max(tokens.size(), requests.size()) + 1, 0);
+  for (size_t i = 0; i + 1 < prefix.size(); ++i) {
+    prefix[i + 1] = prefix[i] + (i < requests.size() ? requests[i] : 0);
+  }
+  uint64_t in_window = 0;
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    in_window += tokens[j];
+    if (j >= k) in_window -= tokens[j - k];
+    if (tokens[j] == 0) continue;
+    const double end = slice * static_cast<double>(j + 1);
+    const double from = end - c.ttl_seconds - report_delay_seconds;
+    const size_t first = from <= 0 ? 0 : static_cast<size_t>(std::floor(from / slice));
+    const uint64_t made = prefix[j + 1] - prefix[std::min(first, j + 1)];
+    const double bound =
+        c.floor_tokens + policy.retry_ratio * static_cast<double>(made) + fallback_allowance;
+    ++c.windows;
+    const double utilisation = Ratio(static_cast<double>(in_window), bound);
+    if (static_cast<double>(in_window) > bound) ++c.windows_over;
+    if (c.windows == 1 || utilisation > c.max_utilisation) {
+      c.max_utilisation = utilisation;
+      c.worst_end_seconds = end;
+      c.worst_spent = in_window;
+      c.worst_requests = made;
+      c.worst_bound = bound;
+    }
+  }
+  c.within = c.windows_over == 0;
+  return c;
+}
+
 namespace {
 
-Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& totals) {
+// The tokens the fleet's retries took: every allowed retry's cost, less the would-be denials of
+// a shadow tenant (each let through at `retry_cost` without a token).
+double TokensTaken(const WorkerCounts& totals, uint32_t retry_cost) {
+  const double unbacked =
+      static_cast<double>(retry_cost) * static_cast<double>(totals.lib_shadow_denied);
+  return std::max(0.0, static_cast<double>(totals.tokens_spent) - unbacked);
+}
+
+Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& totals,
+                 uint32_t retry_cost, double report_delay_seconds) {
   Verdict v;
   v.lease_bound = BudgetBound(policy, elapsed, totals.successes);
   v.fallback_allowance = totals.fallback_allowance;
   v.bound = v.lease_bound + v.fallback_allowance;
-  const double spent = static_cast<double>(totals.retries_allowed);
+  const double spent = TokensTaken(totals, retry_cost);
+  v.spent = spent;
   // Exact comparison on purpose: the bound is already the generous side (elapsed runs until the
   // last worker exited, after its last retry).
   v.within_budget = spent <= v.bound;
+  if (policy.windowed) {
+    v.windowed =
+        CheckWindowedBound(policy, totals, report_delay_seconds, totals.fallback_allowance);
+    v.within_budget = v.windowed.within;
+  }
   if (v.bound > 0) {
     v.utilisation = spent / v.bound;
   } else {
@@ -318,11 +424,16 @@ Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& t
 }  // namespace
 
 Verdict Judge(const FleetRun& run) {
-  if (run.tenants.empty()) return JudgeOne(run.policy, run.elapsed_seconds, run.totals);
+  if (run.tenants.empty()) {
+    return JudgeOne(run.policy, run.elapsed_seconds, run.totals, run.retry_cost,
+                    run.report_delay_seconds);
+  }
   Verdict v;
   v.within_budget = true;
   for (const TenantRun& t : run.tenants) {
-    Verdict one = JudgeOne(t.policy, run.elapsed_seconds, t.totals);
+    Verdict one = JudgeOne(t.policy, run.elapsed_seconds, t.totals, run.retry_cost,
+                           run.report_delay_seconds);
+    v.spent += one.spent;
     v.lease_bound += one.lease_bound;
     v.fallback_allowance += one.fallback_allowance;
     v.bound += one.bound;
@@ -330,7 +441,7 @@ Verdict Judge(const FleetRun& run) {
     v.ideal_allowed += one.ideal_allowed;
     v.tenants.push_back(one);
   }
-  const double spent = static_cast<double>(run.totals.retries_allowed);
+  const double spent = v.spent;
   if (v.bound > 0) {
     v.utilisation = spent / v.bound;
   } else {
@@ -357,6 +468,9 @@ std::string LanguagesToJson(const std::vector<LanguageRun>& languages) {
         .Number("successes", l.totals.successes)
         .Number("retries_allowed", l.totals.retries_allowed)
         .Number("retries_denied", l.totals.retries_denied)
+        .Number("requests", l.totals.requests)
+        .Number("tokens_spent", l.totals.tokens_spent)
+        .Number("shadow_denied", l.totals.lib_shadow_denied)
         .Number("fallback_allowance", l.totals.fallback_allowance)
         .Number("workers_back_on_lease", l.totals.lease_after_fallback)
         .Number("tokens_held_at_exit", l.totals.lib_tokens_held)
@@ -374,7 +488,14 @@ void AddRunAndTotals(JsonWriter& w, const FleetRun& run, const Verdict& verdict)
       .Number("refill_per_second", run.policy.refill_per_second)
       .Number("success_credit", run.policy.success_credit)
       .Number("initial_tokens", run.policy.initial_tokens)
-      .Number("lease_ttl_ms", run.policy.lease_ttl_ms);
+      .Number("lease_ttl_ms", run.policy.lease_ttl_ms)
+      .String("mode", run.policy.mode)
+      .Bool("windowed", run.policy.windowed);
+  if (run.policy.windowed) {
+    policy.Number("retry_ratio", run.policy.retry_ratio)
+        .Number("min_retries_per_second", run.policy.min_retries_per_second)
+        .Number("ttl_ms", run.policy.ttl_ms);
+  }
 
   const WorkerCounts& t = run.totals;
   JsonWriter library;
@@ -386,6 +507,8 @@ void AddRunAndTotals(JsonWriter& w, const FleetRun& run, const Verdict& verdict)
       .Number("tokens_returned", t.lib_tokens_returned)
       .Number("tokens_held_at_exit", t.lib_tokens_held)
       .Number("successes_credited_locally", t.lib_successes_credited_locally)
+      .Number("requests", t.lib_requests)
+      .Number("shadow_denied", t.lib_shadow_denied)
       .String("shutdown_status", t.shutdown_status);
 
   w.String("tenant", run.tenant)
@@ -403,6 +526,11 @@ void AddRunAndTotals(JsonWriter& w, const FleetRun& run, const Verdict& verdict)
       .Number("failures", t.failures)
       .Number("retries_allowed", t.retries_allowed)
       .Number("retries_denied", t.retries_denied)
+      .Number("requests", t.requests)
+      .Number("retry_cost", int64_t{run.retry_cost})
+      .Number("tokens_spent", t.tokens_spent)
+      .Number("shadow_denied", t.lib_shadow_denied)
+      .Number("spent", verdict.spent)
       .Number("lease_bound", verdict.lease_bound)
       .Number("fallback_allowance", verdict.fallback_allowance)
       .Number("bound", verdict.bound)
@@ -450,6 +578,9 @@ std::string ServerToJson(const ServerView& s) {
       .Number("retries", s.retries)
       .Number("retries_denied", s.retries_denied)
       .Number("successes", s.successes)
+      .Number("shadow_denied", s.shadow_denied)
+      .Number("requests", s.requests)
+      .Number("retries_allowed", s.retries_allowed)
       .Number("active_instances_end", int64_t{s.active_instances_end})
       .Number("level_samples", s.level_samples)
       .Number("level_mean", s.level_mean)
@@ -599,11 +730,68 @@ void AddTenants(JsonWriter& w, const std::vector<TenantRun>& runs,
       .Objects("tenants", tenants);
 }
 
+// "windowed": the windowed bound's check (CheckWindowedBound).
+std::string WindowedToJson(const WindowedCheck& c) {
+  JsonWriter w;
+  w.Bool("checked", c.checked);
+  if (!c.checked) return w.String("not_checked_because", c.not_checked_because).Finish();
+  w.String("rule",
+           "every window of ttl ending at a slice with spending: tokens spent <= "
+           "min_retries_per_second * ttl + retry_ratio * requests made in (end - ttl - "
+           "report_delay, end] + fallback_allowance")
+      .Number("ttl_seconds", c.ttl_seconds)
+      .Number("report_delay_seconds", c.report_delay_seconds)
+      .Number("slice_seconds", c.slice_seconds)
+      .Number("floor_tokens", c.floor_tokens)
+      .Number("windows", c.windows)
+      .Number("windows_over", c.windows_over)
+      .Number("max_utilisation", c.max_utilisation)
+      .Number("worst_end_seconds", c.worst_end_seconds)
+      .Number("worst_spent", c.worst_spent)
+      .Number("worst_requests", c.worst_requests)
+      .Number("worst_bound", c.worst_bound)
+      .Bool("within", c.within);
+  return w.Finish();
+}
+
+// "mode_switches": each switch played (budgetctl), and when the last client saw it
+// (totals.mode_changes_ms, in order: the first change is the policy's own when it starts in
+// shadow).
+std::vector<std::string> ModeSwitchesToJson(const FleetRun& run) {
+  std::vector<std::string> out;
+  const std::vector<uint64_t>& seen = run.totals.mode_changes_ms;
+  // A run that starts in shadow: every client's first change is to shadow, at its first answer.
+  const size_t offset = run.policy.mode == "shadow" && !run.mode_switches.empty() &&
+                                run.mode_switches.front().mode == "enforce"
+                            ? 1
+                            : 0;
+  for (size_t i = 0; i < run.mode_switches.size(); ++i) {
+    const FleetRun::ModeSwitch& m = run.mode_switches[i];
+    JsonWriter one;
+    one.String("mode", m.mode)
+        .Number("started_at_seconds", m.started_at)
+        .Number("done_at_seconds", m.done_at)
+        .String("result", m.result);
+    if (i + offset < seen.size()) {
+      const double all_at = static_cast<double>(seen[i + offset]) / 1000.0;
+      one.Number("all_clients_at_seconds", all_at)
+          .Number("lag_after_done_seconds", all_at - m.done_at);
+    }
+    out.push_back(one.Finish());
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string FleetReportToJson(const FleetRun& run, const Verdict& verdict) {
   JsonWriter w;
   AddRunAndTotals(w, run, verdict);
+  if (run.policy.windowed) w.Object("windowed", WindowedToJson(verdict.windowed));
+  if (!run.mode_switches.empty()) {
+    w.Objects("mode_switches", ModeSwitchesToJson(run))
+        .Counts("mode_changes_ms", run.totals.mode_changes_ms);
+  }
   w.Object("fallback", FallbackToJson(run));
   if (!run.languages.empty()) w.Object("languages", LanguagesToJson(run.languages));
   if (run.server.has_value()) w.Object("server", ServerToJson(*run.server));

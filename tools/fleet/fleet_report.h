@@ -41,6 +41,12 @@ struct WorkerCounts {
   uint64_t failures = 0;         // logical calls that ended failed (denied, capped or stopped)
   uint64_t retries_allowed = 0;  // retries sent
   uint64_t retries_denied = 0;   // retries refused by TryAcquire(): each ended a call as failed
+  // Requests (first attempts) recorded with RecordRequest(): one per logical call under a
+  // budgeted strategy (0 for unbudgeted).
+  uint64_t requests = 0;
+  // Tokens the allowed retries took: each retry's cost (--retry-cost) summed, refunds deducted.
+  // In shadow mode it includes the cost of retries that took no token (lib_shadow_denied).
+  uint64_t tokens_spent = 0;
   double run_seconds = 0;        // from the start signal until the worker stopped calling
 
   uint64_t lib_successes = 0;
@@ -54,6 +60,10 @@ struct WorkerCounts {
   // (success-funded fallback): the fallback spending beyond fallback_allowance they fund is
   // already in the bound's credit * successes.
   uint64_t lib_successes_credited_locally = 0;
+  // TenantStats::requests and ::shadow_denied: requests recorded, and the retries a shadow
+  // tenant let through that enforcement would have denied (would-be denials).
+  uint64_t lib_requests = 0;
+  uint64_t lib_shadow_denied = 0;
   std::string shutdown_status = {};  // "OK" or the final Sync's error
 
   // While the server was unreachable (FallbackMonitor, observing_stub.h), seen by the worker.
@@ -88,6 +98,17 @@ struct WorkerCounts {
   std::vector<uint64_t> retries_timeline = {};
   std::vector<uint64_t> denied_timeline = {};
   std::vector<uint64_t> successes_timeline = {};
+  // The same slices, counted at the instant of the event rather than the call's start: requests
+  // recorded (RecordRequest()) and tokens taken by allowed retries (the retry's cost, at its
+  // TryAcquire; a refund deducted from the slice of its TryAcquire). What the windowed bound
+  // (CheckWindowedBound) is checked on.
+  std::vector<uint64_t> requests_timeline = {};
+  std::vector<uint64_t> tokens_timeline = {};
+  // When this client saw the tenant's mode change, in milliseconds from the origin: the first
+  // response entry whose TenantGrant.mode differed from the mode before (a client starts in
+  // enforce), alternately to shadow and back. Sum: the element-wise largest (the last client to
+  // see each change).
+  std::vector<uint64_t> mode_changes_ms = {};
 };
 
 // How the fleet's total of one WorkerCounts field combines the workers' values.
@@ -96,6 +117,8 @@ enum class Combine {
   kMax,        // the largest (the run's length, the slowest TryAcquire, the timeline's slice)
   kCount,      // `worker`: the total holds the number of workers
   kFirstError, // `shutdown_status`: "OK", or the first worker's error
+  // A list: the element-wise largest (`mode_changes_ms`: when the last client saw each change).
+  kMaxEach,
 };
 
 // Every field of WorkerCounts, defined once, in the order of the worker's JSON line: calls
@@ -113,6 +136,8 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("failures", Combine::kSum, a.failures, b.failures);
   v("retries_allowed", Combine::kSum, a.retries_allowed, b.retries_allowed);
   v("retries_denied", Combine::kSum, a.retries_denied, b.retries_denied);
+  v("requests", Combine::kSum, a.requests, b.requests);
+  v("tokens_spent", Combine::kSum, a.tokens_spent, b.tokens_spent);
   v("run_seconds", Combine::kMax, a.run_seconds, b.run_seconds);
   v("lib_successes", Combine::kSum, a.lib_successes, b.lib_successes);
   v("lib_retries_allowed", Combine::kSum, a.lib_retries_allowed, b.lib_retries_allowed);
@@ -123,6 +148,8 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("lib_tokens_held", Combine::kSum, a.lib_tokens_held, b.lib_tokens_held);
   v("lib_successes_credited_locally", Combine::kSum, a.lib_successes_credited_locally,
     b.lib_successes_credited_locally);
+  v("lib_requests", Combine::kSum, a.lib_requests, b.lib_requests);
+  v("lib_shadow_denied", Combine::kSum, a.lib_shadow_denied, b.lib_shadow_denied);
   v("shutdown_status", Combine::kFirstError, a.shutdown_status, b.shutdown_status);
   v("calls_in_fallback", Combine::kSum, a.calls_in_fallback, b.calls_in_fallback);
   v("retries_allowed_in_fallback", Combine::kSum, a.retries_allowed_in_fallback,
@@ -147,6 +174,9 @@ void ForEachWorkerField(A& a, B& b, V&& v) {
   v("retries_timeline", Combine::kSum, a.retries_timeline, b.retries_timeline);
   v("denied_timeline", Combine::kSum, a.denied_timeline, b.denied_timeline);
   v("successes_timeline", Combine::kSum, a.successes_timeline, b.successes_timeline);
+  v("requests_timeline", Combine::kSum, a.requests_timeline, b.requests_timeline);
+  v("tokens_timeline", Combine::kSum, a.tokens_timeline, b.tokens_timeline);
+  v("mode_changes_ms", Combine::kMaxEach, a.mode_changes_ms, b.mode_changes_ms);
 }
 
 // The field-by-field sum of `workers` (worker = count of workers; shutdown_status = "OK" when
@@ -181,6 +211,14 @@ struct PolicyView {
   double success_credit = 0;
   double initial_tokens = 0;
   int64_t lease_ttl_ms = 0;
+  // "enforce" or "shadow" (BudgetPolicy.mode).
+  std::string mode = "enforce";
+  // The windowed ratio shape (BudgetPolicy.retry_ratio, min_retries_per_second, ttl_ms): its
+  // bound is CheckWindowedBound's, not BudgetBound's.
+  bool windowed = false;
+  double retry_ratio = 0;
+  double min_retries_per_second = 0;
+  int64_t ttl_ms = 0;
 };
 
 // Faults the injecting proxy applied (see fault_proxy.h).
@@ -225,6 +263,11 @@ struct ServerView {
   uint64_t retries = 0;
   uint64_t retries_denied = 0;
   uint64_t successes = 0;
+  // Issue 36's totals: would-be denials of a shadow tenant, requests reported, retries allowed
+  // with tokens (`retries` is in tokens).
+  uint64_t shadow_denied = 0;
+  uint64_t requests = 0;
+  uint64_t retries_allowed = 0;
   uint32_t active_instances_end = 0;
   // The level sampled during the run (--sample-level): a high mean while retries are denied
   // means tokens sit in the bucket instead of being leased.
@@ -313,6 +356,21 @@ struct FleetRun {
   std::optional<ChaosView> chaos = {};
   std::optional<ClusterView> cluster = {};
   double fault_delay_ms = 0;  // --fault-delay (0: none)
+  // The cost of every retry (--retry-cost): the would-be denials of a shadow run cost this much
+  // each in `tokens_spent` without taking a token.
+  uint32_t retry_cost = 1;
+  // D of CheckWindowedBound (--report-delay-slack).
+  double report_delay_seconds = 0;
+  // Each mode switch played during the run (--mode-switch): when budgetctl was started and had
+  // returned (seconds from the run's start), the mode asked, and budgetctl's exit ("OK" or its
+  // error). Compared with totals.mode_changes_ms: when the last client saw each change.
+  struct ModeSwitch {
+    double started_at = 0;
+    double done_at = 0;
+    std::string mode = {};
+    std::string result = {};
+  };
+  std::vector<ModeSwitch> mode_switches = {};
   // With --tenants > 1: each tenant (then `tenant` and `policy` are tenant 0's, and `totals`
   // the sum over every tenant). Empty with one tenant.
   std::vector<TenantRun> tenants = {};
@@ -331,14 +389,58 @@ int FleetTenantOfThread(int worker, int threads, int thread, int count);
 // The invariant's lease part: initial + refill * elapsed + credit * successes.
 double BudgetBound(const PolicyView& policy, double elapsed_seconds, uint64_t successes);
 
+// The windowed bound (a windowed policy), checked on the fleet's timelines: for every window of
+// `ttl` ending at the end of a timeline slice in which tokens were spent,
+//
+//     tokens spent in the window  <=  min_retries_per_second * ttl
+//                                     + retry_ratio * requests made in (end - ttl - D, end]
+//                                     + fallback_allowance
+//
+// D (`report_delay_seconds`) is the report delay slack: a request deposits at the server when
+// the server RECEIVES the Sync that reports it, up to a refresh period (more while the server is
+// unreachable) after the request was made, so the requests that funded a window were made up to
+// D before it. The window holds the floor(ttl / slice) slices ending at that slice (at most
+// ttl); the requests are counted by whole slices from the one holding end - ttl - D (generous
+// by at most one slice of requests). The fallback allowance is the whole run's (generous: it is
+// not placed in time). Not checked for a shadow tenant (its allowed retries include would-be
+// denials that took no token: `tokens_timeline` cannot tell them apart).
+struct WindowedCheck {
+  bool checked = false;
+  std::string not_checked_because = {};
+  double ttl_seconds = 0;
+  double report_delay_seconds = 0;
+  double slice_seconds = 0;
+  double floor_tokens = 0;  // min_retries_per_second * ttl
+  int64_t windows = 0;      // windows checked
+  // The window with the highest spent / bound: its end (seconds from the run's start), what was
+  // spent in it, the requests counted and its bound.
+  double worst_end_seconds = 0;
+  uint64_t worst_spent = 0;
+  uint64_t worst_requests = 0;
+  double worst_bound = 0;
+  double max_utilisation = 0;
+  int64_t windows_over = 0;  // windows whose spending exceeded their bound
+  bool within = true;
+};
+
+// The windowed bound above over `totals`' requests_timeline and tokens_timeline.
+WindowedCheck CheckWindowedBound(const PolicyView& policy, const WorkerCounts& totals,
+                                 double report_delay_seconds, double fallback_allowance);
+
 struct Verdict {
+  // The tokens judged: the workers' tokens_spent, minus (shadow) the would-be denials' cost
+  // (retry_cost * lib_shadow_denied), which took no token.
+  double spent = 0;
+  // A windowed policy: its bound (then `within_budget` is windowed.within; the classic fields
+  // below are still computed from the server's capacity/refill, for reference only).
+  WindowedCheck windowed = {};
   double lease_bound = 0;         // BudgetBound()
   double fallback_allowance = 0;  // totals.fallback_allowance: sum over workers
   // lease_bound + fallback_allowance: DESIGN.md's invariant, "plus, while the server is
   // unreachable, only the fallback allowance".
   double bound = 0;
-  bool within_budget = false;  // retries_allowed <= bound
-  // retries_allowed / bound: 1 means every token the budget could have produced was spent.
+  bool within_budget = false;  // spent <= bound (classic), windowed.within (windowed)
+  // spent / bound: 1 means every token the budget could have produced was spent.
   // +inf when the bound is 0 and a retry was spent (printed as null).
   double utilisation = 0;
   // What one ideal central bucket with the same policy would have allowed the same demand

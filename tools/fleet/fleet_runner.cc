@@ -17,7 +17,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "retrybudget/clock.h"
@@ -72,7 +74,7 @@ absl::StatusOr<v1::BudgetStatus> GetBudget(v1::BudgetAdminService::StubInterface
 
 bool AnyPolicyField(const FleetOptions& o) {
   return o.capacity || o.refill_per_second || o.success_credit || o.initial_tokens ||
-         o.lease_ttl_ms;
+         o.lease_ttl_ms || o.mode || o.retry_ratio || o.min_retries_per_second || o.ttl_ms;
 }
 
 // The policy fields given on the command line (only those) into `p`.
@@ -82,6 +84,10 @@ void SetPolicyFields(const FleetOptions& o, v1::BudgetPolicy* p) {
   if (o.success_credit) p->set_success_credit(*o.success_credit);
   if (o.initial_tokens) p->set_initial_tokens(*o.initial_tokens);
   if (o.lease_ttl_ms) p->set_lease_ttl_ms(*o.lease_ttl_ms);
+  if (o.mode) p->set_mode(*o.mode == "shadow" ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
+  if (o.retry_ratio) p->set_retry_ratio(*o.retry_ratio);
+  if (o.min_retries_per_second) p->set_min_retries_per_second(*o.min_retries_per_second);
+  if (o.ttl_ms) p->set_ttl_ms(*o.ttl_ms);
 }
 
 // --reset-budget: deletes `tenant`'s budget (there may be none).
@@ -180,6 +186,8 @@ std::vector<std::string> WorkerArgv(const FleetOptions& o, int index, const std:
       absl::StrCat("--refresh-period=", absl::FormatDuration(o.refresh_period)),
       absl::StrCat("--lease-burst=", o.lease_burst),
       absl::StrCat("--fallback-deny=", o.fallback_deny ? "true" : "false"),
+      absl::StrCat("--retry-cost=", o.retry_cost),
+      absl::StrCat("--call-interval=", absl::FormatDuration(o.call_interval)),
   };
   return argv;
 }
@@ -239,13 +247,31 @@ v1::PolicyConfig PolicyFileFor(const FleetOptions& o) {
 }
 
 PolicyView PolicyViewOf(const v1::BudgetStatus& status) {
-  // The server reports every field; an unset one takes its default from budget.proto.
+  // The server reports every field of the policy's shape; an unset one takes its default from
+  // budget.proto.
   const v1::BudgetPolicy& policy = status.policy();
-  return {.capacity = policy.has_capacity() ? policy.capacity() : 100,
-          .refill_per_second = policy.has_refill_per_second() ? policy.refill_per_second() : 1,
-          .success_credit = policy.has_success_credit() ? policy.success_credit() : 0.1,
-          .initial_tokens = status.tokens(),
-          .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000};
+  PolicyView view{
+      .capacity = policy.has_capacity() ? policy.capacity() : 100,
+      .refill_per_second = policy.has_refill_per_second() ? policy.refill_per_second() : 1,
+      .success_credit = policy.has_success_credit() ? policy.success_credit() : 0.1,
+      .initial_tokens = status.tokens(),
+      .lease_ttl_ms = policy.has_lease_ttl_ms() ? policy.lease_ttl_ms() : 5000,
+      .mode = policy.mode() == v1::MODE_SHADOW ? "shadow" : "enforce"};
+  view.windowed =
+      policy.has_retry_ratio() || policy.has_min_retries_per_second() || policy.has_ttl_ms();
+  if (view.windowed) {
+    view.retry_ratio = policy.has_retry_ratio() ? policy.retry_ratio() : 0.2;
+    view.min_retries_per_second =
+        policy.has_min_retries_per_second() ? policy.min_retries_per_second() : 10;
+    view.ttl_ms = policy.has_ttl_ms() ? policy.ttl_ms() : 10000;
+    // The bucket a windowed policy resolves to (server/policy.h), for the classic figures the
+    // report keeps for reference.
+    view.capacity = view.min_retries_per_second * static_cast<double>(view.ttl_ms) / 1000.0;
+    view.refill_per_second = view.min_retries_per_second;
+    view.success_credit = 0;
+    if (!policy.has_lease_ttl_ms()) view.lease_ttl_ms = view.ttl_ms / 10;
+  }
+  return view;
 }
 
 // How many lines worker `w` prints: one per tenant its threads use.
@@ -329,7 +355,10 @@ std::vector<ForeignWorker> PlanForeign(const FleetOptions& o, const std::string&
        .failure_rate = o.failure_rate,
        .call_latency = o.call_latency,
        .seed = o.seed,
-       .timeline_slice = WorkerTimelineSlice(absl::Seconds(o.duration_seconds))});
+       .timeline_slice = WorkerTimelineSlice(absl::Seconds(o.duration_seconds)),
+       .retry_cost = o.retry_cost,
+       .call_interval = o.call_interval,
+       .max_attempts = o.call.max_attempts});
 }
 
 // Worker `i`'s argv: the tool itself as a worker, or the i-th foreign worker's command.
@@ -527,6 +556,7 @@ struct RunWatchers {
   std::unique_ptr<ClusterChaos> cluster_chaos;
   std::unique_ptr<OwnerWatch> owner_watch;
   std::unique_ptr<LevelSampler> sampler;
+  std::unique_ptr<ModeSwitcher> mode_switcher;
 };
 
 RunWatchers StartWatchers(const FleetOptions& o, FleetServers& servers,
@@ -548,6 +578,14 @@ RunWatchers StartWatchers(const FleetOptions& o, FleetServers& servers,
   }
   w.sampler = std::make_unique<LevelSampler>(
       admin, tenants[0], o.tenants == 1 ? o.sample_level : absl::ZeroDuration());
+  if (!o.mode_switches.empty()) {
+    w.mode_switcher = std::make_unique<ModeSwitcher>(
+        ModeSwitcherOptions{.budgetctl = o.budgetctl,
+                            .server = servers.address,
+                            .tenants = tenants,
+                            .plan = o.mode_switches},
+        t0);
+  }
   return w;
 }
 
@@ -560,6 +598,7 @@ struct Watched {
   std::vector<ServerStop> server_stops;
   std::vector<ServerRestart> server_restarts;
   std::vector<OwnerSample> owner_samples;
+  std::vector<FleetRun::ModeSwitch> mode_switches;
 };
 
 // Ends the watchers. The faults not yet due are ended too: a hung server is resumed, a killed one
@@ -575,6 +614,7 @@ Watched FinishWatchers(RunWatchers& w) {
     seen.server_restarts = w.cluster_chaos->restarts();
   }
   if (w.owner_watch != nullptr) seen.owner_samples = w.owner_watch->Finish();
+  if (w.mode_switcher != nullptr) seen.mode_switches = w.mode_switcher->Finish();
   return seen;
 }
 
@@ -640,6 +680,20 @@ absl::Status WriteWorkerLines(const FleetOptions& o, const std::vector<WorkerCou
   return absl::OkStatus();
 }
 
+// D of the windowed bound: --report-delay-slack, or 2 refresh periods + 1 s + the single
+// server's outage.
+double ReportDelayOf(const FleetOptions& o) {
+  if (o.report_delay_slack > absl::ZeroDuration()) {
+    return absl::ToDoubleSeconds(o.report_delay_slack);
+  }
+  const absl::Duration refresh =
+      o.refresh_period > absl::ZeroDuration() ? o.refresh_period : ClientOptions().refresh_period;
+  double outage = 0;
+  if (o.chaos.kill_after.has_value()) outage = o.chaos.restart_after.value_or(0);
+  if (o.chaos.stop_after.has_value()) outage = o.chaos.resume_after.value_or(0);
+  return absl::ToDoubleSeconds(2 * refresh) + 1.0 + outage;
+}
+
 // The run's settings, its policy as it started and the workers' totals (with each language's
 // part when there are foreign workers).
 FleetRun FleetRunOf(const FleetOptions& o, const v1::BudgetStatus& start,
@@ -659,6 +713,8 @@ FleetRun FleetRunOf(const FleetOptions& o, const v1::BudgetStatus& start,
   run.totals.worker = static_cast<int>(workers);
   if (!foreign.empty()) run.languages = SumByLanguage(counts, o.workers, foreign);
   run.fault_delay_ms = absl::ToDoubleMilliseconds(o.fault_delay);
+  run.retry_cost = o.retry_cost;
+  run.report_delay_seconds = ReportDelayOf(o);
   return run;
 }
 
@@ -729,6 +785,9 @@ void AddBudgetTotals(v1::BudgetStatus& sum, const v1::BudgetStatus& add) {
   sum.set_retries_total(sum.retries_total() + add.retries_total());
   sum.set_retries_denied_total(sum.retries_denied_total() + add.retries_denied_total());
   sum.set_successes_total(sum.successes_total() + add.successes_total());
+  sum.set_shadow_denied_total(sum.shadow_denied_total() + add.shadow_denied_total());
+  sum.set_requests_total(sum.requests_total() + add.requests_total());
+  sum.set_retries_allowed_total(sum.retries_allowed_total() + add.retries_allowed_total());
   sum.set_active_instances(sum.active_instances() + add.active_instances());
 }
 
@@ -759,6 +818,10 @@ std::optional<ServerView> ServerViewAtEnd(const FleetOptions& o,
                     .retries = Delta(end.retries_total(), s.retries_total()),
                     .retries_denied = Delta(end.retries_denied_total(), s.retries_denied_total()),
                     .successes = Delta(end.successes_total(), s.successes_total()),
+                    .shadow_denied = Delta(end.shadow_denied_total(), s.shadow_denied_total()),
+                    .requests = Delta(end.requests_total(), s.requests_total()),
+                    .retries_allowed =
+                        Delta(end.retries_allowed_total(), s.retries_allowed_total()),
                     .active_instances_end = end.active_instances(),
                     .level_samples = levels.samples,
                     .level_mean = levels.mean(),
@@ -766,6 +829,25 @@ std::optional<ServerView> ServerViewAtEnd(const FleetOptions& o,
 }
 
 }  // namespace
+
+absl::StatusOr<std::vector<ModeSwitchStep>> ParseModeSwitches(absl::string_view spec) {
+  std::vector<ModeSwitchStep> steps;
+  if (spec.empty()) return steps;
+  for (absl::string_view part : absl::StrSplit(spec, ',')) {
+    const size_t at = part.find('@');
+    ModeSwitchStep step;
+    if (at != absl::string_view::npos) step.mode = std::string(part.substr(0, at));
+    if (at == absl::string_view::npos || (step.mode != "enforce" && step.mode != "shadow") ||
+        !absl::SimpleAtod(part.substr(at + 1), &step.at_seconds) || !(step.at_seconds >= 0) ||
+        (!steps.empty() && step.at_seconds < steps.back().at_seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mode-switch: bad step '", part,
+          "' (expected enforce@SECONDS or shadow@SECONDS, in ascending time)"));
+    }
+    steps.push_back(std::move(step));
+  }
+  return steps;
+}
 
 absl::Status ValidateFleetOptions(const FleetOptions& o) {
   auto bad = [](absl::string_view flag, auto value, absl::string_view want) {
@@ -844,6 +926,22 @@ absl::Status ValidateFleetOptions(const FleetOptions& o) {
         "--foreign-workers: the worker protocol has the budget strategy and the default "
         "fallback only (no --strategy other than budget, no --fallback-deny)");
   }
+  if (o.mode && *o.mode != "enforce" && *o.mode != "shadow") {
+    return bad("--mode", *o.mode, "must be enforce or shadow");
+  }
+  if (o.retry_cost < 1 || o.retry_cost > 1000000) {
+    return bad("--retry-cost", o.retry_cost, "must be in [1, 1000000]");
+  }
+  if (o.call_interval < absl::ZeroDuration()) {
+    return bad("--call-interval", absl::FormatDuration(o.call_interval), "must be >= 0");
+  }
+  if (o.report_delay_slack < absl::ZeroDuration()) {
+    return bad("--report-delay-slack", absl::FormatDuration(o.report_delay_slack),
+               "must be >= 0");
+  }
+  if (!o.mode_switches.empty() && o.budgetctl.empty()) {
+    return absl::InvalidArgumentError("--mode-switch needs --budgetctl (the budgetctl binary)");
+  }
   if (o.monitor_period <= absl::ZeroDuration()) {
     return bad("--monitor-period", absl::FormatDuration(o.monitor_period), "must be > 0");
   }
@@ -888,6 +986,7 @@ absl::StatusOr<FleetRun> RunFleet(const FleetOptions& o) {
 
   FleetRun run = FleetRunOf(o, start->statuses[0], *counts, workers->size(), foreign, elapsed);
   run.tenants = TenantRunsOf(o, *tenants, *start, *counts);
+  run.mode_switches = std::move(seen.mode_switches);
   if (servers.cluster != nullptr) {
     run.cluster = ClusterViewOf(*servers.cluster, seen, GrantGapsOf(run), elapsed);
   }

@@ -13,12 +13,14 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/time/time.h"
 #include "tools/fleet/chaos_schedule.h"
 #include "tools/fleet/fleet_report.h"
 #include "tools/fleet/foreign_worker.h"
+#include "tools/fleet/mode_switcher.h"
 #include "tools/fleet/worker_loop.h"
 
 namespace retrybudget::fleet {
@@ -37,6 +39,22 @@ struct FleetOptions {
   uint64_t seed = 1;
   RetryStrategy strategy = RetryStrategy::kBudget;
   CallOptions call = {};
+  // Tokens each retry costs (TryAcquire(cost)), [1, 1000000].
+  uint32_t retry_cost = 1;
+  // Each worker thread starts a call every `call_interval` (a paced, open-loop load: the same
+  // calls whatever the budget decides, e.g. to compare a shadow run with an enforced one); zero:
+  // the next call starts when the last one ended.
+  absl::Duration call_interval = absl::ZeroDuration();
+  // D of the windowed bound (CheckWindowedBound): how long after a request was made the server
+  // may receive its report. Zero: 2 refresh periods + 1 s, plus the outage of a
+  // --kill-server-after/--stop-server-after.
+  absl::Duration report_delay_slack = absl::ZeroDuration();
+
+  // Mode switches played during the run with the real budgetctl (`budgetctl` binary):
+  // `budgetctl --server=<the servers> mode <tenant> <mode>` at `at_seconds` from the run's start,
+  // for every tenant of the run.
+  std::vector<ModeSwitchStep> mode_switches = {};
+  std::string budgetctl = {};
 
   // The tenant's policy. When any is set the tool PutPolicy()s the tenant with the set fields
   // (the others take the proto defaults); when none is set it keeps the server's policy.
@@ -45,6 +63,14 @@ struct FleetOptions {
   std::optional<double> success_credit = {};
   std::optional<double> initial_tokens = {};
   std::optional<int64_t> lease_ttl_ms = {};
+  // "enforce" or "shadow" (BudgetPolicy.mode): a policy field like those above.
+  std::optional<std::string> mode = {};
+  // The windowed ratio shape (BudgetPolicy.retry_ratio, min_retries_per_second, ttl_ms): policy
+  // fields like those above; with any of them the policy is windowed (then capacity, refill,
+  // credit and initial must be unset: the server refuses both shapes at once).
+  std::optional<double> retry_ratio = {};
+  std::optional<double> min_retries_per_second = {};
+  std::optional<int64_t> ttl_ms = {};
   // Delete the tenant's budget first, so the run starts from a fresh bucket.
   bool reset_budget = false;
 
@@ -95,6 +121,11 @@ struct FleetOptions {
   // `threads` loops, on the same tenants, judged in the same bound.
   std::vector<ForeignWorkerKind> foreign_workers = {};
 };
+
+// Parses --mode-switch: MODE@SECONDS,... (MODE enforce or shadow, SECONDS ascending).
+// INVALID_ARGUMENT naming --mode-switch and the bad part.
+absl::StatusOr<std::vector<ModeSwitchStep>> ParseModeSwitches(
+    absl::string_view spec);
 
 // INVALID_ARGUMENT naming the option and value when `options` cannot run.
 absl::Status ValidateFleetOptions(const FleetOptions& options);

@@ -64,6 +64,14 @@ std::vector<ForeignWorker> PlanForeignWorkers(const std::vector<ForeignWorkerKin
       w.argv.push_back(absl::StrCat("--seed=", run.seed + static_cast<uint64_t>(w.index)));
       w.argv.push_back(absl::StrFormat("--timeline-slice=%.15g",
                                        absl::ToDoubleSeconds(run.timeline_slice)));
+      if (run.retry_cost != 1) w.argv.push_back(absl::StrCat("--retry-cost=", run.retry_cost));
+      if (run.call_interval > absl::ZeroDuration()) {
+        w.argv.push_back(absl::StrFormat("--call-interval=%.15g",
+                                         absl::ToDoubleSeconds(run.call_interval)));
+      }
+      if (run.max_attempts > 0) {
+        w.argv.push_back(absl::StrCat("--max-attempts=", run.max_attempts));
+      }
       plan.push_back(std::move(w));
     }
   }

@@ -59,10 +59,17 @@ struct ForeignRunParameters {
   // The C++ workers' timeline slice (WorkerTimelineSlice): the foreign workers use the same, so
   // that the fleet's timelines add up slice by slice.
   absl::Duration timeline_slice = absl::ZeroDuration();
+  // Tokens per retry (--retry-cost) and the paced load's interval (--call-interval): passed
+  // only when not the default (1, zero), so a worker without them still runs the default load.
+  uint32_t retry_cost = 1;
+  absl::Duration call_interval = absl::ZeroDuration();
+  // Attempts per call (--max-attempts), passed when > 0 (0: no cap, the protocol's default).
+  int max_attempts = 0;
 };
 
 // Every foreign worker of `kinds`, in order, with its argv: COMMAND, then --server --tenant
-// --threads --duration --failure-rate --call-latency (seconds) --seed --timeline-slice (seconds).
+// --threads --duration --failure-rate --call-latency (seconds) --seed --timeline-slice (seconds),
+// and --retry-cost / --call-interval (seconds) / --max-attempts when not the default.
 std::vector<ForeignWorker> PlanForeignWorkers(const std::vector<ForeignWorkerKind>& kinds,
                                               const ForeignRunParameters& run);
 

@@ -20,11 +20,15 @@ the server that owns the tenant's shard) and --restart-after=R starts it again R
 exit 0 within budget, 1 over it, 3 no verdict.
 
 Every non-C++ worker speaks one protocol (tools/fleet/README.md, "The mixed fleet"): flags
---server --tenant --threads --duration --failure-rate --call-latency --seed [--timeline-slice];
+--server --tenant --threads --duration --failure-rate --call-latency --seed [--timeline-slice]
+[--retry-cost] [--call-interval] [--max-attempts];
 `ready`, then the start signal `go T0` on stdin (T0: the run's start on CLOCK_MONOTONIC, in
 microseconds, which the timelines count from; tools/fleet/start_signal.h); `--threads` loops make logical calls to a simulated backend
-(`--call-latency`, failing with `--failure-rate`), a failed attempt is retried only when the
-budget's try-acquire allows, a success is recorded; then the client is closed (final Sync) and
+(`--call-latency`, failing with `--failure-rate`; paced, one every `--call-interval` seconds,
+when given), each call's request recorded before its first attempt, a failed attempt is
+retried only when the budget's try-acquire of `--retry-cost` tokens allows (and the call ends
+failed after `--max-attempts` attempts, 0: no cap, or at the end of the run), a success is
+recorded; then the client is closed (final Sync) and
 one JSON line of counts (with their timelines per --timeline-slice) is printed. The fleet tool
 runs these workers too (--foreign-workers), beside its C++ ones under its cluster chaos and
 fault proxy. Its fallback allowance is the sum over its fallback episodes of the local
@@ -79,9 +83,14 @@ def run_worker(args) -> int:
     origin = origin_us / 1e6
     client = retrybudget.BudgetClient(retrybudget.ClientOptions(target=args.server))
     budget = client.tenant(args.tenant)
+    # Calls start once the tenant's first answer is in (as the fleet tool's C++ workers do): a
+    # client is in enforce mode and has no lease until then, and what it counts before it is the
+    # server's baseline. Bounded, so a server that is down does not hold the run.
+    budget.wait_ready(3.0)
     lock = threading.Lock()
     totals = {"calls": 0, "attempts": 0, "successes": 0, "failures": 0, "retries_allowed": 0,
-              "retries_denied": 0}
+              "retries_denied": 0, "requests": 0, "tokens_spent": 0}
+    cost = args.retry_cost
     max_try_acquire = [0.0]
     begin = time.monotonic()
     end = begin + args.duration
@@ -91,20 +100,42 @@ def run_worker(args) -> int:
     # successes (the fleet tool's timelines).
     slices = int((end - origin) / args.timeline_slice) + 2
     timelines = {k: [0] * slices for k in ("calls", "retries", "denied", "successes")}
+    # Counted when the request is recorded / the tokens are taken (the windowed bound).
+    at_timelines = {"requests": [], "tokens": []}
+
+    def count_at(timeline, n):
+        i = max(0, int((time.monotonic() - origin) / args.timeline_slice))
+        timeline.extend([0] * (i + 1 - len(timeline)))
+        timeline[i] += n
+
+    def add_into(total, part):
+        total.extend([0] * (len(part) - len(total)))
+        for i, v in enumerate(part):
+            total[i] += v
 
     def thread_main(seed):
         rng = random.Random(seed)
         counts = dict.fromkeys(totals, 0)
         mine = {k: [0] * slices for k in timelines}
+        mine_at = {k: [] for k in at_timelines}
         longest = 0.0
+        k = 0
         while True:
+            if args.call_interval > 0:
+                time.sleep(max(0.0, begin + k * args.call_interval - time.monotonic()))
+                k += 1
             now = time.monotonic()
             if now >= end:
                 break
             i = min(int((now - origin) / args.timeline_slice), slices - 1)  # now < end: < slices - 1
             counts["calls"] += 1
             mine["calls"][i] += 1
+            budget.record_request()
+            counts["requests"] += 1
+            count_at(mine_at["requests"], 1)
+            attempt = 0
             while True:
+                attempt += 1
                 counts["attempts"] += 1
                 if args.call_latency > 0:
                     time.sleep(args.call_latency)
@@ -113,8 +144,12 @@ def run_worker(args) -> int:
                     counts["successes"] += 1
                     mine["successes"][i] += 1
                     break
+                if (args.max_attempts > 0 and attempt >= args.max_attempts) or \
+                        time.monotonic() >= end:
+                    counts["failures"] += 1
+                    break
                 start = time.perf_counter()
-                allowed = budget.try_acquire()
+                allowed = budget.try_acquire(cost)
                 longest = max(longest, time.perf_counter() - start)
                 if not allowed:
                     counts["retries_denied"] += 1
@@ -122,12 +157,16 @@ def run_worker(args) -> int:
                     mine["denied"][i] += 1
                     break
                 counts["retries_allowed"] += 1
+                counts["tokens_spent"] += cost
                 mine["retries"][i] += 1
+                count_at(mine_at["tokens"], cost)
         with lock:
             for k, v in counts.items():
                 totals[k] += v
             for k, v in mine.items():
                 timelines[k] = [a + b for a, b in zip(timelines[k], v)]
+            for k, v in mine_at.items():
+                add_into(at_timelines[k], v)
             max_try_acquire[0] = max(max_try_acquire[0], longest)
 
     # Lease -> fallback -> lease, as seen by polling the mode.
@@ -159,6 +198,8 @@ def run_worker(args) -> int:
         "lib_fallback_allowed": stats.fallback_allowed,
         "lib_tokens_held": stats.tokens_held,
         "lib_successes_credited_locally": stats.successes_credited_locally,
+        "lib_requests": stats.requests,
+        "lib_shadow_denied": stats.shadow_denied,
         "fallback_allowance": budget.fallback_allowance(time.monotonic()),
         "saw_fallback": seen["fallback"],
         "lease_after_fallback": seen["lease_after_fallback"],
@@ -171,6 +212,8 @@ def run_worker(args) -> int:
     line["timeline_origin_us"] = origin_us
     for k, v in timelines.items():
         line[f"{k}_timeline"] = v[:slices]
+    for k, v in at_timelines.items():
+        line[f"{k}_timeline"] = v
     print(json.dumps(line), flush=True)
     return 0
 
@@ -442,6 +485,9 @@ def main() -> int:
     parser.add_argument("--server", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--timeline-slice", type=float, default=0.1, help=argparse.SUPPRESS)
+    parser.add_argument("--retry-cost", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--call-interval", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--max-attempts", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--server-bin", help="retry-budget-server binary")
     parser.add_argument("--fleet-bin", help="retry-budget-fleet binary (the C++ workers)")
     parser.add_argument("--tenant", default="mixed")

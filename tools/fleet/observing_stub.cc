@@ -50,6 +50,10 @@ grpc::Status SyncObservingStub::Sync(grpc::ClientContext* context,
     }
     if (first) a.longest_ended_at = received;
     a.last_at = received;
+    if (const bool shadow = grant.mode() == v1::MODE_SHADOW; shadow != a.shadow) {
+      a.shadow = shadow;
+      a.mode_changes.push_back(received);
+    }
     if (!grant.has_safe_share()) continue;
     Shares& shares = o.safe_shares[grant.tenant()];
     shares.last_at = received;
@@ -58,6 +62,13 @@ grpc::Status SyncObservingStub::Sync(grpc::ClientContext* context,
                        received);
   }
   return status;
+}
+
+std::vector<absl::Time> SyncObservingStub::ModeChanges(absl::string_view tenant) const {
+  MutexLock lock(&observed_->mu);
+  auto it = observed_->answers.find(tenant);
+  if (it == observed_->answers.end()) return {};
+  return it->second.mode_changes;
 }
 
 SafeShareView SyncObservingStub::SmallerShare::operator()(const SafeShareView& a,

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
@@ -60,6 +61,12 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
   };
   std::optional<GrantGap> LongestGrantGap(absl::string_view tenant, absl::Time now) const;
 
+  // When the answers for `tenant` changed its mode, in order: the receipt of the first entry
+  // without error whose TenantGrant.mode (MODE_SHADOW: shadow, else enforce) differed from the
+  // mode before, starting from enforce (a client's mode until its first answer; the rule
+  // shadow.mode-from-response). Alternately to shadow and back to enforce.
+  std::vector<absl::Time> ModeChanges(absl::string_view tenant) const;
+
  private:
   grpc::ClientAsyncResponseReaderInterface<v1::SyncResponse>* AsyncSyncRaw(
       grpc::ClientContext* context, const v1::SyncRequest& request,
@@ -77,6 +84,8 @@ class SyncObservingStub final : public v1::RetryBudgetService::StubInterface {
   };
   struct Answers {
     absl::Time last_at;
+    bool shadow = false;
+    std::vector<absl::Time> mode_changes;
     absl::Duration longest_gap = absl::ZeroDuration();
     absl::Time longest_ended_at;
   };

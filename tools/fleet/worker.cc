@@ -43,6 +43,8 @@ struct ThreadExtras {
   std::vector<uint64_t> retries_timeline;
   std::vector<uint64_t> denied_timeline;
   std::vector<uint64_t> successes_timeline;
+  std::vector<uint64_t> requests_timeline;  // at RecordRequest() (MeasuredBudget)
+  std::vector<uint64_t> tokens_timeline;    // at TryAcquire() (MeasuredBudget)
   std::chrono::steady_clock::duration max_try_acquire{0};
   uint64_t retries_allowed_in_fallback = 0;
   uint64_t retries_allowed_after_fallback = 0;
@@ -54,6 +56,16 @@ struct ThreadExtras {
     successes_timeline.resize(slices, 0);
   }
 };
+
+void AddTimeline(std::vector<uint64_t>& sum, const std::vector<uint64_t>& add) {
+  if (sum.size() < add.size()) sum.resize(add.size(), 0);
+  for (size_t i = 0; i < add.size(); ++i) sum[i] += add[i];
+}
+
+// Drops the empty tail (the slices past the last event).
+void TrimTimeline(std::vector<uint64_t>& timeline) {
+  while (!timeline.empty() && timeline.back() == 0) timeline.pop_back();
+}
 
 }  // namespace
 
@@ -175,10 +187,18 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       x.GrowTimelines(slices);
       const size_t slot = slot_of(thread_tenant[static_cast<size_t>(t)]);
       std::optional<MeasuredBudget> measured;
-      if (budgets[slot] != nullptr) measured.emplace(*budgets[slot], monitors[slot].get());
+      if (budgets[slot] != nullptr) {
+        measured.emplace(*budgets[slot], monitors[slot].get(),
+                         MeasuredBudget::Timeline{.origin = start, .slice = slice});
+      }
       TenantBudget* b = measured.has_value() ? &*measured : nullptr;
       const std::stop_token token = stop.get_token();
-      while (!token.stop_requested()) {
+      const absl::Time first_call = absl::Now();
+      for (int64_t k = 0; !token.stop_requested(); ++k) {
+        if (options.call_interval > absl::ZeroDuration()) {
+          Clock::Real()->SleepUntil(first_call + k * options.call_interval, token);
+          if (token.stop_requested()) break;
+        }
         const size_t i = TimelineSliceOf(start, std::chrono::steady_clock::now(), slice);
         if (i >= x.calls_timeline.size()) x.GrowTimelines(i + 1);  // a late call: never clamped
         if (measured.has_value() && measured->Phase() == FallbackPhase::kInFallback) {
@@ -195,6 +215,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
         x.max_try_acquire = measured->max_try_acquire();
         x.retries_allowed_in_fallback = measured->retries_allowed_in_fallback();
         x.retries_allowed_after_fallback = measured->retries_allowed_after_fallback();
+        x.requests_timeline = measured->requests_timeline();
+        x.tokens_timeline = measured->tokens_timeline();
       }
     });
   }
@@ -229,6 +251,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
         out.denied_timeline[i] += x.denied_timeline[i];
         out.successes_timeline[i] += x.successes_timeline[i];
       }
+      AddTimeline(out.requests_timeline, x.requests_timeline);
+      AddTimeline(out.tokens_timeline, x.tokens_timeline);
     }
     out.worker = options.index;
     out.tenant_index = used[k];
@@ -238,6 +262,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
     out.failures = total.failures;
     out.retries_allowed = total.retries_allowed;
     out.retries_denied = total.retries_denied;
+    out.requests = total.requests;
+    out.tokens_spent = total.tokens_spent;
     out.run_seconds = run_seconds;
     out.timeline_slice_seconds = std::chrono::duration<double>(slice).count();
     // Drop the empty tail (the slices past the end of the run).
@@ -247,6 +273,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       out.denied_timeline.pop_back();
       out.successes_timeline.pop_back();
     }
+    TrimTimeline(out.requests_timeline);
+    TrimTimeline(out.tokens_timeline);
     out.max_try_acquire_ms = std::chrono::duration<double, std::milli>(max_try_acquire).count();
     out.shutdown_status = "OK";
   }
@@ -268,6 +296,10 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
         out.ungranted_gap_max_seconds = absl::ToDoubleSeconds(gap->longest);
         out.granted_again_at_seconds = absl::ToDoubleSeconds(gap->ended_at - start_time);
       }
+      for (absl::Time change : observer->ModeChanges(names[k])) {
+        out.mode_changes_ms.push_back(static_cast<uint64_t>(
+            std::max<int64_t>(0, absl::ToInt64Milliseconds(change - start_time))));
+      }
     }
     absl::Status shutdown = client->Shutdown();
     for (size_t k = 0; k < used.size(); ++k) {
@@ -282,6 +314,8 @@ absl::StatusOr<std::vector<WorkerCounts>> RunWorker(const WorkerOptions& options
       out.lib_tokens_returned = stats.tokens_returned;
       out.lib_tokens_held = stats.tokens_held;
       out.lib_successes_credited_locally = stats.successes_credited_locally;
+      out.lib_requests = stats.requests;
+      out.lib_shadow_denied = stats.shadow_denied;
     }
     outs[0].syncs_ok = observer->syncs_ok();
     outs[0].syncs_failed = observer->syncs_failed();

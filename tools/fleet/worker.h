@@ -32,7 +32,10 @@ struct WorkerOptions {
   absl::Duration call_latency = absl::Milliseconds(1);
   uint64_t seed = 1;            // the fleet's seed; each thread derives its own
   RetryStrategy strategy = RetryStrategy::kBudget;
-  CallOptions call = {};
+  CallOptions call = {};  // call.retry_cost: tokens per retry
+  // Each thread starts call k at its start + k * call_interval (or at once when late): a paced
+  // load whose calls do not depend on the budget's answers. Zero: back to back.
+  absl::Duration call_interval = absl::ZeroDuration();
   // Client tuning passed through to ClientOptions (zero keeps the library default).
   absl::Duration refresh_period = absl::ZeroDuration();
   uint64_t lease_burst = 0;

@@ -54,6 +54,8 @@ CallCounts& CallCounts::operator+=(const CallCounts& other) {
   failures += other.failures;
   retries_allowed += other.retries_allowed;
   retries_denied += other.retries_denied;
+  requests += other.requests;
+  tokens_spent += other.tokens_spent;
   return *this;
 }
 
@@ -69,6 +71,9 @@ void RunHelperCall(const CallOptions& options, Backend& backend, TenantBudget& b
   policy.initial_backoff = options.backoff_initial;
   policy.max_backoff = std::max(options.backoff_max, options.backoff_initial);
   policy.multiplier = 2.0;
+  if (options.retry_cost != 1) {
+    policy.retry_cost = [cost = options.retry_cost](const absl::Status&) { return cost; };
+  }
   CallControl control;
   control.stop = stop;
   // A fixed key: the simulated backend does not dedup, and a random key per call would cost an
@@ -81,8 +86,12 @@ void RunHelperCall(const CallOptions& options, Backend& backend, TenantBudget& b
     return backend.Call() ? absl::OkStatus()
                           : absl::UnavailableError("simulated backend failure");
   });
+  ++counts.requests;  // Retry() recorded the request
   counts.attempts += attempts;
-  if (attempts > 1) counts.retries_allowed += attempts - 1;
+  if (attempts > 1) {
+    counts.retries_allowed += attempts - 1;
+    counts.tokens_spent += (attempts - 1) * options.retry_cost;
+  }
   if (status.ok()) {
     ++counts.successes;  // Retry() called RecordSuccess() once
     return;
@@ -104,6 +113,10 @@ void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend&
     max_attempts = kUnbudgetedDefaultAttempts;
   }
   ++counts.calls;
+  if (strategy == RetryStrategy::kBudget) {
+    budget->RecordRequest();
+    ++counts.requests;
+  }
   for (int attempt = 1;; ++attempt) {
     ++counts.attempts;
     if (backend.Call()) {
@@ -119,7 +132,7 @@ void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend&
     }
     switch (strategy) {
       case RetryStrategy::kBudget:
-        if (!budget->TryAcquire()) {
+        if (!budget->TryAcquire(options.retry_cost)) {
           // A denied retry is a real outcome: the call fails now.
           ++counts.retries_denied;
           ++counts.failures;
@@ -131,6 +144,7 @@ void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend&
         break;
     }
     ++counts.retries_allowed;
+    counts.tokens_spent += options.retry_cost;  // unbudgeted: what its retries would cost
   }
 }
 

@@ -79,6 +79,8 @@ struct CallCounts {
   uint64_t failures = 0;
   uint64_t retries_allowed = 0;
   uint64_t retries_denied = 0;
+  uint64_t requests = 0;      // RecordRequest() calls: one per logical call with a budget
+  uint64_t tokens_spent = 0;  // the cost of every retry allowed (refunds deducted)
   CallCounts& operator+=(const CallCounts& other);
 };
 
@@ -90,17 +92,23 @@ struct CallOptions {
   // [0, min(backoff_max, backoff_initial * 2^(k-1)))). Small by default: attempts take ~1 ms.
   absl::Duration backoff_initial = absl::Milliseconds(1);
   absl::Duration backoff_max = absl::Milliseconds(10);
+  // Tokens every retry costs: TryAcquire(retry_cost) (kBudget) or the retry helper's cost
+  // (kRetryHelper). [1, 1000000].
+  uint32_t retry_cost = 1;
 };
 
 // Runs one logical call: the first attempt, then retries as `strategy` allows, and updates
-// `counts`. On success calls budget.RecordSuccess() (kBudget, kRetryHelper). Once `stop` is
+// `counts`. Records the request (budget.RecordRequest(), once, before the first attempt) and on
+// success calls budget.RecordSuccess() (kBudget; kRetryHelper: the helper does both). Once `stop` is
 // requested no new retry is started (the call ends failed, counted neither allowed nor denied;
 // kRetryHelper refunds a token it took for a retry it then did not send). `budget` may be null
 // for kUnbudgeted.
 //
 // Counting, the same for every strategy: `attempts` counts backend calls; `retries_allowed`
 // counts attempts after the first (each one a retry the strategy allowed and sent);
-// `retries_denied` counts calls ended by a budget denial.
+// `retries_denied` counts calls ended by a budget denial; `tokens_spent` adds `retry_cost` per
+// retry allowed; `requests` counts the calls whose request was recorded (every call but
+// kUnbudgeted's).
 void RunLogicalCall(RetryStrategy strategy, const CallOptions& options, Backend& backend,
                     TenantBudget* budget, std::stop_token stop, CallCounts& counts);
 

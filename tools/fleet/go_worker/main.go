@@ -2,17 +2,22 @@
 // language's worker follows (mixed_fleet.py's run_worker is the reference):
 //
 //	go_worker --server=TARGET --tenant=T --threads=N --duration=SECONDS --failure-rate=F
-//	          --call-latency=SECONDS --seed=K [--timeline-slice=SECONDS]
+//	          --call-latency=SECONDS --seed=K [--timeline-slice=SECONDS] [--retry-cost=N]
+//	          [--call-interval=SECONDS] [--max-attempts=N]
 //
 // It prints "ready", waits for the start signal on stdin: "go ORIGIN" (the fleet's start,
 // CLOCK_MONOTONIC microseconds: its timelines count from there, tools/fleet/start_signal.h) or a
 // bare "go" (from now); anything else: exit 3. Then it creates
-// its client (default options), runs N concurrent loops for DURATION (a logical call is
-// attempts to a simulated backend that sleeps CALL_LATENCY and fails with probability F; a
-// failed attempt is retried only when TryAcquire allows; a denied retry ends the call as
-// failed; a success calls RecordSuccess), polls the tenant's mode every 10 ms, closes the
-// client (the final Sync) and prints one JSON line of counts (with its timelines: calls,
-// retries, denied retries and successes per --timeline-slice, default 0.1 s); exit 0.
+// its client (default options), waits for the tenant's first answer (at most 3 s), runs N concurrent loops for DURATION (a logical call is
+// attempts to a simulated backend that sleeps CALL_LATENCY and fails with probability F, its
+// request recorded (RecordRequest) before the first; a failed attempt is retried only when
+// TryAcquireN(N) allows, N = --retry-cost tokens (default 1); a denied retry ends the call as
+// failed; a call ends failed after --max-attempts attempts (0, the default: no cap) or at the end
+// of the run; a success calls RecordSuccess; with --call-interval each loop starts a call every that
+// many seconds, paced, instead of back to back), polls the tenant's mode every 10 ms, closes
+// the client (the final Sync) and prints one JSON line of counts (with its timelines: calls,
+// retries, denied retries and successes per --timeline-slice, default 0.1 s, by the call's
+// start; requests and tokens per slice when recorded / taken); exit 0.
 //
 // With --backend=TARGET it is instead an open-loop worker of bench/metastable.py's fleet,
 // calling a real backend: see open_loop.go.
@@ -20,6 +25,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -42,6 +48,8 @@ type counts struct {
 	Failures       int64 `json:"failures"`
 	RetriesAllowed int64 `json:"retries_allowed"`
 	RetriesDenied  int64 `json:"retries_denied"`
+	Requests       int64 `json:"requests"`
+	TokensSpent    int64 `json:"tokens_spent"`
 }
 
 type report struct {
@@ -52,6 +60,8 @@ type report struct {
 	// Of the successes, those whose credit went into this process's fallback bucket
 	// (TenantStats.SuccessesCreditedLocally; the server credits the others).
 	LibSuccessesCreditedLocally uint64  `json:"lib_successes_credited_locally"`
+	LibRequests                 uint64  `json:"lib_requests"`
+	LibShadowDenied             uint64  `json:"lib_shadow_denied"`
 	FallbackAllowance           float64 `json:"fallback_allowance"`
 	SawFallback                 bool    `json:"saw_fallback"`
 	LeaseAfterFallback          bool    `json:"lease_after_fallback"`
@@ -64,6 +74,31 @@ type report struct {
 	RetriesTimeline      []int64 `json:"retries_timeline"`
 	DeniedTimeline       []int64 `json:"denied_timeline"`
 	SuccessesTimeline    []int64 `json:"successes_timeline"`
+	// Per slice, when the request was recorded / the tokens taken (the windowed bound).
+	RequestsTimeline []int64 `json:"requests_timeline"`
+	TokensTimeline   []int64 `json:"tokens_timeline"`
+}
+
+// countAt adds n to the slice of *timeline holding the instant `since` after the origin.
+func countAt(timeline *[]int64, since, width time.Duration, n int64) {
+	i := 0
+	if since > 0 {
+		i = int(since / width)
+	}
+	for len(*timeline) <= i {
+		*timeline = append(*timeline, 0)
+	}
+	(*timeline)[i] += n
+}
+
+// addInto adds b into *a slice by slice.
+func addInto(a *[]int64, b []int64) {
+	for len(*a) < len(b) {
+		*a = append(*a, 0)
+	}
+	for i, v := range b {
+		(*a)[i] += v
+	}
 }
 
 // timelines counts calls, retries sent, retries denied and successes per slice.
@@ -103,24 +138,37 @@ func main() {
 	callLatency := flag.Float64("call-latency", 0.001, "seconds per attempt")
 	seed := flag.Int64("seed", 1, "random seed")
 	slice := flag.Float64("timeline-slice", 0.1, "seconds per slice of the timelines")
+	retryCost := flag.Int("retry-cost", 1, "tokens per retry, [1, 1000000]")
+	callInterval := flag.Float64("call-interval", 0, "seconds between a loop's call starts (0: back to back)")
 	// The open-loop mode (open_loop.go): bench/metastable.py's fleet.
 	backend := flag.String("backend", "", "open loop: the metastable backend's target")
 	rate := flag.Float64("rate", 10, "open loop: logical calls per second")
 	phase := flag.Float64("phase", 0, "open loop: shift of the call times, in [0, 1) of an interval")
 	epochMs := flag.Int64("epoch-ms", 0, "open loop: time 0 of the run, Unix milliseconds")
 	timeoutMs := flag.Int64("timeout-ms", 1000, "open loop: deadline of one attempt")
-	maxAttempts := flag.Int64("max-attempts", 5, "open loop: attempts per call")
+	maxAttempts := flag.Int64("max-attempts", 0, "attempts per call, 0: no cap (open loop: default 5)")
 	flag.Parse()
 	if *backend != "" {
 		os.Exit(runOpenLoop(openLoopArgs{backend: *backend, server: *server, tenant: *tenant,
 			rate: *rate, phase: *phase, duration: *duration, epochMs: *epochMs,
-			timeoutMs: *timeoutMs, maxAttempts: *maxAttempts}))
+			timeoutMs: *timeoutMs, maxAttempts: openLoopAttempts(*maxAttempts)}))
 	}
 	if *slice <= 0 {
 		fmt.Fprintf(os.Stderr, "go_worker: --timeline-slice is %g; it must be > 0\n", *slice)
 		os.Exit(2)
 	}
-	os.Exit(run(*server, *tenant, *threads, *duration, *failureRate, *callLatency, *seed, *slice))
+	if *retryCost < 1 || *retryCost > 1000000 {
+		fmt.Fprintf(os.Stderr, "go_worker: --retry-cost is %d; it must be in [1, 1000000]\n", *retryCost)
+		os.Exit(2)
+	}
+	if *callInterval < 0 {
+		fmt.Fprintf(os.Stderr, "go_worker: --call-interval is %g; it must be >= 0\n", *callInterval)
+		os.Exit(2)
+	}
+	os.Exit(run(workerArgs{server: *server, tenant: *tenant, threads: *threads,
+		duration: *duration, failureRate: *failureRate, callLatency: *callLatency, seed: *seed,
+		slice: *slice, retryCost: *retryCost, callInterval: *callInterval,
+		maxAttempts: *maxAttempts}))
 }
 
 // monotonicNow reads CLOCK_MONOTONIC, the clock of the start signal's origin (time.Now's
@@ -148,7 +196,29 @@ func startSignalOrigin(line string, now time.Duration) (time.Duration, bool) {
 	return time.Duration(us) * time.Microsecond, true
 }
 
-func run(server, tenant string, threads int, duration, failureRate, callLatency float64, seed int64, slice float64) int {
+// workerArgs are the worker protocol's flags.
+type workerArgs struct {
+	server, tenant                            string
+	threads                                   int
+	duration, failureRate, callLatency, slice float64
+	seed                                      int64
+	retryCost                                 int
+	callInterval                              float64
+	maxAttempts                               int64
+}
+
+// openLoopAttempts is the open loop's attempts per call: 5 unless given.
+func openLoopAttempts(n int64) int64 {
+	if n == 0 {
+		return 5
+	}
+	return n
+}
+
+func run(a workerArgs) int {
+	server, tenant, threads, duration, failureRate, callLatency, seed, slice :=
+		a.server, a.tenant, a.threads, a.duration, a.failureRate, a.callLatency, a.seed, a.slice
+	interval := time.Duration(a.callInterval * float64(time.Second))
 	fmt.Println("ready")
 	line, _ := bufio.NewReader(os.Stdin).ReadString('\n')
 	line = strings.TrimSpace(line)
@@ -170,6 +240,12 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	// Calls start once the tenant's first answer is in (as the fleet tool's C++ workers do): a
+	// client is in enforce mode and has no lease until then, and what it counts before it is the
+	// server's baseline. Bounded, so a server that is down does not hold the run.
+	readyCtx, cancelReady := context.WithTimeout(context.Background(), 3*time.Second)
+	_ = budget.WaitReady(readyCtx)
+	cancelReady()
 	// The fallback allowance is on the client's clock (the real one here).
 	clock := retrybudget.RealClock()
 	begin := time.Now()
@@ -183,6 +259,7 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 
 	var mu sync.Mutex
 	var total counts
+	var requestsAt, tokensAt []int64
 	var maxTry time.Duration
 	var wg sync.WaitGroup
 	for i := 0; i < threads; i++ {
@@ -193,7 +270,11 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 			var c counts
 			var longest time.Duration
 			mine := newTimelines(slices)
-			for {
+			var myRequests, myTokens []int64
+			for k := 0; ; k++ {
+				if interval > 0 {
+					time.Sleep(time.Until(begin.Add(time.Duration(k) * interval)))
+				}
 				now := time.Now()
 				if !now.Before(end) {
 					break
@@ -204,7 +285,10 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 				}
 				c.Calls++
 				mine.calls[i]++
-				for {
+				budget.RecordRequest()
+				c.Requests++
+				countAt(&myRequests, monotonicNow()-origin, sliceWidth, 1)
+				for attempt := int64(1); ; attempt++ {
 					c.Attempts++
 					if latency > 0 {
 						time.Sleep(latency)
@@ -215,8 +299,12 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 						mine.successes[i]++
 						break
 					}
+					if (a.maxAttempts > 0 && attempt >= a.maxAttempts) || !time.Now().Before(end) {
+						c.Failures++
+						break
+					}
 					start := time.Now()
-					allowed := budget.TryAcquire()
+					allowed := budget.TryAcquireN(a.retryCost)
 					if d := time.Since(start); d > longest {
 						longest = d
 					}
@@ -227,17 +315,23 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 						break
 					}
 					c.RetriesAllowed++
+					c.TokensSpent += int64(a.retryCost)
 					mine.retries[i]++
+					countAt(&myTokens, monotonicNow()-origin, sliceWidth, int64(a.retryCost))
 				}
 			}
 			mu.Lock()
 			all.add(mine)
+			addInto(&requestsAt, myRequests)
+			addInto(&tokensAt, myTokens)
 			total.Calls += c.Calls
 			total.Attempts += c.Attempts
 			total.Successes += c.Successes
 			total.Failures += c.Failures
 			total.RetriesAllowed += c.RetriesAllowed
 			total.RetriesDenied += c.RetriesDenied
+			total.Requests += c.Requests
+			total.TokensSpent += c.TokensSpent
 			if longest > maxTry {
 				maxTry = longest
 			}
@@ -285,6 +379,8 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		LibFallbackAllowed:          stats.FallbackAllowed,
 		LibTokensHeld:               stats.TokensHeld,
 		LibSuccessesCreditedLocally: stats.SuccessesCreditedLocally,
+		LibRequests:                 stats.Requests,
+		LibShadowDenied:             stats.ShadowDenied,
 		FallbackAllowance:           budget.FallbackAllowance(clock.Now()),
 		SawFallback:                 sawFallback,
 		LeaseAfterFallback:          leaseAfter,
@@ -296,7 +392,17 @@ func run(server, tenant string, threads int, duration, failureRate, callLatency 
 		RetriesTimeline:             t.retries,
 		DeniedTimeline:              t.denied,
 		SuccessesTimeline:           t.successes,
+		RequestsTimeline:            nonNil(requestsAt),
+		TokensTimeline:              nonNil(tokensAt),
 	})
 	fmt.Println(string(out))
 	return 0
+}
+
+// nonNil is t, or an empty slice (JSON [] rather than null).
+func nonNil(t []int64) []int64 {
+	if t == nil {
+		return []int64{}
+	}
+	return t
 }
