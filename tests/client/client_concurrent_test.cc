@@ -133,6 +133,78 @@ TEST(BudgetClientConcurrentTest, BooksAddUpWhileTheRefresherRacesWorkers) {
   EXPECT_GE(last.retries_spent(), total_kept);
 }
 
+// Workers take retries of random costs (and refund some) while the refresher syncs, renews and
+// expires leases underneath them: the tokens and the retries add up, every request stays valid
+// for the server (retries_allowed <= retries_spent, nothing goes back: the harness checks), and
+// no report counts a take of cost c as more than one retry.
+TEST(BudgetClientConcurrentTest, CostsAddUpInTokensAndRetriesWhileTheRefresherRaces) {
+  ClientHarness h;
+  TenantBudget* budget = h.Tenant("payments");
+  h.set_handler(Granting(200, /*lease_ttl_ms=*/300, /*next_sync_ms=*/200));
+
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> kept(kThreads, 0);
+  std::vector<uint64_t> kept_tokens(kThreads, 0);
+  std::vector<uint64_t> takes(kThreads, 0);
+  std::atomic<uint64_t> attempts{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      uint64_t n = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        attempts.fetch_add(1, std::memory_order_relaxed);
+        const uint32_t cost = 1 + static_cast<uint32_t>(n % 5);
+        if (budget->TryAcquire(cost)) {
+          ++takes[t];
+          if (++n % 3 == 0) {
+            budget->Refund(cost);
+          } else {
+            ++kept[t];
+            kept_tokens[t] += cost;
+          }
+        } else {
+          ++n;
+        }
+      }
+    });
+  }
+  for (int step = 0; step < 400; ++step) {
+    h.clock().Advance(absl::Milliseconds(step % 7 == 0 ? 350 : 60));
+    h.client().RunOnce();
+    budget->Stats();  // the books read while workers take
+    // Let the workers run between steps (on a loaded machine they may not have started); the
+    // deadline is a safety net, not a sleep.
+    const uint64_t before = attempts.load();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (attempts.load() < before + 100 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+  }
+  stop = true;
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_TRUE(h.client().Shutdown().ok());
+
+  uint64_t total_kept = 0, total_tokens = 0, total_takes = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    total_kept += kept[t];
+    total_tokens += kept_tokens[t];
+    total_takes += takes[t];
+  }
+  ASSERT_GT(total_takes, total_kept);  // some refunded
+  ASSERT_GT(total_kept, 0u);
+  const TenantStats stats = budget->Stats();
+  EXPECT_EQ(stats.retries_allowed, total_kept);
+  EXPECT_EQ(stats.tokens_spent, total_tokens);
+  EXPECT_EQ(stats.tokens_held, 0);
+  const v1::TenantSync last = h.last_request().tenants(0);
+  EXPECT_TRUE(h.last_request().final());
+  EXPECT_EQ(last.retries_spent() - last.retries_refunded(), total_tokens);
+  EXPECT_EQ(last.retries_spent() - last.retries_refunded() + last.tokens_returned(),
+            last.tokens_received());
+  EXPECT_LE(last.retries_allowed(), total_takes);
+  EXPECT_GE(last.retries_allowed(), total_kept);
+}
+
 // The server comes and goes while workers take and refund: leases, fallback and back again
 // under contention. Every request stays valid for the server (the harness checks each one:
 // fallback_spent <= retries_spent, leased spent + returned <= received, nothing goes back) and

@@ -99,6 +99,12 @@ class ServerRules {
       } else if (t.successes_credited_locally() > t.successes()) {
         absl::StrAppend(&problems, where, "successes_credited_locally ",
                         t.successes_credited_locally(), " > successes ", t.successes(), "; ");
+      } else if (t.requests_credited_locally() > t.requests()) {
+        absl::StrAppend(&problems, where, "requests_credited_locally ",
+                        t.requests_credited_locally(), " > requests ", t.requests(), "; ");
+      } else if (t.retries_allowed() > t.retries_spent()) {
+        absl::StrAppend(&problems, where, "retries_allowed ", t.retries_allowed(),
+                        " > retries_spent ", t.retries_spent(), "; ");
       } else if ((t.retries_spent() - t.fallback_spent()) + t.tokens_returned() >
                  t.tokens_received() + (t.retries_refunded() - t.fallback_refunded())) {
         // Both differences are >= 0 by the checks above; written without a subtraction that
@@ -124,6 +130,11 @@ class ServerRules {
       backwards("fallback_refunded", last.fallback_refunded(), t.fallback_refunded());
       backwards("successes_credited_locally", last.successes_credited_locally(),
                 t.successes_credited_locally());
+      backwards("requests", last.requests(), t.requests());
+      backwards("requests_credited_locally", last.requests_credited_locally(),
+                t.requests_credited_locally());
+      backwards("shadow_denied", last.shadow_denied(), t.shadow_denied());
+      backwards("retries_allowed", last.retries_allowed(), t.retries_allowed());
       last = t;
     }
     return problems;

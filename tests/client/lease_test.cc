@@ -43,6 +43,38 @@ TEST(LeaseTest, ReportsLowExactlyWhenCountFallsToMark) {
   EXPECT_EQ(low, 1);
 }
 
+TEST(LeaseTest, ACostIsTakenAllOrNothing) {
+  Lease lease;
+  lease.Deposit(3, 0);
+  EXPECT_EQ(lease.TryTake(5), Take::kEmpty);
+  EXPECT_EQ(lease.Held(), 3u);  // never a partial take
+  EXPECT_EQ(lease.TryTake(2), Take::kTaken);
+  EXPECT_EQ(lease.TryTake(2), Take::kEmpty);
+  EXPECT_EQ(lease.Held(), 1u);
+  EXPECT_EQ(lease.TryTake(1), Take::kTakenLow);
+  lease.Refund(3);
+  EXPECT_EQ(lease.Held(), 3u);
+  EXPECT_EQ(lease.TryTake(3), Take::kTakenLow);
+}
+
+TEST(LeaseTest, ATakeThatStepsOverTheMarkReportsLowOnce) {
+  Lease lease;
+  lease.Deposit(10, 4);
+  EXPECT_EQ(lease.TryTake(3), Take::kTaken);     // 7
+  EXPECT_EQ(lease.TryTake(5), Take::kTakenLow);  // 2: from above the mark to below it
+  EXPECT_EQ(lease.TryTake(1), Take::kTaken);     // 1: already below
+  EXPECT_EQ(lease.TryTake(1), Take::kTaken);     // 0
+}
+
+TEST(LeaseTest, AClosedLeaseGivesNoCost) {
+  Lease lease;
+  lease.Deposit(5, 0);
+  lease.WithdrawAndClose();
+  lease.Refund(5);
+  EXPECT_EQ(lease.TryTake(5), Take::kEmpty);
+  EXPECT_EQ(lease.TryTake(1), Take::kEmpty);
+}
+
 TEST(LeaseTest, WithdrawTakesEverythingAndCloses) {
   Lease lease;
   lease.Deposit(5, 1);

@@ -1,7 +1,9 @@
 #include "client/cpp/tenant_ledger.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -18,17 +20,21 @@ struct Wire {
   uint64_t fallback_refunded = 0;
   uint64_t returned = 0;
   uint64_t received = 0;
+  uint64_t allowed = 0;
 };
 
-Wire Report(TenantLedger& ledger, uint64_t held) {
-  ledger.Report(held);
+Wire Report(TenantLedger& ledger, const WordSnapshot& word) {
+  ledger.Report(word);
   return {.spent = ledger.reported_spent(),
           .refunded = ledger.reported_refunded(),
           .fallback_spent = ledger.reported_fallback_spent(),
           .fallback_refunded = ledger.reported_fallback_refunded(),
           .returned = ledger.returned(),
-          .received = ledger.received()};
+          .received = ledger.received(),
+          .allowed = ledger.reported_allowed()};
 }
+
+Wire Report(TenantLedger& ledger, uint64_t held) { return Report(ledger, {.held = held}); }
 
 // What the server checks of every report (sync_validation), and that nothing went backwards
 // since `before`.
@@ -40,6 +46,8 @@ void ExpectValidAfter(const Wire& before, const Wire& now) {
   const uint64_t leased_net =
       (now.spent - now.fallback_spent) - (now.refunded - now.fallback_refunded);
   EXPECT_LE(leased_net + now.returned, now.received);
+  EXPECT_LE(now.allowed, now.spent);
+  EXPECT_GE(now.allowed, before.allowed);
   EXPECT_GE(now.spent, before.spent);
   EXPECT_GE(now.refunded, before.refunded);
   EXPECT_GE(now.fallback_spent, before.fallback_spent);
@@ -200,14 +208,23 @@ TEST(TenantLedgerTest, ALeasedTokenRefundedIntoTheFallbackWordAfterItsReportKeep
 // A model of the lease word driven at random through every kind of event, with a report after
 // each: every report must pass the server's checks and never go backwards; while the tokens only
 // ever came from leases, the books match the word exactly (received = sent + returned + held).
-void RandomWalk(uint32_t seed, bool with_fallback) {
+void RandomWalk(uint32_t seed, bool with_fallback, uint32_t max_cost = 1) {
   SCOPED_TRACE(seed);
   std::mt19937 gen(seed);
   TenantLedger ledger;
-  uint64_t held = 0;        // tokens in the word
-  uint64_t outstanding = 0;  // taken and not refunded: a Refund() may give one back
-  uint64_t sent = 0;         // taken minus refunded
+  uint64_t held = 0;                  // tokens in the word
+  std::vector<uint32_t> outstanding;  // costs taken and not refunded: a Refund() gives one back
+  uint64_t sent = 0;                  // tokens taken minus refunded
+  WordSnapshot word;                  // the workers' counts: refunded tokens, extra tokens
+  uint64_t takes = 0;                 // retries allowed
   Wire last;
+  const auto refund = [&] {
+    const uint32_t cost = outstanding.back();
+    outstanding.pop_back();
+    held += cost;
+    sent -= cost;
+    word.refunded += cost;
+  };
   for (int step = 0; step < 2000; ++step) {
     switch (std::uniform_int_distribution<int>(0, 6)(gen)) {
       case 0:
@@ -223,28 +240,24 @@ void RandomWalk(uint32_t seed, bool with_fallback) {
         }
         break;
       case 1:
-      case 2:
-        if (held > 0) {
-          --held;
-          ++outstanding;
-          ++sent;
+      case 2: {
+        const uint32_t cost = std::uniform_int_distribution<uint32_t>(1, max_cost)(gen);
+        if (held >= cost) {
+          held -= cost;
+          outstanding.push_back(cost);
+          sent += cost;
+          word.extra += cost - 1;
+          ++takes;
         }
         break;
+      }
       case 3:
-        if (outstanding > 0) {
-          ++held;
-          --outstanding;
-          --sent;
-        }
+        if (!outstanding.empty()) refund();
         break;
       case 4: {  // withdrawal, sometimes with a refund racing in right after it
         const uint64_t withdrawn = held;
         held = 0;
-        if (outstanding > 0 && std::uniform_int_distribution<int>(0, 3)(gen) == 0) {
-          ++held;
-          --outstanding;
-          --sent;
-        }
+        if (!outstanding.empty() && std::uniform_int_distribution<int>(0, 3)(gen) == 0) refund();
         ledger.Withdrew(withdrawn, held);
         break;
       }
@@ -256,8 +269,11 @@ void RandomWalk(uint32_t seed, bool with_fallback) {
       case 6:
         break;
     }
-    const Wire now = Report(ledger, held);
+    word.held = held;
+    EXPECT_EQ(ledger.Takes(word), takes);
+    const Wire now = Report(ledger, word);
     ExpectValidAfter(last, now);
+    EXPECT_EQ(now.allowed, std::max(last.allowed, std::min(takes, now.spent)));
     if (!with_fallback) {
       EXPECT_EQ(now.spent - now.refunded, sent);
       EXPECT_EQ(ledger.ExactSpent(held), sent);
@@ -274,6 +290,33 @@ TEST(TenantLedgerTest, RandomLeaseOnlyRunsAreExactAndEveryReportIsValid) {
 
 TEST(TenantLedgerTest, RandomRunsAcrossChangesOfSourceKeepEveryReportValid) {
   for (uint32_t seed = 1; seed <= 50; ++seed) RandomWalk(seed, /*with_fallback=*/true);
+}
+
+TEST(TenantLedgerTest, RandomRunsWithCostsCountTokensAndRetriesAndKeepEveryReportValid) {
+  for (uint32_t seed = 1; seed <= 50; ++seed) {
+    RandomWalk(seed, /*with_fallback=*/false, /*max_cost=*/4);
+    RandomWalk(seed, /*with_fallback=*/true, /*max_cost=*/4);
+  }
+}
+
+TEST(TenantLedgerTest, RetriesAllowedCountsTakesWhateverTheirCostCappedAtSpent) {
+  TenantLedger ledger;
+  ledger.Received(10, 10);
+  // A take of 1 refunded before any report: left out of retries_spent, so out of
+  // retries_allowed too (the server checks allowed <= spent).
+  Wire w = Report(ledger, {.refunded = 1, .held = 10, .extra = 0});
+  EXPECT_EQ(w.spent, 0u);
+  EXPECT_EQ(w.allowed, 0u);
+  // Then a take of cost 5: 5 tokens, one retry (two takes in all, capped at... 5 spent).
+  w = Report(ledger, {.refunded = 1, .held = 5, .extra = 4});
+  EXPECT_EQ(w.spent, 5u);
+  EXPECT_EQ(w.allowed, 2u);
+  EXPECT_EQ(ledger.Takes({.refunded = 1, .held = 5, .extra = 4}), 2u);
+  // Its refund after the report: refunded, and retries_allowed does not go down.
+  w = Report(ledger, {.refunded = 6, .held = 10, .extra = 4});
+  EXPECT_EQ(w.spent, 5u);
+  EXPECT_EQ(w.refunded, 5u);
+  EXPECT_EQ(w.allowed, 2u);
 }
 
 }  // namespace
