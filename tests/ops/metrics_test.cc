@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "google/protobuf/struct.pb.h"
@@ -254,12 +255,42 @@ TEST(MetricsTest, DashboardAndAlertsUseOnlyExposedMetrics) {
                                           << ", which neither the server nor the client exposes";
     }
   }
-  // The dashboard shows what the issue asks for.
+  // The dashboard shows what the issues ask for.
   for (const char* name : {"retry_budget_tokens", "retry_budget_granted_tokens_total",
                            "retry_budget_retries_denied_total", "retry_budget_successes_total",
                            "retry_budget_active_instances",
-                           "retry_budget_sync_duration_seconds_bucket"}) {
+                           "retry_budget_sync_duration_seconds_bucket",
+                           "retry_budget_shadow_denied_total", "retry_budget_shadow",
+                           "retry_budget_requests_total", "retry_budget_retries_allowed_total"}) {
     EXPECT_TRUE(absl::StrContains(dashboard, name)) << "the dashboard does not show " << name;
+  }
+}
+
+// Every query of the dashboards is PromQL that Prometheus parses: each, with Grafana's variables
+// given values, becomes a recording rule that `promtool check rules` must accept.
+TEST(MetricsTest, EveryDashboardQueryParses) {
+  ScopedTempDir dir;
+  for (const char* file : {"retry-budget.json", "retry-budget-cluster.json"}) {
+    const std::string dashboard = ReadFileOrDie(kSourceDir + "/deploy/grafana/dashboards/" + file);
+    google::protobuf::Struct parsed;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(dashboard, &parsed).ok()) << file;
+    std::string rules = "groups:\n  - name: dashboard\n    rules:\n";
+    int queries = 0;
+    for (const google::protobuf::Value& panel : parsed.fields().at("panels").list_value().values()) {
+      const auto& fields = panel.struct_value().fields();
+      if (!fields.contains("targets")) continue;
+      for (const google::protobuf::Value& target : fields.at("targets").list_value().values()) {
+        std::string expr = target.struct_value().fields().at("expr").string_value();
+        expr = absl::StrReplaceAll(expr, {{"$__rate_interval", "1m"}, {"$tenant", ".*"}});
+        absl::StrAppend(&rules, "      - record: dashboard:query_", ++queries, "\n",
+                        "        expr: '", absl::StrReplaceAll(expr, {{"'", "''"}}), "'\n");
+      }
+    }
+    EXPECT_GE(queries, 3) << file;
+    const std::string path = dir.path() + "/" + file + ".rules.yml";
+    std::ofstream(path) << rules;
+    const CommandResult r = RunCommand(absl::StrCat(PROMTOOL_BINARY, " check rules ", path));
+    EXPECT_EQ(r.exit_code, 0) << file << ":\n" << r.output << "\n" << rules;
   }
 }
 
