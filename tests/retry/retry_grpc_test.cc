@@ -105,6 +105,28 @@ TEST_F(RetryUnaryTest, FreshContextPerAttemptWithKeyAndPreviousAttempts) {
   EXPECT_EQ(budget_.acquired, 2);
 }
 
+TEST_F(RetryUnaryTest, OneRequestPerCallAndEachRetryPricedByTheGrpcStatus) {
+  policy_.max_attempts = 4;
+  policy_.retry_cost = AwsRetryCost;
+  int calls = 0;
+  auto call = [&](grpc::ClientContext*, const std::string&, std::string* resp) {
+    switch (++calls) {
+      case 1:
+        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "attempt timed out");
+      case 2:
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "down");
+      default:
+        *resp = "ok";
+        return grpc::Status::OK;
+    }
+  };
+  absl::StatusOr<std::string> r =
+      RetryUnary<std::string>(budget_, policy_, control_, call, std::string("hi"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(budget_.requests, 1);
+  EXPECT_THAT(budget_.costs_asked(), ElementsAre(10, 5));  // a timeout, then a retryable error
+}
+
 TEST_F(RetryUnaryTest, DeadlineIsTheShorterOfOverallAndPerAttempt) {
   policy_.per_attempt_timeout = absl::Seconds(2);
   control_.deadline = clock_.Now() + absl::Seconds(60);
