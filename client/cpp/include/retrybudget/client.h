@@ -257,9 +257,10 @@ struct ClientOptions {
 
   // ---- Observability ----
   // Where the client registers its metrics (retry_budget_client_*: retries allowed, denied and
-  // allowed in fallback, tokens held, mode per tenant; syncs by result). Not owned; must outlive
-  // the client. Null: no metrics. The refresher updates them after each of its steps, never the
-  // hot path, so they lag by at most one step. Two clients must not share one registry.
+  // allowed in fallback, shadow mode's would-be denials, requests, tokens held, mode per tenant;
+  // syncs by result). Not owned; must outlive the client. Null: no metrics. The refresher
+  // updates them after each of its steps, never the hot path, so they lag by at most one step.
+  // Two clients must not share one registry.
   prometheus::Registry* metrics_registry = nullptr;
 
   // ---- Security ----
