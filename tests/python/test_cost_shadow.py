@@ -9,14 +9,12 @@ import threading
 import grpc
 import pytest
 import tenacity
-from prometheus_client import CollectorRegistry
 
 import retrybudget
 from retrybudget import (BudgetExhausted, InvalidOptions, RetryCancelled, RetryPolicy,
                          async_call_with_retry, aws_cost, call_with_retry)
 from retrybudget._bucket_math import BucketShape, FallbackBucket, RefreshPolicy
 from retrybudget._proto import budget_pb2
-from retrybudget.metrics import PrometheusClientMetrics
 from retrybudget.tenacity import (record_request, retry_if_budget_allows,
                                   stop_when_budget_exhausted)
 from retrybudget.tenant_budget import DOWN, UNREACHABLE, TenantBudget
@@ -297,7 +295,10 @@ def _sample(registry, name, tenant="t"):
 
 
 def test_metrics_export_shadow_denied_and_requests():
-    registry = CollectorRegistry()
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from retrybudget.metrics import PrometheusClientMetrics
+
+    registry = prometheus_client.CollectorRegistry()
     metrics = PrometheusClientMetrics(registry)
     budget = grant(new_budget(), 1, SHADOW)
     budget.record_request()
