@@ -287,6 +287,76 @@ TEST_F(ServerClusterTest, PolicyPutThroughAnyServerReachesTheOwnerWithinASecond)
   EXPECT_EQ(response.tenants(0).capacity(), 7);
 }
 
+// A mode switch (the owner's policy in etcd) put through any server reaches the owner and its
+// grants; a mode no server knows is refused before anything is written, and changes nothing.
+TEST_F(ServerClusterTest, AModeSwitchThroughAnyServerReachesTheOwnersGrantsAndAnUnknownOneNothing) {
+  const std::string tenant = "dry-run";
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const int other = (owner + 1) % 3;
+  v1::BudgetPolicy policy;
+  policy.set_capacity(9);
+  policy.set_mode(v1::MODE_SHADOW);
+  const grpc::Status put = servers_[other].rpc.PutPolicy(tenant, policy);
+  ASSERT_TRUE(put.ok()) << put.error_message();
+  v1::BudgetStatus got;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return servers_[owner].rpc.GetBudget(tenant, &got).ok() &&
+               got.policy().mode() == v1::MODE_SHADOW;
+      },
+      absl::Seconds(2)))
+      << got.DebugString();
+  v1::SyncRequest request;
+  request.set_instance_id("m-1");
+  request.add_tenants()->set_tenant(tenant);
+  request.mutable_tenants(0)->set_want(1);
+  uint64_t seq = 0;
+  v1::SyncResponse response;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        request.set_seq(++seq);
+        response.Clear();
+        return Sync(owner, request, &response).ok() && response.tenants_size() == 1 &&
+               !response.tenants(0).has_error();
+      },
+      absl::Seconds(2)));
+  EXPECT_EQ(response.tenants(0).mode(), v1::MODE_SHADOW);
+
+  // An unknown mode, through a non-owner and through the owner: refused, nothing in etcd.
+  const std::string key = absl::StrCat(cluster_->etcd_prefix(), "/policies/", tenant);
+  auto before = etcd().Get(key);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->kvs.size(), 1u);
+  v1::BudgetPolicy unknown = policy;
+  unknown.set_mode(static_cast<v1::Mode>(5));
+  for (int server : {other, owner}) {
+    const grpc::Status s = servers_[server].rpc.PutPolicy(tenant, unknown);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << server;
+    EXPECT_THAT(s.error_message(), ::testing::HasSubstr("policy.mode = 5"));
+  }
+  auto after = etcd().Get(key);
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->kvs.size(), 1u);
+  EXPECT_EQ(after->kvs[0].value, before->kvs[0].value);
+  EXPECT_EQ(after->kvs[0].mod_revision, before->kvs[0].mod_revision);
+  ASSERT_TRUE(servers_[owner].rpc.GetBudget(tenant, &got).ok());
+  EXPECT_EQ(got.policy().mode(), v1::MODE_SHADOW);
+  EXPECT_EQ(got.policy().capacity(), 9);
+
+  // Back to enforce through the non-owner: the owner's next grant says so.
+  policy.set_mode(v1::MODE_ENFORCE);
+  ASSERT_TRUE(servers_[other].rpc.PutPolicy(tenant, policy).ok());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        request.set_seq(++seq);
+        response.Clear();
+        return Sync(owner, request, &response).ok() && response.tenants_size() == 1 &&
+               response.tenants(0).mode() == v1::MODE_ENFORCE;
+      },
+      absl::Seconds(2)));
+}
+
 TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   const std::string tenant = "checkout";
   const absl::Time start = absl::Now();
