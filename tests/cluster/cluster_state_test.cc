@@ -226,6 +226,22 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
       absl::Seconds(10)))
       << (state.has_value() ? state->DebugString() : "no state in etcd");
 
+  // Another instance reports requests, would-be denials and retries allowed after its baseline:
+  // the totals travel with the state.
+  for (uint64_t seq : {1, 2}) {
+    v1::SyncRequest report;
+    report.set_instance_id("reporter-1");
+    report.set_seq(seq);
+    v1::TenantSync* t = report.add_tenants();
+    t->set_tenant(tenant);
+    t->set_requests(seq == 2 ? 12 : 0);
+    t->set_shadow_denied(seq == 2 ? 3 : 0);
+    v1::SyncResponse answer;
+    const grpc::Status s = rpc.Sync(report, &answer);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_FALSE(answer.tenants(0).has_error()) << answer.DebugString();
+  }
+
   // SIGTERM: the owner stops granting, writes the shard's state and hands it over. Nothing is
   // granted after that write, so nothing of the reservation ahead is left to count as spent.
   absl::StatusOr<int> stopped = cluster_->server(*owner).Stop(SIGTERM, absl::Seconds(10));
@@ -235,6 +251,8 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
   EXPECT_EQ(state->granted_total(), spender.received(tenant));
   EXPECT_EQ(state->grant_limit(), state->granted_total()) << state->DebugString();
   EXPECT_GT(state->level(), 0);
+  EXPECT_EQ(state->requests_total(), 12u);
+  EXPECT_EQ(state->shadow_denied_total(), 3u);
 
   // The next owner starts from that level (refill restarts at the takeover): not lower, as it
   // would be after a kill -9, when the whole reservation counts as granted.
@@ -253,6 +271,8 @@ TEST_F(ClusterStateTest, SigtermedOwnerHandsOverItsExactLevelNotItsReservation) 
               got.tokens());
   EXPECT_GE(got.tokens(), state->level() - 1e-9);
   EXPECT_EQ(got.granted_total(), state->granted_total());
+  EXPECT_EQ(got.requests_total(), 12u);
+  EXPECT_EQ(got.shadow_denied_total(), 3u);
 }
 
 }  // namespace
