@@ -395,6 +395,14 @@ double TokensTaken(const WorkerCounts& totals, uint32_t retry_cost) {
   return std::max(0.0, static_cast<double>(totals.tokens_spent) - unbacked);
 }
 
+// `v` with the ideal central bucket's allowance (IdealAllowed) and `spent` against it.
+Verdict FinishIdeal(Verdict v, const PolicyView& policy, double elapsed,
+                    const WorkerCounts& totals, double spent) {
+  v.ideal_allowed = IdealAllowed(policy, elapsed, totals);
+  v.utilisation_vs_ideal = Ratio(spent, v.ideal_allowed);
+  return v;
+}
+
 Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& totals,
                  uint32_t retry_cost, double report_delay_seconds) {
   Verdict v;
@@ -410,15 +418,20 @@ Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& t
     v.windowed =
         CheckWindowedBound(policy, totals, report_delay_seconds, totals.fallback_allowance);
     v.within_budget = v.windowed.within;
+    if (v.windowed.checked) {
+      // The report's bound and utilisation are the windowed ones: its fullest window's.
+      v.bound = v.windowed.worst_bound;
+      v.lease_bound = v.bound - v.fallback_allowance;
+      v.utilisation = v.windowed.max_utilisation;
+      return FinishIdeal(v, policy, elapsed, totals, spent);
+    }
   }
   if (v.bound > 0) {
     v.utilisation = spent / v.bound;
   } else {
     v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
   }
-  v.ideal_allowed = IdealAllowed(policy, elapsed, totals);
-  v.utilisation_vs_ideal = Ratio(spent, v.ideal_allowed);
-  return v;
+  return FinishIdeal(v, policy, elapsed, totals, spent);
 }
 
 }  // namespace
@@ -754,6 +767,17 @@ std::string WindowedToJson(const WindowedCheck& c) {
   return w.Finish();
 }
 
+// Retries denied by the calls started in the timeline slices wholly inside [from, to).
+uint64_t DeniedWithin(const WorkerCounts& totals, double from, double to) {
+  const double w = totals.timeline_slice_seconds;
+  uint64_t denied = 0;
+  for (size_t i = 0; w > 0 && i < totals.denied_timeline.size(); ++i) {
+    const double begin = w * static_cast<double>(i);
+    if (begin >= from && begin + w <= to) denied += totals.denied_timeline[i];
+  }
+  return denied;
+}
+
 // "mode_switches": each switch played (budgetctl), and when the last client saw it
 // (totals.mode_changes_ms, in order: the first change is the policy's own when it starts in
 // shadow).
@@ -774,8 +798,12 @@ std::vector<std::string> ModeSwitchesToJson(const FleetRun& run) {
         .String("result", m.result);
     if (i + offset < seen.size()) {
       const double all_at = static_cast<double>(seen[i + offset]) / 1000.0;
+      const double until = i + 1 < run.mode_switches.size() ? run.mode_switches[i + 1].started_at
+                                                            : run.elapsed_seconds;
       one.Number("all_clients_at_seconds", all_at)
-          .Number("lag_after_done_seconds", all_at - m.done_at);
+          .Number("lag_after_done_seconds", all_at - m.done_at)
+          .Number("retries_denied_while_all_in_mode",
+                  DeniedWithin(run.totals, all_at, until));
     }
     out.push_back(one.Finish());
   }

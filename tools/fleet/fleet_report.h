@@ -431,8 +431,10 @@ struct Verdict {
   // The tokens judged: the workers' tokens_spent, minus (shadow) the would-be denials' cost
   // (retry_cost * lib_shadow_denied), which took no token.
   double spent = 0;
-  // A windowed policy: its bound (then `within_budget` is windowed.within; the classic fields
-  // below are still computed from the server's capacity/refill, for reference only).
+  // A windowed policy: its bound. Then `within_budget` is windowed.within, `bound` and
+  // `utilisation` are its fullest window's (worst_bound, max_utilisation) and `lease_bound` that
+  // bound less the fallback allowance; the ideal bucket is the one the policy resolves to
+  // (capacity = floor * ttl, refill = floor), for reference.
   WindowedCheck windowed = {};
   double lease_bound = 0;         // BudgetBound()
   double fallback_allowance = 0;  // totals.fallback_allowance: sum over workers
