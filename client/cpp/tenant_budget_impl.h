@@ -71,8 +71,9 @@ struct FallbackConfig {
 // Thread-safe. Worker-facing methods (TryAcquire, Refund, RecordRequest, RecordSuccess) are
 // lock-free and touch only atomics, each group on its own cache line: a TryAcquire of cost 1 that
 // finds its tokens is one CAS on the lease word; a cost above 1 adds one atomic (the `extra`
-// count, see TenantLedger); a denial, and every shadow-mode decision, a few more. Refresher-facing methods take `mu_`; the
-// refresher is their only caller, and Stats() may run concurrently with them.
+// count, see TenantLedger); a denial, and a shadow-mode would-be denial, a few more.
+// Refresher-facing methods take `mu_`; the refresher is their only caller, and Stats() may run
+// concurrently with them.
 class TenantBudgetImpl final : public TenantBudget {
  public:
   // `waker` and `clock` (not owned) must outlive this object. `created` starts the demand

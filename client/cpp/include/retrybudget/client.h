@@ -17,9 +17,10 @@
 // with TenantBudget::WaitReady(); Retry() (retrybudget/retry.h) does so within its backoff.
 //
 // The hot path (TryAcquire, RecordRequest, RecordSuccess) is local: one atomic operation (a
-// second one for a cost above 1), no RPC, no lock, no allocation. A background refresher (one thread per BudgetClient, whatever the number of
-// tenants) leases tokens from the server with one Sync RPC for all tenants, reports successes,
-// returns unspent tokens, and is woken at once when a worker finds its lease empty.
+// second one for a cost above 1), no RPC, no lock, no allocation. A background refresher (one
+// thread per BudgetClient, whatever the number of tenants) leases tokens from the server with one
+// Sync RPC for all tenants, reports successes and requests, returns unspent tokens, and is woken
+// at once when a worker finds its lease empty.
 //
 // When the server is unreachable the client never fails open: it spends its current lease until
 // the lease expires, then falls back to a local token bucket sized by the `safe_share` the server
