@@ -152,8 +152,8 @@ reported with RecordSuccess(). After --duration seconds every worker shuts its c
 final Sync returns unspent tokens) and reports its own counts. The tool then prints ONE JSON
 line and checks the invariant of DESIGN.md:
 
-  retries_allowed <= bound = initial + refill * elapsed + credit * successes
-                            + fallback_allowance
+  tokens spent <= bound = initial + refill * elapsed + credit * successes
+                         + fallback_allowance
 
 where initial is the bucket level read (GetBudget) just before the workers start, elapsed
 (steady clock) runs from that read until every worker has exited, and successes are counted by
@@ -293,16 +293,19 @@ Output: one JSON line on stdout:
   {"tenant","strategy","workers","threads","failure_rate","duration_seconds","call_latency_ms",
    "policy":{"capacity","refill_per_second","success_credit","initial_tokens","lease_ttl_ms"},
    "elapsed_seconds","calls","attempts","successes","failures","retries_allowed",
-   "retries_denied","lease_bound","fallback_allowance","bound","within_budget","utilisation",
+   "retries_denied","requests","retry_cost","tokens_spent","shadow_denied","spent",
+   "lease_bound","fallback_allowance","bound","within_budget","utilisation",
    "max_try_acquire_ms","library":{...client library counters...},
    "fallback":{...time in fallback, allowance and its rule, spending in fallback...},
    "server":{...budget totals over the run...}, "faults":{...only with fault injection...},
-   "chaos":{...only with --kill-server-after/--stop-server-after: fault times, outage counts...}}
+   "chaos":{...only with --kill-server-after/--stop-server-after: fault times, outage counts...},
+   "windowed":{...a windowed policy: its bound's check...},
+   "mode_switches":[...with --mode-switch: each switch and when every client followed...]}
   (see tools/fleet/README.md for every field).
 
 Exit codes:
   0  the run finished within the budget
-  1  the run finished and the fleet spent more retries than the bound (within_budget=false)
+  1  the run finished and the fleet spent more tokens than the bound (within_budget=false)
   2  bad command line
   3  no verdict: the server was unreachable or refused the policy, the fault proxy did not
      start, or a worker failed to start, crashed, hung or reported no counts
