@@ -47,9 +47,10 @@ double WindowLedger::Available(const WindowShape& shape, int64_t now_ns) {
   for (int64_t i = s - k + 1; i <= s; ++i) a += At(i).deposits;
   for (int64_t j = oldest_grant; j <= s; ++j) a -= At(j).grants;
   double low = a;
-  // Each later slot boundary: the oldest deposit expires (lowers it), the oldest grant too
-  // (raises it). Past s + k no deposit is left and grants only expire: the minimum is here.
-  for (int64_t u = s; u < s + k; ++u) {
+  // Each later slot boundary within the lease that starts now (a token granted now is spent by
+  // now + lease_ttl, before the end of slot s + lease_slots): the oldest deposit expires
+  // (lowers it), the oldest grant too (raises it). Later times are checked by later grants.
+  for (int64_t u = s; u < s + shape.lease_slots; ++u) {
     a += At(u - k - shape.lease_slots).grants - At(u - k + 1).deposits;
     low = std::min(low, a);
   }

@@ -8,26 +8,34 @@
 //     start + ttl, up to one slot early (the safe direction);
 //   - a grant made in slot j counts at every time t < (j+1)*W + ttl + lease_ttl (rounded up to a
 //     slot): late, because its tokens may be spent up to lease_ttl after the grant.
-// A grant of n at time g is allowed only if for every t >= g
+// A grant of n at time g is allowed only if for every t in [g, g + lease_ttl] (the times its
+// tokens can be spent)
 //     floor + deposits live at t - grants live at t - n >= 0
 // with no future deposit (floor = min_retries_per_second * ttl): Grantable(now) is the minimum
-// of the left side over the future slot boundaries. Tokens credited back (returned, reclaimed)
-// are taken out of the slot they were counted in (Release); a client's held tokens carried into
-// a new lease are moved to the current slot (Release + Add: a move later never lowers what any
-// time counts).
+// of the left side over the slot boundaries of that span. Tokens credited back (returned,
+// reclaimed) are taken out of the slot they were counted in (Release); a client's held tokens
+// carried into a new lease are moved to the current slot (Release + Add: a move later never
+// lowers what any time counts).
 //
-// The bound. Claim: for every t, tokens spent in (t - ttl, t] <= floor + retry_ratio * requests
-// reported in (t - ttl, t]. Proof sketch: a token spent at x was, at x, counted in the slot j of
-// its last grant or carry g (x <= g + lease_ttl: a lease ends lease_ttl after the request that
-// carried it was sent) and never released from it (only unspent tokens are released). For
-// x in (t - ttl, t], g > t - ttl - lease_ttl, so (j+1)*W + ttl + lease_ttl > t: the slot is live
-// at t. So spent(t - ttl, t] <= G(t), the grants live at t. Every grant or carry was checked
-// against t (t is in its future, or it is after t and does not count there); since the last
-// such check before t, deposits only added and releases only removed, so
-// G(t) <= floor + D(t), and a deposit live at t was received in (t - ttl, t]. What is not in
-// the claim: tokens a server restart or takeover cannot place (counted conservatively at the
-// restore, DESIGN.md), and the fallback allowance (a client's share of the floor and its own
-// requests' deposits).
+// The bound (Finagle's, Linkerd's and tower's: checked at each retry, so it holds for every
+// window ending at a retry). Claim: for every time x at which a token is spent, tokens spent in
+// (x - ttl, x] <= floor + retry_ratio * requests reported in (x - ttl, x]. Proof sketch: a token
+// spent at x' was, at x', counted in the slot j of its last grant or carry g' (x' <= g' +
+// lease_ttl: a lease ends lease_ttl after the request that carried it was sent) and never
+// released from it (only unspent tokens are released). For x' in (x - ttl, x],
+// g' > x - ttl - lease_ttl, so (j+1)*W + ttl + lease_ttl > x: the slot is live at x, and
+// spent(x - ttl, x] <= G(x), the grants live at x. Let g* be the last grant or carry at or
+// before x; the token spent at x was granted at some g <= g* with x <= g + lease_ttl, so x is in
+// [g*, g* + lease_ttl], the span g* was checked over: G(x) as counted then <= floor + D(x) as
+// known then. Since g*, no grant was added, releases only removed and deposits only added, so
+// G(x) <= floor + D(x), and a deposit live at x was received in (x - ttl, x]. A window that
+// does not end at a retry may hold more (its last retries' deposits can have left it): that is
+// the same in Finagle. Checking only the lease's span, not every later time, is what lets the
+// deposits fund retries at all: every deposit expires before a grant made after it would.
+// In steady state the grants reach (ttl - lease_ttl - W/2) / (ttl + W) of the nominal ratio
+// (the last lease_ttl of a deposit's life cannot fund a lease). What is not in the claim: tokens
+// a server restart or takeover cannot place (counted conservatively at the restore, DESIGN.md),
+// and the fallback allowance (a client's share of the floor and its own requests' deposits).
 #ifndef RETRYBUDGET_SERVER_WINDOW_LEDGER_H_
 #define RETRYBUDGET_SERVER_WINDOW_LEDGER_H_
 
@@ -47,8 +55,7 @@ struct WindowShape {
 
 class WindowLedger {
  public:
-  // 32: a deposit expires W/2 early and a grant W late on average, so the steady state grants
-  // (ttl - W/2) / (ttl + lease_ttl + W) of the nominal ratio; memory is 16 bytes a slot.
+  // 32: a deposit expires W/2 early and a grant W late on average; memory is 16 bytes a slot.
   static constexpr int32_t kSlotsPerWindow = 32;
   // Slots kept: a grant's whole life (32 + lease_slots + 1, lease_ttl <= ttl).
   static constexpr int32_t kRing = 2 * kSlotsPerWindow + 1;
@@ -64,7 +71,7 @@ class WindowLedger {
   // Adds `tokens` (retry_ratio * requests) to the deposits of now's slot.
   void Deposit(const WindowShape& shape, int64_t now_ns, double tokens);
   // The most tokens that may be granted now (floor: whole tokens), 0 when none; what the
-  // future slot boundaries allow (see the file comment).
+  // slot boundaries of the next lease_ttl allow (see the file comment).
   uint64_t Grantable(const WindowShape& shape, int64_t now_ns);
   // The same before rounding: may be negative (tokens counted beyond the floor and the
   // deposits, e.g. after a crash restore).
