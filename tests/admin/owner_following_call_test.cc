@@ -1,14 +1,26 @@
 // Admin calls about one tenant against a real 3-server cluster on a real etcd: a non-owner names
 // the owner in the trailing metadata `retry-budget-owner`, and CallFollowingOwner
 // (tools/admin/owner_following_call.h) gets the owner's answer through any server, and waits out
-// a shard without owner after its owner was killed.
+// a shard without owner after its owner was killed. The budgetctl binary's `mode` and `get` do
+// the same through a non-owner.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -97,9 +109,29 @@ class OwnerFollowingCallTest : public ::testing::Test {
         {.unavailable_for = unavailable_for});
   }
 
+  // Runs the budgetctl binary with `args` and --server=<server `server`>; returns its exit code
+  // and its stdout and stderr.
+  std::pair<int, std::string> Budgetctl(std::vector<std::string> args, int server) {
+    args.insert(args.begin(), BUDGETCTL_BINARY);
+    args.push_back("--server=" + cluster_->server(server).address());
+    const std::string path = absl::StrCat(::testing::TempDir(), "/budgetctl.", ::getpid(), ".",
+                                          ++budgetctl_runs_, ".out");
+    absl::StatusOr<std::unique_ptr<Subprocess>> child =
+        Subprocess::Spawn(args, {.output_file = path});
+    if (!child.ok()) return {-1, child.status().ToString()};
+    absl::StatusOr<int> status = (*child)->Wait(absl::Now() + absl::Seconds(30));
+    std::ifstream in(path);
+    std::stringstream output;
+    output << in.rdbuf();
+    std::remove(path.c_str());
+    if (!status.ok()) return {-1, output.str() + status.status().ToString()};
+    return {WIFEXITED(*status) ? WEXITSTATUS(*status) : -1, output.str()};
+  }
+
   std::unique_ptr<testing::ClusterUnderTest> cluster_;
   int owner_ = -1;
   int other_ = -1;
+  int budgetctl_runs_ = 0;
 };
 
 TEST_F(OwnerFollowingCallTest, NonOwnerNamesTheOwnerInTrailingMetadata) {
@@ -143,6 +175,27 @@ TEST_F(OwnerFollowingCallTest, DeleteBudgetThroughANonOwnerDeletesOnTheOwner) {
       });
   ASSERT_TRUE(call.status.ok()) << call.status.error_message();
   EXPECT_EQ(call.answered_by, cluster_->server(owner_).address());
+}
+
+TEST_F(OwnerFollowingCallTest, BudgetctlModeThroughANonOwnerSwitchesOnlyTheOwnersMode) {
+  auto [code, output] = Budgetctl({"mode", kTenant, "shadow"}, other_);
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("capacity 42,"));
+  EXPECT_THAT(output, ::testing::HasSubstr("mode shadow"));
+  // The owner's budget: shadow, the rest of the policy kept.
+  auto to_owner = StubTo(cluster_->server(owner_).address());
+  v1::GetBudgetResponse response;
+  FollowedCall call = GetThrough(*to_owner, &response, absl::Seconds(10));
+  ASSERT_TRUE(call.status.ok()) << call.status.error_message();
+  EXPECT_EQ(response.budget().policy().mode(), v1::MODE_SHADOW);
+  EXPECT_EQ(response.budget().policy().capacity(), 42);
+  std::tie(code, output) = Budgetctl({"get", kTenant}, other_);
+  ASSERT_EQ(code, 0) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("mode:              shadow"));
+  // An unknown mode is refused before anything is sent.
+  std::tie(code, output) = Budgetctl({"mode", kTenant, "off"}, other_);
+  EXPECT_EQ(code, 2) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("MODE \"off\" is not a mode"));
 }
 
 TEST_F(OwnerFollowingCallTest, AShardWithoutOwnerIsWaitedOutUntilANewOwnerAnswers) {
