@@ -23,12 +23,17 @@ class GrantRecordTest : public ::testing::Test {
   RefPtr<Tenant> Budget(const std::string& name) {
     return MakeRef<Tenant>(name, Policy(100), v1::POLICY_SOURCE_DEFAULT, absl::UnixEpoch());
   }
+  // A policy in shadow mode when `capacity` is odd, windowed (retry ratio 0.3) when it is 13.
   PolicyRef Policy(double capacity) {
+    const bool windowed = capacity == 13;
     return policies_.Intern(ResolvedPolicy{.capacity = capacity,
                                            .refill_per_second = capacity / 10,
                                            .success_credit = 0.25,
                                            .initial_tokens = capacity,
-                                           .lease_ttl = absl::Milliseconds(capacity * 100)});
+                                           .lease_ttl = absl::Milliseconds(capacity * 100),
+                                           .shadow = static_cast<int>(capacity) % 2 == 1,
+                                           .windowed = windowed,
+                                           .retry_ratio = windowed ? 0.3 : 0});
   }
 
   // One record of each kind a response can hold, in turn by `kind`.
@@ -56,9 +61,11 @@ class GrantRecordTest : public ::testing::Test {
         g->mutable_safe_share()->set_capacity(1.0 / 3 + n);
         g->mutable_safe_share()->set_refill_per_second(0.1 * n);
         g->mutable_safe_share()->set_success_credit(0.7);
+        g->mutable_safe_share()->set_request_credit(0.01 * n);
         g->set_bucket_tokens(2.5 * n);
         g->set_capacity(99.5);
         g->set_active_instances(static_cast<uint32_t>(n));
+        g->set_mode(n % 2 == 0 ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
         GrantRecords one;
         ReadResponse(restored, &one);
         r = std::move(one[0]);
@@ -80,9 +87,11 @@ class GrantRecordTest : public ::testing::Test {
         g.mutable_safe_share()->set_capacity(share.capacity);
         g.mutable_safe_share()->set_refill_per_second(share.refill_per_second);
         g.mutable_safe_share()->set_success_credit(0.25);
+        g.mutable_safe_share()->set_request_credit(capacity == 13 ? 0.3 : 0);
         g.set_bucket_tokens(0.5 * n);
         g.set_capacity(capacity);
         g.set_active_instances(static_cast<uint32_t>(1 + n % 5));
+        g.set_mode(static_cast<int>(capacity) % 2 == 1 ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
         return g;
       }
       case 1:
@@ -99,9 +108,11 @@ class GrantRecordTest : public ::testing::Test {
         g.mutable_safe_share()->set_capacity(1.0 / 3 + n);
         g.mutable_safe_share()->set_refill_per_second(0.1 * n);
         g.mutable_safe_share()->set_success_credit(0.7);
+        g.mutable_safe_share()->set_request_credit(0.01 * n);
         g.set_bucket_tokens(2.5 * n);
         g.set_capacity(99.5);
         g.set_active_instances(static_cast<uint32_t>(n));
+        g.set_mode(n % 2 == 0 ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
         return g;
     }
   }
