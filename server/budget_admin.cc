@@ -45,7 +45,9 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
     const ResolvedPolicy& p = it != listed.end() ? it->second : default_policy_;
     tenant->Advance(absl::ToUnixNanos(now));
     tenant->bucket.CapAt(p.capacity);
+    const PolicyRef old = tenant->policy;
     tenant->policy = Intern(p);
+    tenant->FollowPolicyShape(*old, absl::ToUnixNanos(now));
     tenant->set_source(it != listed.end() ? v1::POLICY_SOURCE_FILE : v1::POLICY_SOURCE_DEFAULT);
   }
   return absl::OkStatus();
@@ -57,7 +59,12 @@ v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
   *s.mutable_policy() = tenant.policy->ToProto();
-  s.set_tokens(tenant.bucket.tokens());
+  const int64_t now_ns = absl::ToUnixNanos(now);
+  // A windowed policy: what may be granted now, and the requests' deposits still live.
+  s.set_tokens(tenant.GrantableLevel(now_ns));
+  if (tenant.window != nullptr) {
+    s.set_window_deposits(tenant.window->LiveDeposits(tenant.Shape(), now_ns));
+  }
   s.set_leased_tokens(static_cast<double>(tenant.HeldSum()));
   s.set_active_instances(tenant.ActiveCount(absl::ToUnixNanos(now)));
   // Copied under the lock (clang's analysis cannot follow a reference to a guarded member).
@@ -170,7 +177,9 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
     CompactMutexLock lock(&t->mu);
     t->Advance(absl::ToUnixNanos(now));  // time so far counts at the old rate
     t->bucket.CapAt(resolved->capacity);
+    const PolicyRef old = t->policy;
     t->policy = Intern(*resolved);
+    t->FollowPolicyShape(*old, absl::ToUnixNanos(now));
     t->set_source(v1::POLICY_SOURCE_ADMIN);
   }
   return StatusOf(*t, now);

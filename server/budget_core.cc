@@ -23,6 +23,32 @@ namespace {
 
 constexpr char kDeletedMeanwhile[] = "tenant was deleted while this request ran";
 
+// Tokens a client still holds of its leases by its own report (the window carries them into
+// the lease its answer starts; what it claims beyond what it holds only counts against itself).
+uint64_t ReportedHoldings(const CumulativeCounters& c) {
+  const uint64_t used = SaturatingAdd(c.lease_spent(), c.tokens_returned);
+  return c.tokens_received > used ? c.tokens_received - used : 0;
+}
+
+// The part of a windowed report read before the ledger applies it: the requests newly reported
+// and not credited by the client's fallback bucket (a baseline deposits nothing), and whether
+// the tokens it gives back still count in a live slot: they were carried (or granted) at its
+// previous Sync, or held under a lease that started less than a lease TTL before it, so they
+// count until at least that Sync + ttl (Tenant::WindowReport).
+core_internal::Tenant::WindowReport WindowReportBefore(const core_internal::Tenant& t,
+                                                       const core_internal::InstanceTenant& rec,
+                                                       const CumulativeCounters& sent,
+                                                       bool baseline, int64_t since_seen_ns)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(t.mu) {
+  core_internal::Tenant::WindowReport r;
+  if (baseline) return r;
+  const uint64_t now = sent.centrally_deposited_requests();
+  const uint64_t before = rec.ledger.applied.centrally_deposited_requests();
+  r.deposit = now > before ? t.policy->retry_ratio * static_cast<double>(now - before) : 0;
+  r.was_active = since_seen_ns <= t.policy->ttl_ns;
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BudgetCore>> BudgetCore::Create(CoreOptions options) {
@@ -255,6 +281,7 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
   }
   // Only its owner's requests keep an instance from eviction.
   const int64_t now_ns = absl::ToUnixNanos(now);
+  const int64_t previous_seen_ns = instance.last_seen_ns.load(std::memory_order_relaxed);
   instance.last_seen_ns.store(now_ns, std::memory_order_relaxed);
   const uint64_t fingerprint = Fingerprint(request);
   if (const uint64_t last_seq = instance.last_seq(); last_seq != 0) {
@@ -307,7 +334,8 @@ absl::Status BudgetCore::SyncLocked(const v1::SyncRequest& request, uint64_t pri
     core_internal::InstanceTenant* existing =
         records_moved ? instance.tenants.Find(request.tenants(i).tenant()) : known[i];
     records_moved |=
-        ApplyEntry(request, i, now_ns, instance, existing, records[i], &fallback_reports);
+        ApplyEntry(request, i, now_ns, previous_seen_ns, instance, existing, records[i],
+                   &fallback_reports);
   }
 
   instance.set_last_seq(request.seq());
@@ -343,8 +371,9 @@ BudgetCore::Tenant* BudgetCore::BudgetOf(const core_internal::InstanceTenant* re
 }
 
 bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, int64_t now_ns,
-                            Instance& instance, core_internal::InstanceTenant* existing,
-                            GrantRecord& out, std::vector<std::string>* fallback_reports) {
+                            int64_t previous_seen_ns, Instance& instance,
+                            core_internal::InstanceTenant* existing, GrantRecord& out,
+                            std::vector<std::string>* fallback_reports) {
   const v1::TenantSync& sent = request.tenants(index);
   const absl::Time now = absl::FromUnixNanos(now_ns);  // inline: for the cluster's calls
   // Cluster mode: only the owner of the tenant's shard, surely alive, applies and grants.
@@ -393,6 +422,10 @@ bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, int64_t n
   // The report: a baseline records the counters and credits nothing; a known record credits
   // its differences, capped by what this server granted and has not had back (grant_math.h).
   const CumulativeCounters counters = CountersOf(sent);
+  Tenant::WindowReport window_report;
+  if (tb.window != nullptr) {
+    window_report = WindowReportBefore(tb, rec, counters, baseline, now_ns - previous_seen_ns);
+  }
   ReportEffect effect;
   if (baseline) {
     rec.ledger = Baseline(counters);
@@ -418,7 +451,21 @@ bool BudgetCore::ApplyEntry(const v1::SyncRequest& request, int index, int64_t n
   if (!baseline) {
     Credit(tb, effect, now_ns, sent.tenant(), request.instance_id(), fallback_reports);
   }
-  Grant(tb, entry, rec.ledger, sent.want(), held, effect.spent_since, now_ns, out);
+  // A windowed policy: deposits, credit back, and the held tokens carried into the new lease;
+  // tokens that cannot be carried end the lease at once, with no grant.
+  bool carried = true;
+  if (tb.window != nullptr) {
+    window_report.credited_back = effect.credited_back;
+    window_report.holdings = ReportedHoldings(counters);
+    window_report.final = request.final();
+    carried = tb.ApplyWindowReport(window_report, now_ns);
+  }
+  Grant(tb, carried ? entry : nullptr, rec.ledger, sent.want(), held, effect.spent_since, now_ns,
+        out);
+  out.lease_ends_now = !carried;
+  if (!carried) {  // its tokens come back in its next Sync, which can then be granted
+    out.next_sync_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.min_next_sync));
+  }
   return new_record;
 }
 
@@ -460,14 +507,15 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   absl::Duration next_sync =
       std::min(options_.max_next_sync, absl::Nanoseconds(tb.policy->lease_ttl_ns / 2));
   if (entry != nullptr) {  // null for a final request: nothing is granted
-    const uint64_t sized = GrantFor(want, tb.WantSum(), tb.bucket.tokens());
+    const double level = tb.GrantableLevel(now_ns);
+    const uint64_t sized = GrantFor(want, tb.WantSum(), level);
     granted = options_.store != nullptr || options_.router != nullptr
-                  ? ReserveDurably(tb, sized, absl::FromUnixNanos(now_ns))
+                  ? ReserveDurably(tb, sized, level, absl::FromUnixNanos(now_ns))
                   : sized;
     // Cut by a reservation still on its way to disk, not by a dry bucket: it lands within a
     // few milliseconds, so the instance comes back soon rather than at the dry-bucket pace.
     const bool waiting_for_disk = granted < sized;
-    granted = tb.bucket.Take(granted);
+    granted = tb.TakeGrant(granted, now_ns);
     // Only the holdings of an instance that keeps tokens count against the capacity: it got
     // what it wanted, and it spent less than it now holds since its last report. One that got
     // less than it wants, or spends faster than it holds, is about to spend all it has: its
@@ -498,11 +546,11 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   out.next_sync_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(next_sync));
   out.fleet = static_cast<uint32_t>(
       std::min<uint64_t>(std::max<uint64_t>(active, tb.RecentFleetSize(now_ns)), UINT32_MAX));
-  out.bucket_tokens = tb.bucket.tokens();
+  out.bucket_tokens = tb.window == nullptr ? tb.bucket.tokens() : tb.GrantableLevel(now_ns);
   out.active_instances = active;
 }
 
-uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now) {
+uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, double level, absl::Time now) {
   // A grant never exceeds the limit already durable: it is cut, never made early. The store
   // thread (or the cluster router's writer) raises the limit ahead of need, never on this thread
   // or under this lock: when what is left after this grant would not cover another grant as
@@ -535,7 +583,7 @@ uint64_t BudgetCore::ReserveDurably(Tenant& t, uint64_t granted, absl::Time now)
   const uint64_t durable_left =
       t.grant_limit > t.totals.granted ? t.grant_limit - t.totals.granted : 0;
   const uint64_t allowed = std::min(granted, durable_left);
-  const double left_after = t.bucket.tokens() - static_cast<double>(allowed);
+  const double left_after = level - static_cast<double>(allowed);
   const uint64_t another =
       left_after <= 0 ? 0 : std::min(granted, static_cast<uint64_t>(std::ceil(left_after)));
   if (durable_left - allowed < another + margin) {

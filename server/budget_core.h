@@ -193,7 +193,10 @@ class BudgetCore {
   // moved.
   // Times in the Sync's path are Unix nanoseconds, converted from the clock's absl::Time once
   // per Sync (absl's conversion is a library call, and it ran ~6 times per entry).
-  bool ApplyEntry(const v1::SyncRequest& request, int index, int64_t now_ns, Instance& instance,
+  // `previous_seen_ns`: when the instance's previous request arrived (a windowed policy credits
+  // tokens back only from an instance seen within its ttl).
+  bool ApplyEntry(const v1::SyncRequest& request, int index, int64_t now_ns,
+                  int64_t previous_seen_ns, Instance& instance,
                   core_internal::InstanceTenant* existing, GrantRecord& out,
                   std::vector<std::string>* fallback_reports)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(instance.mu);
@@ -219,7 +222,8 @@ class BudgetCore {
   void Refuse(absl::string_view tenant, absl::Time now, GrantRecord& out);
   // Cuts `granted` to what the tenant's durable limit allows, and asks the store thread to
   // extend the limit when it is near. Never blocks on I/O. Returns the grant that may be taken.
-  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted, absl::Time now)
+  // `level`: what the tenant may grant now (Tenant::GrantableLevel).
+  uint64_t ReserveDurably(Tenant& tenant, uint64_t granted, double level, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // Asks the store thread to make `limit` durable for the tenant named `tenant`; when it is, the
   // limit of whichever tenant holds that name then is raised, and `done` (if any) runs.

@@ -36,6 +36,7 @@ std::vector<v1::TenantState> BudgetCore::ExportTenants(
     ts.set_granted_total(t->totals.granted);
     ts.set_grant_limit(std::max(t->grant_limit, t->totals.granted));
     t->totals.ToState(ts);
+    t->ExportWindow(ts, absl::ToUnixNanos(now));
   }
   return out;
 }
@@ -72,6 +73,10 @@ void BudgetCore::AdoptTenants(const std::vector<v1::TenantState>& states, absl::
                         t->policy->capacity, now);
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, limit);
+      // A windowed policy: everything the last owner counted, and every reserved token, counted
+      // as granted now (its clock is not compared with this one).
+      t->RestoreWindow(ts, absl::ToUnixNanos(now), /*same_clock=*/false,
+                       limit - ts.granted_total());
       adopted.push_back(std::move(t));
     }
   }

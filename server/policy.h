@@ -54,12 +54,16 @@ struct ResolvedPolicy {
 // bytes per budget).
 struct InternedPolicy final : RefCounted, ResolvedPolicy {
   explicit InternedPolicy(const ResolvedPolicy& p)
-      : ResolvedPolicy(p), lease_ttl_ns(absl::ToInt64Nanoseconds(p.lease_ttl)) {}
+      : ResolvedPolicy(p),
+        lease_ttl_ns(absl::ToInt64Nanoseconds(p.lease_ttl)),
+        ttl_ns(absl::ToInt64Nanoseconds(p.ttl)) {}
 
   // lease_ttl in nanoseconds (a whole number of milliseconds: ResolvePolicy checks it), for the
   // arithmetic of every Sync entry: absl's conversions and divisions of a Duration are calls
   // into the library, with 128-bit arithmetic.
   const int64_t lease_ttl_ns;
+  // ttl in nanoseconds (0 for the token bucket), for the window's arithmetic.
+  const int64_t ttl_ns;
 };
 using PolicyRef = RefPtr<const InternedPolicy>;
 

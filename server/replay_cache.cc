@@ -128,6 +128,7 @@ GrantRecord::GrantRecord(GrantRecord&& other) noexcept
     : bucket_tokens(other.bucket_tokens),
       granted(other.granted),
       next_sync_ms(other.next_sync_ms),
+      lease_ends_now(other.lease_ends_now),
       fleet(other.fleet),
       active_instances(other.active_instances),
       budget_(std::move(other.budget_)) {
@@ -228,7 +229,7 @@ void WriteResponse(absl::Span<const GrantRecord> records, v1::SyncResponse* resp
     out->set_granted(r.granted);
     const InternedPolicy& p = *r.policy();
     const SafeShareOf share = SafeShare(p.capacity, p.refill_per_second, r.fleet);
-    out->set_lease_ttl_ms(p.lease_ttl_ns / 1'000'000);
+    out->set_lease_ttl_ms(r.lease_ends_now ? 0 : p.lease_ttl_ns / 1'000'000);
     out->set_next_sync_ms(r.next_sync_ms);
     safe->set_capacity(share.capacity);
     safe->set_refill_per_second(share.refill_per_second);

@@ -108,7 +108,11 @@ class GrantRecord {
   double bucket_tokens = 0;
   // At most the entry's want, which is at most CoreOptions::max_want <= UINT32_MAX.
   uint32_t granted = 0;
-  uint32_t next_sync_ms = 0;
+  // At most max_next_sync (300 s): 31 bits.
+  uint32_t next_sync_ms : 31 = 0;
+  // A windowed policy could not carry the instance's tokens into a new lease: the answer ends
+  // its lease at once (lease_ttl_ms = 0; the tokens come back in its next Sync).
+  uint32_t lease_ends_now : 1 = 0;
   // The fleet the safe share was divided among (SafeShare), at least 1.
   uint32_t fleet = 1;
   uint32_t active_instances = 0;

@@ -39,6 +39,7 @@ v1::ServerState BudgetCore::ExportState(bool clean) {
     ts->set_grant_limit(std::max(t->grant_limit, t->totals.granted));
     ts->set_credited_total(t->credited_total);
     t->totals.ToState(*ts);
+    t->ExportWindow(*ts, absl::ToUnixNanos(now));
   }
   std::vector<RefPtr<Instance>> instances;
   {
@@ -129,6 +130,10 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
       t->credited_total = credited;
       t->grant_limit = limit;
       t->totals = BudgetTotals::FromState(ts, granted);
+      // A windowed policy: its slots as written, and what a crash may have granted since
+      // counted as granted now.
+      t->RestoreWindow(ts, absl::ToUnixNanos(now), /*same_clock=*/true,
+                       granted - ts.granted_total());
       restored.insert(std::move(t));
     }
   }
@@ -147,6 +152,7 @@ absl::Status BudgetCore::Restore(const RecoveredState& recovered) {
                       policy.capacity, now);
     t->grant_limit = limit;
     t->totals.granted = limit;
+    t->RestoreWindow(v1::TenantState(), absl::ToUnixNanos(now), /*same_clock=*/true, limit);
     restored.insert(std::move(t));
   }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "server/policy.h"
 #include "server/ref_ptr.h"
 #include "server/token_bucket.h"
+#include "server/window_ledger.h"
 
 namespace retrybudget::core_internal {
 
@@ -60,7 +62,8 @@ struct Tenant final : RefCounted {
       : source_(static_cast<uint8_t>(s)),
         name(std::move(n)),
         policy(std::move(p)),
-        bucket(policy->initial_tokens, policy->capacity, now) {}
+        bucket(policy->initial_tokens, policy->capacity, now),
+        window(policy->windowed ? std::make_unique<WindowLedger>() : nullptr) {}
 
   // Times kept per tenant and per active instance are Unix nanoseconds (8 bytes, where an
   // absl::Time takes 16); kNever is "not yet".
@@ -88,6 +91,9 @@ struct Tenant final : RefCounted {
   PolicyRef policy ABSL_GUARDED_BY(mu);
   // The level and last refill; its capacity and refill are the policy's (Limits).
   TokenBucket bucket ABSL_GUARDED_BY(mu);
+  // A windowed policy's books (window_ledger.h), in place of the bucket for grants; null for a
+  // token bucket policy (its ~1 KB is allocated only for windowed tenants).
+  std::unique_ptr<WindowLedger> window ABSL_GUARDED_BY(mu);
   // Instances that synced within the last lease TTL (ActiveEntry), counted by when they were
   // last seen: each slice sums the entries last seen within its span (SliceSpanNanos after its
   // start), oldest first, and `count`, `want_sum` and `held_sum` are the sums of all (kept in
@@ -138,6 +144,113 @@ struct Tenant final : RefCounted {
   // cap): journaled with each reservation, so a crash loses only what came after the last one
   // (v1::TenantState.credited_total).
   double credited_total ABSL_GUARDED_BY(mu) = 0;
+
+  // The window's shape under the policy in force (a windowed policy only).
+  WindowShape Shape() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return WindowLedger::ShapeOf(policy->ttl_ns, policy->lease_ttl_ns, policy->capacity);
+  }
+
+  // What may be granted now: the bucket's level, or what the window allows.
+  double GrantableLevel(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (window == nullptr) return bucket.tokens();
+    return static_cast<double>(window->Grantable(Shape(), now_ns));
+  }
+
+  // Takes a grant of at most `tokens` (sized from GrantableLevel): whole tokens out of the
+  // bucket, or counted in the window now. Returns the tokens granted.
+  uint64_t TakeGrant(uint64_t tokens, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (window == nullptr) return bucket.Take(tokens);
+    window->Add(Shape(), now_ns, tokens);
+    return tokens;
+  }
+
+  // What one report of an instance changes in the window (DESIGN.md "The windowed ratio
+  // policy"): the requests' deposit, the tokens credited back (taken out of the oldest live
+  // grants, only when the instance's previous Sync was within the ttl: its tokens then still
+  // count in a live slot), and the tokens it still holds carried into the lease this answer
+  // starts.
+  // False when they cannot be carried (the window would not allow them past their lease): the
+  // answer must then end the lease at once and grant nothing.
+  struct WindowReport {
+    double deposit = 0;
+    uint64_t credited_back = 0;
+    bool was_active = false;
+    uint64_t holdings = 0;
+    bool final = false;
+  };
+  bool ApplyWindowReport(const WindowReport& r, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const WindowShape shape = Shape();
+    window->Deposit(shape, now_ns, r.deposit);
+    if (r.was_active) window->ReleaseOldest(shape, now_ns, r.credited_back);
+    return r.final || window->Carry(shape, now_ns, r.holdings);
+  }
+
+  // After `policy` changed from `old`: the window follows the new shape. The same window (ttl
+  // and lease TTL) keeps its books (a new floor applies at once). Otherwise a new ledger counts
+  // as granted now what the old books counted (the old window's live grants, or what the fleet
+  // holds of the bucket's leases) and drops the deposits (the safe direction); leaving the
+  // window, the bucket starts at what the window allowed, capped at the capacity.
+  void FollowPolicyShape(const InternedPolicy& old, int64_t now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!policy->windowed) {
+      if (window != nullptr) {
+        bucket.Restore(std::max(0.0, static_cast<double>(window->Grantable(
+                                         WindowLedger::ShapeOf(old.ttl_ns, old.lease_ttl_ns,
+                                                               old.capacity),
+                                         now_ns))),
+                       policy->capacity, absl::FromUnixNanos(now_ns));
+        window.reset();
+      }
+      return;
+    }
+    if (window != nullptr && old.windowed && old.ttl_ns == policy->ttl_ns &&
+        old.lease_ttl_ns == policy->lease_ttl_ns) {
+      return;
+    }
+    double counted = static_cast<double>(HeldSum());
+    if (window != nullptr) {
+      counted = window->LiveGrants(
+          WindowLedger::ShapeOf(old.ttl_ns, old.lease_ttl_ns, old.capacity), now_ns);
+    }
+    window = std::make_unique<WindowLedger>();
+    window->Add(Shape(), now_ns, static_cast<uint64_t>(std::ceil(std::max(0.0, counted))));
+  }
+
+  // The window's live slots, into a state (a snapshot, or the tenant's state in etcd).
+  void ExportWindow(v1::TenantState& ts, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (window == nullptr) return;
+    const WindowShape shape = Shape();
+    ts.set_window_slot_nanos(shape.slot_ns);
+    window->ForEachLive(shape, now_ns, [&ts](int64_t slot, double deposits, double grants) {
+      v1::WindowSlot* w = ts.add_window_slots();
+      w->set_slot(slot);
+      w->set_deposits(deposits);
+      w->set_grants(grants);
+    });
+  }
+
+  // Restores the window from a state. `same_clock`: written by this server's clock (a
+  // restart), so its slots are restored where they were when counted in slots of the same
+  // width; otherwise (a takeover: no clock is compared between servers, or another width) every
+  // grant it counts is counted as granted now and its deposits are dropped. `granted_since`:
+  // tokens that may have been granted after the state was written (up to the durable limit),
+  // counted as granted now. All of it errs late: the safe direction.
+  void RestoreWindow(const v1::TenantState& ts, int64_t now_ns, bool same_clock,
+                     uint64_t granted_since) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (window == nullptr) return;
+    const WindowShape shape = Shape();
+    const bool in_place = same_clock && ts.window_slot_nanos() == shape.slot_ns;
+    double moved = 0;
+    for (const v1::WindowSlot& w : ts.window_slots()) {
+      if (in_place) {
+        window->RestoreSlot(shape, now_ns, w.slot(), w.deposits(), w.grants());
+      } else {
+        moved += std::max(0.0, w.grants());
+      }
+    }
+    const double now_counted = std::ceil(moved) + static_cast<double>(granted_since);
+    window->Add(shape, now_ns, static_cast<uint64_t>(std::min(now_counted, 1e18)));
+  }
 
   // want_sum, capped to 64 bits for the grant arithmetic.
   uint64_t WantSum() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

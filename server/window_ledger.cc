@@ -75,7 +75,8 @@ uint64_t WindowLedger::Release(const WindowShape& shape, int64_t now_ns, int64_t
   const int64_t s = Advance(SlotOf(shape, now_ns));
   if (tokens == 0 || slot < OldestGrant(shape, s) || slot > s) return 0;
   Slot& at = At(slot);
-  const uint64_t taken = std::min<uint64_t>(tokens, static_cast<uint64_t>(std::max(0.0, at.grants)));
+  const uint64_t taken =
+      std::min<uint64_t>(tokens, static_cast<uint64_t>(std::max(0.0, at.grants)));
   at.grants -= static_cast<double>(taken);
   return taken;
 }
