@@ -91,3 +91,20 @@ test('a windowed tenant in fallback: requests fund the local bucket with the sha
   assert.ok(s.fallbackAllowed >= 8, `${s.fallbackAllowed} fallback tokens spent`);
   assert.equal(await client.close(), null);
 });
+
+test('a windowed tenant: requests recorded by the helpers deposit retry_ratio each, and fund that many retries', async (t) => {
+  const server = await startServer(t, 'tenants { tenant: "ratio" policy { retry_ratio: 1 min_retries_per_second: 0 ttl_ms: 10000 } }\n');
+  const client = new BudgetClient({ target: server.target, refreshPeriodMs: 50, leaseBurst: 10, logger: () => {} });
+  const budget = client.tenant('ratio');
+  assert.equal(await budget.ready(), 'lease');
+  assert.equal(budget.tryAcquire(), false, 'no request yet: no deposit, no floor');
+  // Five calls succeed at once: five requests, no retry.
+  for (let i = 0; i < 5; i++) assert.equal(await callWithRetry(budget, async () => i), i);
+  assert.equal(budget.stats().requests, 5);
+  await waitUntil(() => budget.stats().tokensHeld === 5, { what: 'the five deposits leased' });
+  assert.equal(budget.tryAcquire(5), true);
+  assert.equal(budget.tryAcquire(), false);
+  assert.equal(await client.close(), null);
+  const status = await getBudget(server.target, 'ratio');
+  assert.deepEqual([Number(status.requestsTotal), Number(status.retriesTotal)], [5, 5]);
+});
