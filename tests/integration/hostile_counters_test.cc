@@ -271,6 +271,67 @@ TEST(HostileCountersTest, TheTotalsSurviveACleanRestartAndAReplayAfterItAppliesN
   EXPECT_EQ(server->Stop(SIGTERM), 0);
 }
 
+// A windowed tenant with no floor: its only tokens are its requests' deposits (retry_ratio 1,
+// a window of 60 s that no deposit outlives during the test). A report deposits ratio * (new
+// requests - new requests credited locally): claiming a local credit can only deposit less, and
+// taking one back is refused as a counter going backwards.
+TEST(HostileCountersTest, AWindowedTenantsDepositsComeOnlyFromNewRequestsNotCreditedLocally) {
+  ScopedTempDir dir;
+  auto server = ServerProcess::Start(
+      dir.path(), {"--policy=" + PolicyFile(dir.path(), "retry_ratio: 1 min_retries_per_second: 0 "
+                                                        "ttl_ms: 60000")});
+  ASSERT_NE(server, nullptr);
+  ServerConnection c = server->Connect();
+  v1::SyncResponse r;
+  // First contacts claiming millions of requests: baselines, nothing deposited.
+  for (const char* instance : {"honest", "liar", "hider"}) {
+    ASSERT_TRUE(c.Sync(With(SyncOf(instance, 1, "t", 0), {.requests = 5'000'000}), &r).ok());
+  }
+  EXPECT_EQ(Budget(c).window_deposits(), 0);
+  EXPECT_EQ(Budget(c).tokens(), 0);
+  // Ten new requests: ten tokens deposited.
+  const v1::SyncRequest honest = With(SyncOf("honest", 2, "t", 0), {.requests = 5'000'010});
+  ASSERT_TRUE(c.Sync(honest, &r).ok());
+  EXPECT_EQ(Budget(c).window_deposits(), 10);
+  // Its replay and a duplicate under a new seq: nothing more; a stale seq: nothing.
+  ASSERT_TRUE(c.Sync(honest, &r).ok());
+  v1::SyncRequest duplicate = honest;
+  duplicate.set_seq(3);
+  ASSERT_TRUE(c.Sync(duplicate, &r).ok());
+  ASSERT_TRUE(c.Sync(With(SyncOf("honest", 1, "t", 0), {.requests = 9'000'000}), &r).ok());
+  EXPECT_TRUE(r.stale());
+  EXPECT_EQ(Budget(c).window_deposits(), 10);
+  // Ten requests, four of them claimed as credited by the client's own fallback bucket: six.
+  ASSERT_TRUE(c.Sync(With(SyncOf("liar", 2, "t", 0),
+                          {.requests = 5'000'010, .requests_credited_locally = 4}),
+                     &r)
+                  .ok());
+  EXPECT_EQ(Budget(c).window_deposits(), 16);
+  // Taking the local credit back, or claiming more than the requests: refused, nothing deposited.
+  for (const auto& [lie, field] : std::vector<std::pair<Counts, std::string>>{
+           {{.requests = 5'000'020, .requests_credited_locally = 0},
+            "tenants[0].requests_credited_locally = 0"},
+           {{.requests = 20, .requests_credited_locally = 21},
+            "tenants[0].requests_credited_locally = 21 exceeds requests = 20"}}) {
+    const grpc::Status s = c.Sync(With(SyncOf("liar", 3, "t", 0), lie), &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << field;
+    EXPECT_THAT(s.error_message(), HasSubstr(field));
+  }
+  EXPECT_EQ(Budget(c).window_deposits(), 16);
+  // Hiding a local credit deposits what reporting as many requests deposits, no more.
+  ASSERT_TRUE(c.Sync(With(SyncOf("hider", 2, "t", 0), {.requests = 5'000'005}), &r).ok());
+  EXPECT_EQ(Budget(c).window_deposits(), 21);
+  // Nothing beyond the deposits is granted, to one instance or several.
+  uint64_t granted = 0;
+  for (const char* instance : {"a", "b"}) {
+    ASSERT_TRUE(c.Sync(SyncOf(instance, 1, "t", 100), &r).ok());
+    granted += r.tenants(0).granted();
+  }
+  EXPECT_LE(granted, 21u);
+  EXPECT_GE(granted, 1u);
+  EXPECT_EQ(server->Stop(SIGTERM), 0);
+}
+
 TEST(HostileCountersTest, AnUnknownModeIsRefusedNamingPolicyModeAndTheValueAndChangesNothing) {
   ScopedTempDir dir;
   auto server = ServerProcess::Start(dir.path(), {});
