@@ -134,6 +134,9 @@ TEST_F(BudgetctlTest, PutsAWindowedShadowPolicyAndModeSwitchesOnlyTheMode) {
   EXPECT_THAT(r.output, HasSubstr("\"retry_ratio\":0.5"));
   EXPECT_THAT(r.output, HasSubstr("\"ttl_ms\":\"5000\""));
   EXPECT_THAT(r.output, HasSubstr("\"window_deposits\":"));
+  r = Ctl("watch checkout --count=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("checkout  tokens    10.00 grantable, deposits 0.00  active 0"));
 
   // A token bucket keeps its fields through a switch, and its level.
   ASSERT_EQ(Ctl("put payments --capacity=40 --refill=0 --credit=0.5 --initial=7").exit_code, 0);

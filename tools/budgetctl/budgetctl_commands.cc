@@ -395,8 +395,12 @@ int Commands::Watch(const Invocation& inv, const std::atomic<bool>& stop) {
         return absl::StrCat("+", now >= before ? now - before : 0);
       };
       out_ << absl::FormatTime("%H:%M:%S", absl::Now(), absl::LocalTimeZone()) << "  "
-           << b.tenant() << "  tokens " << absl::StrFormat("%8.2f", b.tokens()) << " / "
-           << Num(b.policy().capacity()) << "  active " << b.active_instances() << "  granted "
+           << b.tenant() << "  tokens " << absl::StrFormat("%8.2f", b.tokens())
+           << (Windowed(b.policy())
+                   ? absl::StrCat(" grantable, deposits ",
+                                  absl::StrFormat("%.2f", b.window_deposits()))
+                   : absl::StrCat(" / ", Num(b.policy().capacity())))
+           << "  active " << b.active_instances() << "  granted "
            << delta(b.granted_total(), &v1::BudgetStatus::granted_total) << "  retries "
            << delta(b.retries_total(), &v1::BudgetStatus::retries_total) << "  denied "
            << delta(b.retries_denied_total(), &v1::BudgetStatus::retries_denied_total)
