@@ -96,6 +96,15 @@ TEST(FleetShadowTest, AShadowRunDeniesNothingAndCountsWithinTenPercentOfTheEnfor
   EXPECT_EQ(shadow.Num("spent"), shadow.Sub("server", "retries")) << shadow.line;
 }
 
+// One worker of each other language (Go, Node, Python: the worker protocol), 2 loops each.
+std::vector<std::string> ForeignWorkers() {
+  setenv("PYTHONPATH", RETRYBUDGET_PYTHON_PATH, 1);
+  return {absl::StrCat("--foreign-workers=go:1:", RETRYBUDGET_GO_WORKER),
+          absl::StrCat("--foreign-workers=js:1:", RETRYBUDGET_NODE, " ", RETRYBUDGET_JS_WORKER),
+          absl::StrCat("--foreign-workers=python:1:", RETRYBUDGET_PYTHON, " ",
+                       RETRYBUDGET_MIXED_FLEET, " --worker")};
+}
+
 // Each switch played by budgetctl: its result, and every client seen in the new mode within one
 // refresh period (+ the slack) of budgetctl's return; while every client is in shadow nothing is
 // denied, once back in enforce denials resume.
@@ -123,11 +132,23 @@ void ExpectSwitchesFollowed(const FleetRun& r) {
   EXPECT_GT(r.Num("shadow_denied"), 0) << r.line;
   EXPECT_EQ(r.Sub("server", "shadow_denied"), r.Num("shadow_denied")) << r.line;
   EXPECT_TRUE(r.Bool("within_budget")) << r.line;
+  // Every language's clients were in the switches (their mode changes are in the lag above:
+  // the C++ clients' at the answer's receipt, the others' polled every 10 ms) and counted
+  // would-be denials while in shadow.
+  const auto& languages = r.At("languages").struct_value().fields();
+  for (const char* language : {"cpp", "go", "js", "python"}) {
+    ASSERT_TRUE(languages.contains(language)) << language << ": " << r.line;
+    const auto& l = languages.at(language).struct_value().fields();
+    EXPECT_GT(l.at("shadow_denied").number_value(), 0) << language;
+    EXPECT_GT(l.at("retries_denied").number_value(), 0) << language;
+    EXPECT_EQ(l.at("shutdown_status").string_value(), "OK") << language;
+  }
 }
 
 TEST(FleetShadowTest, BudgetctlSwitchesEveryClientWithinOneRefreshPeriodOnOneServer) {
-  const FleetRun r = RunFleet(With(PacedLoad("switch-one", 6),
-                              {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
+  const FleetRun r =
+      RunFleet(With(With(PacedLoad("switch-one", 6), ForeignWorkers()),
+                    {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
   ExpectReport(r);
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   ExpectSwitchesFollowed(r);
@@ -143,8 +164,8 @@ std::vector<std::string> Cluster() {
 TEST(FleetShadowClusterTest, BudgetctlSwitchesEveryClientWithinOneRefreshPeriodInACluster) {
   // The policy is the owner's, in etcd; budgetctl reaches it through any server.
   const FleetRun r =
-      RunFleet(With(With(PacedLoad("switch-cluster", 6), Cluster()),
-               {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
+      RunFleet(With(With(With(PacedLoad("switch-cluster", 6), Cluster()), ForeignWorkers()),
+                    {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
   ExpectReport(r);
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_EQ(r.Sub("cluster", "servers"), 3);
@@ -233,7 +254,6 @@ TEST(FleetCostTest, ARetryOfCostFiveTakesFiveTokensAndTheBoundCountsTokensFleetW
 // Every language on one tenant (2 C++ workers of the tool, 1 Go, 1 Node, 1 Python), 2 loops
 // each, the paced denial-heavy load, under one policy shape.
 FleetRun RunMixed(const std::string& tenant, const std::vector<std::string>& shape) {
-  setenv("PYTHONPATH", RETRYBUDGET_PYTHON_PATH, 1);
   std::vector<std::string> args = {
       kServer,
       absl::StrCat("--tenant=", tenant),
@@ -245,13 +265,8 @@ FleetRun RunMixed(const std::string& tenant, const std::vector<std::string>& sha
       "--call-interval=4ms",
       "--call-latency=1ms",
       "--retry-cost=2",
-      "--seed=11",
-      absl::StrCat("--foreign-workers=go:1:", RETRYBUDGET_GO_WORKER),
-      absl::StrCat("--foreign-workers=js:1:", RETRYBUDGET_NODE, " ", RETRYBUDGET_JS_WORKER),
-      absl::StrCat("--foreign-workers=python:1:", RETRYBUDGET_PYTHON, " ",
-                   RETRYBUDGET_MIXED_FLEET, " --worker")};
-  args.insert(args.end(), shape.begin(), shape.end());
-  return RunFleet(args);
+      "--seed=11"};
+  return RunFleet(With(With(args, ForeignWorkers()), shape));
 }
 
 // Every language spent (or, in shadow, let through) retries, shut down cleanly, and counted

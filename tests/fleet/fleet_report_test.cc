@@ -185,6 +185,17 @@ TEST(SumWorkersTest, ModeChangesAreWhenTheLastClientSawEach) {
   EXPECT_EQ(SumWorkers({a, b}).mode_changes_ms, (std::vector<uint64_t>{150, 2300, 4100}));
 }
 
+TEST(IdealAllowedTest, TakesWholeRetriesOfTheirCostInTokens) {
+  const PolicyView policy = {.capacity = 20, .refill_per_second = 0, .success_credit = 0,
+                             .initial_tokens = 20, .lease_ttl_ms = 1000};
+  WorkerCounts totals;
+  totals.timeline_slice_seconds = 0.1;
+  totals.retries_timeline = {3};
+  totals.denied_timeline = {5};
+  // 8 retries of cost 3 ask 24 tokens: 6 whole retries (18 tokens) fit in 20.
+  EXPECT_DOUBLE_EQ(IdealAllowed(policy, /*elapsed_seconds=*/0.1, totals, /*retry_cost=*/3), 18);
+}
+
 TEST(IdealAllowedTest, ReplaysDemandAndDepositsThroughOneCappedBucket) {
   const PolicyView policy = {.capacity = 10, .refill_per_second = 20, .success_credit = 0.5,
                              .initial_tokens = 10, .lease_ttl_ms = 1000};

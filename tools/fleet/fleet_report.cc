@@ -298,7 +298,8 @@ double Ratio(double spent, double of) {
 }  // namespace
 
 double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
-                    const WorkerCounts& totals) {
+                    const WorkerCounts& totals, uint32_t retry_cost) {
+  const double cost = std::max<double>(1, retry_cost);
   const double slice = totals.timeline_slice_seconds;
   double level = std::min(policy.initial_tokens, policy.capacity);
   double allowed = 0;
@@ -320,8 +321,9 @@ double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
         std::clamp(elapsed_seconds - slice * static_cast<double>(i), 0.0, slice);
     const double available = level + policy.refill_per_second * inside +
                              policy.success_credit * at(totals.successes_timeline, i);
-    const double demand = at(totals.retries_timeline, i) + at(totals.denied_timeline, i);
-    const double take = std::min(demand, std::floor(available + 1e-9));
+    const double demand =
+        cost * (at(totals.retries_timeline, i) + at(totals.denied_timeline, i));
+    const double take = std::min(demand, cost * std::floor(available / cost + 1e-9));
     level = std::min(policy.capacity, available - take);
     allowed += take;
   }
@@ -397,8 +399,8 @@ double TokensTaken(const WorkerCounts& totals, uint32_t retry_cost) {
 
 // `v` with the ideal central bucket's allowance (IdealAllowed) and `spent` against it.
 Verdict FinishIdeal(Verdict v, const PolicyView& policy, double elapsed,
-                    const WorkerCounts& totals, double spent) {
-  v.ideal_allowed = IdealAllowed(policy, elapsed, totals);
+                    const WorkerCounts& totals, uint32_t retry_cost, double spent) {
+  v.ideal_allowed = IdealAllowed(policy, elapsed, totals, retry_cost);
   v.utilisation_vs_ideal = Ratio(spent, v.ideal_allowed);
   return v;
 }
@@ -423,7 +425,7 @@ Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& t
       v.bound = v.windowed.worst_bound;
       v.lease_bound = v.bound - v.fallback_allowance;
       v.utilisation = v.windowed.max_utilisation;
-      return FinishIdeal(v, policy, elapsed, totals, spent);
+      return FinishIdeal(v, policy, elapsed, totals, retry_cost, spent);
     }
   }
   if (v.bound > 0) {
@@ -431,7 +433,7 @@ Verdict JudgeOne(const PolicyView& policy, double elapsed, const WorkerCounts& t
   } else {
     v.utilisation = spent == 0 ? 0 : std::numeric_limits<double>::infinity();
   }
-  return FinishIdeal(v, policy, elapsed, totals, spent);
+  return FinishIdeal(v, policy, elapsed, totals, retry_cost, spent);
 }
 
 }  // namespace

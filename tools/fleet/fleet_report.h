@@ -446,7 +446,7 @@ struct Verdict {
   // +inf when the bound is 0 and a retry was spent (printed as null).
   double utilisation = 0;
   // What one ideal central bucket with the same policy would have allowed the same demand
-  // (IdealAllowed()), and retries_allowed / that: the physical limit is 1 (no network, no
+  // (IdealAllowed(), in tokens), and spent / that: the physical limit is 1 (no network, no
   // leases, no fallback split), so this is what a distributed design loses against it.
   double ideal_allowed = 0;
   double utilisation_vs_ideal = 0;
@@ -470,8 +470,11 @@ struct Verdict {
 // (start_signal.h), so slice i is [i, i + 1) slices of `elapsed_seconds`: a last slice that
 // ends after the run refills only for its part inside the run, and the refill of
 // `elapsed_seconds` after the timeline (no demand there) is given at the start.
+//
+// With every retry costing `retry_cost` tokens, each slice's demand is that many tokens per retry
+// and a retry is taken whole or not at all; the result is in tokens.
 double IdealAllowed(const PolicyView& policy, double elapsed_seconds,
-                    const WorkerCounts& totals);
+                    const WorkerCounts& totals, uint32_t retry_cost = 1);
 
 // Judges `run` by the workers' own counts (totals.retries_allowed and totals.successes), per
 // tenant when there are several.

@@ -172,9 +172,17 @@ def run_worker(args) -> int:
     # Lease -> fallback -> lease, as seen by polling the mode.
     seen = {"fallback": False, "lease_after_fallback": False}
 
+    # When this client's tenant changed mode (enforce <-> shadow), ms from the origin, as polled.
+    mode_changes = []
+    shadow = [False]
+
     def monitor():
         while not done.wait(0.01):
-            mode = budget.stats().mode
+            stats = budget.stats()
+            if (stats.enforcement == retrybudget.SHADOW) != shadow[0]:
+                shadow[0] = not shadow[0]
+                mode_changes.append(max(0, int((time.monotonic() - origin) * 1000)))
+            mode = stats.mode
             if mode in (retrybudget.FALLBACK, retrybudget.DENY_FALLBACK):
                 seen["fallback"] = True
             elif mode == retrybudget.LEASE and seen["fallback"]:
@@ -205,6 +213,7 @@ def run_worker(args) -> int:
         "lease_after_fallback": seen["lease_after_fallback"],
         "shutdown_status": "OK" if status is None else status,
         "max_try_acquire_ms": max_try_acquire[0] * 1000,
+        "mode_changes_ms": mode_changes,
     })
     while slices > 0 and timelines["calls"][slices - 1] == 0:  # the empty tail
         slices -= 1

@@ -77,6 +77,8 @@ type report struct {
 	// Per slice, when the request was recorded / the tokens taken (the windowed bound).
 	RequestsTimeline []int64 `json:"requests_timeline"`
 	TokensTimeline   []int64 `json:"tokens_timeline"`
+	// When the tenant's mode changed (enforce <-> shadow), ms from the origin, as polled.
+	ModeChangesMs []int64 `json:"mode_changes_ms"`
 }
 
 // countAt adds n to the slice of *timeline holding the instant `since` after the origin.
@@ -340,7 +342,9 @@ func run(a workerArgs) int {
 	}
 
 	// Lease -> fallback -> lease, as seen by polling the mode.
-	var sawFallback, leaseAfter bool
+	var sawFallback, leaseAfter, shadow bool
+	// When this client's tenant changed mode (enforce <-> shadow), ms from the origin, as polled.
+	modeChanges := []int64{}
 	done := make(chan struct{})
 	monitorDone := make(chan struct{})
 	go func() {
@@ -353,7 +357,12 @@ func run(a workerArgs) int {
 				return
 			case <-tick.C:
 			}
-			switch budget.Stats().Mode {
+			stats := budget.Stats()
+			if stats.Shadow != shadow {
+				shadow = stats.Shadow
+				modeChanges = append(modeChanges, int64((monotonicNow()-origin)/time.Millisecond))
+			}
+			switch stats.Mode {
 			case retrybudget.ModeFallback, retrybudget.ModeDenyFallback:
 				sawFallback = true
 			case retrybudget.ModeLease:
@@ -394,6 +403,7 @@ func run(a workerArgs) int {
 		SuccessesTimeline:           t.successes,
 		RequestsTimeline:            nonNil(requestsAt),
 		TokensTimeline:              nonNil(tokensAt),
+		ModeChangesMs:               modeChanges,
 	})
 	fmt.Println(string(out))
 	return 0

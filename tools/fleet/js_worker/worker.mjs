@@ -180,7 +180,14 @@ async function main() {
 
   // Lease -> fallback -> lease, as seen by polling the mode.
   const seen = { fallback: false, leaseAfterFallback: false };
+  // When this client's tenant changed mode (enforce <-> shadow), ms from the origin, as polled.
+  const modeChanges = [];
+  let shadow = false;
   const monitor = setInterval(() => {
+    if (budget.shadow !== shadow) {
+      shadow = budget.shadow;
+      modeChanges.push(Math.max(0, Math.floor(sinceOriginMs())));
+    }
     const mode = budget.mode;
     if (mode === 'fallback' || mode === 'deny_fallback') seen.fallback = true;
     else if (mode === 'lease' && seen.fallback) seen.leaseAfterFallback = true;
@@ -202,6 +209,7 @@ async function main() {
     lease_after_fallback: seen.leaseAfterFallback,
     shutdown_status: status === null ? 'OK' : status,
     max_try_acquire_ms: maxTryAcquire,
+    mode_changes_ms: modeChanges,
   };
   let used = slices;
   while (used > 0 && timelines.calls[used - 1] === 0) used--; // the empty tail
