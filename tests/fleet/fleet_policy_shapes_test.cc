@@ -68,9 +68,9 @@ std::vector<std::string> With(std::vector<std::string> args,
 
 TEST(FleetShadowTest, AShadowRunDeniesNothingAndCountsWithinTenPercentOfTheEnforcedRunsDenials) {
   const FleetRun enforced = RunFleet(With(PacedLoad("shadow-a", 4), {"--mode=enforce"}));
-  ExpectReport(enforced);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(enforced));
   const FleetRun shadow = RunFleet(With(PacedLoad("shadow-a", 4), {"--mode=shadow"}));
-  ExpectReport(shadow);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(shadow));
 
   EXPECT_TRUE(ExitedWith(enforced.wait_status, 0)) << DescribeWaitStatus(enforced.wait_status);
   EXPECT_TRUE(enforced.Bool("within_budget")) << enforced.line;
@@ -149,7 +149,7 @@ TEST(FleetShadowTest, BudgetctlSwitchesEveryClientWithinOneRefreshPeriodOnOneSer
   const FleetRun r =
       RunFleet(With(With(PacedLoad("switch-one", 6), ForeignWorkers()),
                     {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   ExpectSwitchesFollowed(r);
 }
@@ -166,7 +166,7 @@ TEST(FleetShadowClusterTest, BudgetctlSwitchesEveryClientWithinOneRefreshPeriodI
   const FleetRun r =
       RunFleet(With(With(With(PacedLoad("switch-cluster", 6), Cluster()), ForeignWorkers()),
                     {"--mode=enforce", "--mode-switch=shadow@2,enforce@4", kBudgetctl}));
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_EQ(r.Sub("cluster", "servers"), 3);
   ExpectSwitchesFollowed(r);
@@ -208,7 +208,7 @@ TEST(FleetWindowedTest, TheWindowedBoundHoldsThroughAKillNineAndRestartOfTheServ
   // received after the restart).
   const FleetRun r = RunFleet(With(WindowedLoad("windowed-kill", 8),
                               {"--kill-server-after=2.5", "--restart-after=1.5"}));
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   ExpectWindowedBoundHeld(r);
   ASSERT_TRUE(r.Has("chaos")) << r.line;
   EXPECT_TRUE(r.SubBool("chaos", "persistent")) << r.line;
@@ -222,7 +222,7 @@ TEST(FleetWindowedClusterTest, TheWindowedBoundHoldsThroughAnOwnersKillNine) {
   // expires. D = 5 s: the requests made while the tenant had no owner are received after.
   const FleetRun r = RunFleet(With(With(WindowedLoad("windowed-owner", 9), Cluster()),
                               {"--cluster-chaos=kill:owner@2+3", "--report-delay-slack=5s"}));
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   ExpectWindowedBoundHeld(r);
   ASSERT_TRUE(r.Has("cluster")) << r.line;
   EXPECT_NE(r.SubString("cluster", "events").find("kill -9"), std::string::npos) << r.line;
@@ -233,7 +233,7 @@ TEST(FleetCostTest, ARetryOfCostFiveTakesFiveTokensAndTheBoundCountsTokensFleetW
                           "--duration=4", "--failure-rate=1", "--call-latency=1ms",
                           "--capacity=50", "--refill=100", "--credit=0", "--lease-ttl-ms=1000",
                           "--retry-cost=5", "--seed=7"});
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   const double retries = r.Num("retries_allowed");
   EXPECT_GT(retries, 0);
@@ -295,7 +295,7 @@ void ExpectEveryLanguage(const FleetRun& r, bool shadow) {
 TEST(FleetMixedShapesTest, EveryLanguageOnOneClassicTenantStaysWithinItsBound) {
   const FleetRun r = RunMixed("mixed-classic", {"--capacity=20", "--refill=100", "--credit=0",
                                                 "--lease-ttl-ms=1000"});
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_TRUE(r.Bool("within_budget")) << r.line;
   EXPECT_LE(r.Num("spent"), r.Num("bound"));
@@ -306,7 +306,7 @@ TEST(FleetMixedShapesTest, EveryLanguageOnOneClassicTenantStaysWithinItsBound) {
 TEST(FleetMixedShapesTest, EveryLanguageOnOneWindowedTenantStaysWithinItsWindowedBound) {
   const FleetRun r = RunMixed("mixed-windowed", {"--retry-ratio=0.05",
                                                  "--min-retries-per-second=20", "--ttl-ms=1000"});
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_TRUE(r.SubBool("windowed", "checked")) << r.line;
   EXPECT_TRUE(r.SubBool("windowed", "within")) << r.line;
@@ -318,7 +318,7 @@ TEST(FleetMixedShapesTest, EveryLanguageOnOneWindowedTenantStaysWithinItsWindowe
 TEST(FleetMixedShapesTest, EveryLanguageOnOneShadowTenantDeniesNothingAndCountsItsWouldBeDenials) {
   const FleetRun r = RunMixed("mixed-shadow", {"--mode=shadow", "--capacity=20", "--refill=100",
                                                "--credit=0", "--lease-ttl-ms=1000"});
-  ExpectReport(r);
+  ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   EXPECT_TRUE(ExitedWith(r.wait_status, 0)) << DescribeWaitStatus(r.wait_status);
   EXPECT_TRUE(r.Bool("within_budget")) << r.line;  // the tokens taken, not the would-be denials
   EXPECT_EQ(r.Num("retries_denied"), 0) << r.line;
