@@ -217,15 +217,27 @@ TEST(FleetWindowedTest, TheWindowedBoundHoldsThroughAKillNineAndRestartOfTheServ
   EXPECT_GT(r.Sub("fallback", "workers_back_on_lease"), 0) << r.line;
 }
 
-TEST(FleetWindowedClusterTest, TheWindowedBoundHoldsThroughAnOwnersKillNine) {
+TEST(FleetWindowedClusterTest, TheWindowedBoundHoldsThroughAnOwnersKillNineForEveryLanguage) {
   // The owner is killed at 2 s and restarted 3 s later; its shard moves once its 2 s etcd lease
   // expires. D = 5 s: the requests made while the tenant had no owner are received after.
-  const FleetRun r = RunFleet(With(With(WindowedLoad("windowed-owner", 9), Cluster()),
-                              {"--cluster-chaos=kill:owner@2+3", "--report-delay-slack=5s"}));
+  // Beside the C++ workers, one of each other language; every retry costs 2 tokens.
+  const FleetRun r = RunFleet(
+      With(With(With(WindowedLoad("windowed-owner", 9), Cluster()), ForeignWorkers()),
+           {"--cluster-chaos=kill:owner@2+3", "--report-delay-slack=5s", "--retry-cost=2"}));
   ASSERT_NO_FATAL_FAILURE(ExpectReport(r));
   ExpectWindowedBoundHeld(r);
   ASSERT_TRUE(r.Has("cluster")) << r.line;
   EXPECT_NE(r.SubString("cluster", "events").find("kill -9"), std::string::npos) << r.line;
+  const auto& languages = r.At("languages").struct_value().fields();
+  for (const char* language : {"cpp", "go", "js", "python"}) {
+    ASSERT_TRUE(languages.contains(language)) << language << ": " << r.line;
+    const auto& l = languages.at(language).struct_value().fields();
+    EXPECT_GT(l.at("retries_allowed").number_value(), 0) << language;
+    EXPECT_EQ(l.at("tokens_spent").number_value(), 2 * l.at("retries_allowed").number_value())
+        << language;
+    EXPECT_EQ(l.at("shutdown_status").string_value(), "OK") << language;
+    EXPECT_EQ(l.at("tokens_held_at_exit").number_value(), 0) << language;
+  }
 }
 
 TEST(FleetCostTest, ARetryOfCostFiveTakesFiveTokensAndTheBoundCountsTokensFleetWide) {
