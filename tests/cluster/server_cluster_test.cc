@@ -407,6 +407,67 @@ TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   EXPECT_LE(static_cast<double>(worker.granted_total()), bound);
 }
 
+// A windowed tenant's grants stay within its window through a kill -9 of its owner: with no
+// requests reported, every window of ttl ending at a grant holds at most the floor
+// (min_retries_per_second * ttl). The next owner counts what the killed one had counted (its
+// state in etcd) and every token it had reserved as granted at the takeover.
+TEST_F(ServerClusterTest, KillOfAWindowedTenantsOwnerKeepsTheWindowedBound) {
+  const std::string tenant = "windowed";
+  // A window longer than a takeover takes (the owners' lease TTL, 2 s): the windows that hold
+  // the next owner's first grants hold the killed owner's last ones too.
+  constexpr double kFloor = 20;  // 4/s over a 5 s window
+  const absl::Duration ttl = absl::Seconds(5);
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  v1::BudgetPolicy policy;
+  policy.set_retry_ratio(0.5);
+  policy.set_min_retries_per_second(4);
+  policy.set_ttl_ms(5000);
+  const grpc::Status put = servers_[(owner + 1) % 3].rpc.PutPolicy(tenant, policy);
+  ASSERT_TRUE(put.ok()) << put.error_message();
+  v1::BudgetStatus got;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return servers_[owner].rpc.GetBudget(tenant, &got).ok() && got.policy().ttl_ms() == 5000;
+      },
+      absl::Seconds(2)));
+
+  Worker worker(tenant, &servers_);
+  std::vector<std::pair<absl::Time, uint64_t>> grants;
+  auto run = [&](absl::Duration d) {
+    const absl::Time end = absl::Now() + d;
+    while (absl::Now() < end) {
+      const uint64_t before = worker.granted_total();
+      const bool ok = worker.Round();
+      if (worker.granted_total() > before) {
+        grants.emplace_back(absl::Now(), worker.granted_total() - before);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(ok ? 10 : 20));
+    }
+  };
+  // The floor at once, and again once that grant expired (~5.8 s): killed soon after.
+  run(absl::Seconds(6.5));
+  const uint64_t before_kill = worker.granted_total();
+  ASSERT_GT(before_kill, 0u);
+  ASSERT_TRUE(cluster_->KillServer(owner).ok());
+  run(absl::Seconds(9));
+  const uint64_t after_kill = worker.granted_total() - before_kill;
+  double fullest = 0;
+  for (const auto& [x, n] : grants) {
+    double in_window = 0;
+    for (const auto& [y, m] : grants) {
+      if (y > x - ttl && y <= x) in_window += static_cast<double>(m);
+    }
+    fullest = std::max(fullest, in_window);
+  }
+  std::printf("windowed tenant across its owner's kill -9: %llu tokens granted before, %llu "
+              "after; fullest window of 5 s ending at a grant: %.0f of a floor of %.0f\n",
+              static_cast<unsigned long long>(before_kill),
+              static_cast<unsigned long long>(after_kill), fullest, kFloor);
+  EXPECT_LE(fullest, kFloor);
+  EXPECT_GT(after_kill, 0u) << "the next owner granted nothing";
+}
+
 TEST_F(ServerClusterTest, SigtermOfTheOwnerHandsItsShardsOverAtOnce) {
   const std::string tenant = "inventory";
   const absl::Time start = absl::Now();
