@@ -4,7 +4,8 @@ retry-budget-fleet, Python worker processes of the retrybudget package, Go worke
 tools/fleet/go_worker and Node workers of tools/fleet/js_worker), against one real server or a
 real cluster, and DESIGN.md's invariant checked on the sum of their own counts:
 
-    sum over languages of retries_allowed
+    sum over languages of the tokens their retries took (--retry-cost each; in --mode=shadow
+    less the would-be denials, which took none)
         <= bound = initial + refill * elapsed + credit * (successes of all)
                    + the fallback allowance of every worker
 
@@ -234,13 +235,27 @@ def run_worker(args) -> int:
 # The counts every worker of every language reports (its JSON line), summed per language.
 _SUMMED = ("calls", "attempts", "successes", "failures", "retries_allowed", "retries_denied",
            "lib_retries_allowed", "lib_fallback_allowed", "lib_tokens_held", "fallback_allowance",
-           "lib_successes_credited_locally")
+           "lib_successes_credited_locally", "requests", "tokens_spent", "lib_requests",
+           "lib_shadow_denied")
 
 
 def policy_text(args) -> str:
     return (f'tenants {{ tenant: "{args.tenant}" policy {{ capacity: {args.capacity} '
             f'refill_per_second: {args.refill} success_credit: {args.credit} '
-            f'lease_ttl_ms: {args.lease_ttl_ms} }} }}\n')
+            f'lease_ttl_ms: {args.lease_ttl_ms} mode: MODE_{args.mode.upper()} }} }}\n')
+
+
+def load_flags(args):
+    """The load's flags every worker (and retry-budget-fleet) gets beyond the protocol's own:
+    the cost per retry, the pace and the attempts per call, only when not the default."""
+    flags = []
+    if args.retry_cost != 1:
+        flags.append(f"--retry-cost={args.retry_cost}")
+    if args.call_interval > 0:
+        flags.append(f"--call-interval={args.call_interval}")
+    if args.max_attempts > 0:
+        flags.append(f"--max-attempts={args.max_attempts}")
+    return flags
 
 
 def admin_call(address: str, method: str, request):
@@ -372,7 +387,8 @@ def drive(args, deployment) -> int:
                 prefix + [f"--server={deployment.target}", f"--tenant={args.tenant}",
                           f"--threads={threads}", f"--duration={args.duration}",
                           f"--failure-rate={args.failure_rate}",
-                          f"--call-latency={args.call_latency}", f"--seed={args.seed + i}"],
+                          f"--call-latency={args.call_latency}", f"--seed={args.seed + i}"]
+                + load_flags(args),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)))
     for language, w in workers:
         if w.stdout.readline().strip() != "ready":
@@ -384,7 +400,8 @@ def drive(args, deployment) -> int:
     admin_call(admin, "PutPolicy", budget_pb2.PutPolicyRequest(
         tenant=args.tenant, policy=budget_pb2.BudgetPolicy(
             capacity=args.capacity, refill_per_second=args.refill, success_credit=args.credit,
-            lease_ttl_ms=args.lease_ttl_ms)))
+            lease_ttl_ms=args.lease_ttl_ms,
+            mode=budget_pb2.MODE_SHADOW if args.mode == "shadow" else budget_pb2.MODE_ENFORCE)))
     initial = admin_call(admin, "GetBudget",
                          budget_pb2.GetBudgetRequest(tenant=args.tenant)).budget.tokens
     start_ns = time.monotonic_ns()
@@ -395,7 +412,9 @@ def drive(args, deployment) -> int:
             [args.fleet_bin, f"--server={deployment.target}", f"--tenant={args.tenant}",
              f"--workers={args.cpp_workers}", f"--threads={args.cpp_threads}",
              f"--duration={args.duration}", f"--failure-rate={args.failure_rate}",
-             f"--call-latency={int(args.call_latency * 1e6)}us", f"--seed={args.seed}"],
+             f"--call-latency={int(args.call_latency * 1e6)}us", f"--seed={args.seed}",
+             f"--call-interval={int(args.call_interval * 1e6)}us",
+             f"--max-attempts={args.max_attempts}", f"--retry-cost={args.retry_cost}"],
             stdout=subprocess.PIPE, text=True)
     for _, w in workers:
         w.stdin.write(f"go {start_ns // 1000}\n")  # the timelines' origin: the level read
@@ -449,11 +468,17 @@ def drive(args, deployment) -> int:
         part["max_try_acquire_ms"] = max(line["max_try_acquire_ms"] for line in language_lines)
         parts[language] = part
     successes = sum(p["successes"] for p in parts.values())
-    spent = sum(p["retries_allowed"] for p in parts.values())
+    # fleet_report.cc's Verdict::spent: the tokens of every retry sent, less the would-be denials
+    # of a shadow tenant (each let through at the cost without a token).
+    tokens = sum(p["tokens_spent"] for p in parts.values())
+    shadow_denied = sum(p["lib_shadow_denied"] for p in parts.values())
+    spent = tokens - args.retry_cost * shadow_denied
     fallback_allowance = sum(p["fallback_allowance"] for p in parts.values())
     if cpp is not None:
         successes += cpp["successes"]
-        spent += cpp["retries_allowed"]
+        tokens += cpp["tokens_spent"]
+        shadow_denied += cpp["shadow_denied"]
+        spent += cpp["spent"]
         fallback_allowance += cpp["fallback_allowance"]
     # fleet_report.cc: BudgetBound() + the fallback allowance (Judge()).
     lease_bound = initial + args.refill * elapsed + args.credit * successes
@@ -465,7 +490,13 @@ def drive(args, deployment) -> int:
                    "success_credit": args.credit, "lease_ttl_ms": args.lease_ttl_ms,
                    "initial_tokens": initial},
         "elapsed_seconds": elapsed,
-        "retries_allowed": spent,
+        "mode": args.mode,
+        "retry_cost": args.retry_cost,
+        "retries_allowed": sum(p["retries_allowed"] for p in parts.values())
+        + (cpp["retries_allowed"] if cpp is not None else 0),
+        "tokens_spent": tokens,
+        "shadow_denied": shadow_denied,
+        "spent": spent,
         "successes": successes,
         "lease_bound": lease_bound,
         "fallback_allowance": fallback_allowance,
@@ -477,6 +508,7 @@ def drive(args, deployment) -> int:
     if cpp is not None:
         report["cpp"] = {k: cpp.get(k) for k in ("workers", "threads", "calls", "successes",
                                                  "retries_allowed", "retries_denied",
+                                                 "tokens_spent", "shadow_denied",
                                                  "fallback_allowance", "max_try_acquire_ms")}
         report["cpp_library"] = cpp.get("library")
         report["cpp_fallback"] = cpp.get("fallback")
@@ -494,9 +526,12 @@ def main() -> int:
     parser.add_argument("--server", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     parser.add_argument("--timeline-slice", type=float, default=0.1, help=argparse.SUPPRESS)
-    parser.add_argument("--retry-cost", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--call-interval", type=float, default=0.0, help=argparse.SUPPRESS)
-    parser.add_argument("--max-attempts", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--retry-cost", type=int, default=1, help="tokens per retry")
+    parser.add_argument("--call-interval", type=float, default=0.0,
+                        help="seconds between a loop's call starts (0: back to back)")
+    parser.add_argument("--max-attempts", type=int, default=0, help="per call, 0: no cap")
+    parser.add_argument("--mode", choices=("enforce", "shadow"), default="enforce",
+                        help="the policy's mode")
     parser.add_argument("--server-bin", help="retry-budget-server binary")
     parser.add_argument("--fleet-bin", help="retry-budget-fleet binary (the C++ workers)")
     parser.add_argument("--tenant", default="mixed")
