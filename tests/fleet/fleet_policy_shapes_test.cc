@@ -7,6 +7,9 @@
 // stated slack.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -336,6 +339,37 @@ TEST(FleetMixedShapesTest, EveryLanguageOnOneShadowTenantDeniesNothingAndCountsI
   EXPECT_EQ(r.Num("retries_denied"), 0) << r.line;
   EXPECT_EQ(r.Sub("server", "shadow_denied"), r.Num("shadow_denied")) << r.line;
   ExpectEveryLanguage(r, /*shadow=*/true);
+}
+
+// Bad input names the option and the value, exits 2 and starts nothing.
+TEST(FleetPolicyOptionsTest, ABadModeCostOrSwitchExitsTwoNamingIt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string named;  // the option
+    std::string value;  // and the value refused
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--mode=dry"}, "--mode", "dry"},
+           {{"--retry-cost=0"}, "--retry-cost", "0"},
+           {{"--retry-cost=1000001"}, "--retry-cost", "1000001"},
+           {{"--mode-switch=shadow@2,sometimes@3", kBudgetctl}, "--mode-switch", "sometimes@3"},
+           {{"--mode-switch=shadow@4,enforce@2", kBudgetctl}, "--mode-switch", "enforce@2"},
+           {{"--mode-switch=shadow@2"}, "--mode-switch", "--budgetctl"},
+       }) {
+    std::vector<std::string> argv = {RETRYBUDGET_FLEET_BIN, "--server=127.0.0.1:1"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const std::string output = absl::StrCat(::testing::TempDir(), "/fleet-bad-input.txt");
+    absl::StatusOr<std::unique_ptr<Subprocess>> child =
+        Subprocess::Spawn(argv, {.output_file = output});
+    ASSERT_TRUE(child.ok()) << child.status();
+    absl::StatusOr<int> status = (*child)->Wait(absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_TRUE(ExitedWith(*status, 2)) << c.named << ": " << DescribeWaitStatus(*status);
+    std::ifstream in(output);
+    const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(said.find(c.named), std::string::npos) << said;
+    EXPECT_NE(said.find(c.value), std::string::npos) << said;
+  }
 }
 
 }  // namespace
