@@ -137,6 +137,7 @@ class Series {
     v1::TenantSync* t = request_.add_tenants();
     t->set_tenant(tenant);
     t->set_successes(seq * 10);
+    if (report_requests_) t->set_requests(seq * 10);
     t->set_want(5);
     // Report nothing spent and nothing received so the counters stay valid without tracking
     // grants: the server reclaims the unreceived grants, a path it also runs in production.
@@ -148,9 +149,12 @@ class Series {
   }
 
   BudgetCore& core() { return *core_; }
+  // Report `requests` in every Sync (the window cell: a windowed tenant deposits for them).
+  void ReportRequests() { report_requests_ = true; }
 
  private:
   FakeClock clock_;
+  bool report_requests_ = false;
   std::unique_ptr<BudgetCore> core_;
   uint64_t seq_ = 0;
   v1::SyncRequest request_;
@@ -503,7 +507,45 @@ std::string SeriesSummary(const std::vector<Step>& steps) {
       first.sync_ns > 0 ? last.sync_ns / first.sync_ns : -1, last.bytes_per_item, bare);
 }
 
+// The windowed ratio policy's cost beside the token bucket's: 1,000 instances syncing one tenant
+// (requests reported in every Sync, so a windowed tenant deposits at each), one core with a
+// windowed tenant timed in turns with one whose tenant is a token bucket, as the steps above.
+// Prints {"bench":"scaling_window",...}: classic_ns, windowed_ns (each the median of the slices'
+// means) and their ratio (the median of the slices' ratios).
+void WindowCell() {
+  constexpr int kInstances = 1000;
+  const int n = absl::GetFlag(FLAGS_timed_syncs);
+  const std::string tenant = TenantId(0);
+  v1::BudgetPolicy bucket;
+  bucket.set_capacity(1e9);
+  bucket.set_refill_per_second(1e9);
+  v1::BudgetPolicy window;
+  window.set_retry_ratio(0.2);
+  window.set_min_retries_per_second(1e8);  // a floor of 1e9 over 10 s: never dry
+  window.set_ttl_ms(10'000);
+  Series classic;
+  Series windowed;
+  classic.ReportRequests();
+  windowed.ReportRequests();
+  if (!classic.core().PutPolicy(tenant, bucket).ok() ||
+      !windowed.core().PutPolicy(tenant, window).ok()) {
+    std::fprintf(stderr, "PutPolicy failed\n");
+    return;
+  }
+  auto pick = [&](int k) {
+    return std::pair<int64_t, const std::string&>(k % kInstances, tenant);
+  };
+  SyncSlices classic_slices(classic, n, pick);
+  SyncSlices windowed_slices(windowed, n, pick);
+  const Paired p = TimeInTurns(classic_slices, windowed_slices);
+  std::printf("{\"bench\":\"scaling_window\",\"instances\":%d,\"classic_ns\":%.0f,"
+              "\"windowed_ns\":%.0f,\"ratio\":%.2f}\n",
+              kInstances, p.first_ns, p.ns, p.ratio);
+  std::fflush(stdout);
+}
+
 int Main() {
+  WindowCell();
   const auto tenants =
       TenantSeries(Steps({1, 100, 10'000, 100'000, 1'000'000}, absl::GetFlag(FLAGS_max_tenants)));
   const std::vector<int64_t> instance_steps =

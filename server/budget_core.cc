@@ -506,8 +506,9 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   uint64_t granted = 0;
   absl::Duration next_sync =
       std::min(options_.max_next_sync, absl::Nanoseconds(tb.policy->lease_ttl_ns / 2));
+  double level = 0;
   if (entry != nullptr) {  // null for a final request: nothing is granted
-    const double level = tb.GrantableLevel(now_ns);
+    level = tb.GrantableLevel(now_ns);
     const uint64_t sized = GrantFor(want, tb.WantSum(), level);
     granted = options_.store != nullptr || options_.router != nullptr
                   ? ReserveDurably(tb, sized, level, absl::FromUnixNanos(now_ns))
@@ -546,7 +547,10 @@ void BudgetCore::Grant(Tenant& tb, core_internal::ActiveEntry* entry, LedgerEntr
   out.next_sync_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(next_sync));
   out.fleet = static_cast<uint32_t>(
       std::min<uint64_t>(std::max<uint64_t>(active, tb.RecentFleetSize(now_ns)), UINT32_MAX));
-  out.bucket_tokens = tb.window == nullptr ? tb.bucket.tokens() : tb.GrantableLevel(now_ns);
+  // A window's level after the grant (what it allowed less what it granted), or now.
+  out.bucket_tokens = tb.window == nullptr ? tb.bucket.tokens()
+                      : entry != nullptr   ? level - static_cast<double>(granted)
+                                           : tb.GrantableLevel(now_ns);
   out.active_instances = active;
 }
 

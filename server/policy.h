@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "retrybudget/v1/budget.pb.h"
 #include "server/ref_ptr.h"
+#include "server/window_ledger.h"
 
 namespace retrybudget {
 
@@ -56,7 +57,8 @@ struct InternedPolicy final : RefCounted, ResolvedPolicy {
   explicit InternedPolicy(const ResolvedPolicy& p)
       : ResolvedPolicy(p),
         lease_ttl_ns(absl::ToInt64Nanoseconds(p.lease_ttl)),
-        ttl_ns(absl::ToInt64Nanoseconds(p.ttl)) {}
+        ttl_ns(absl::ToInt64Nanoseconds(p.ttl)),
+        window_shape(WindowLedger::ShapeOf(ttl_ns, lease_ttl_ns, p.capacity)) {}
 
   // lease_ttl in nanoseconds (a whole number of milliseconds: ResolvePolicy checks it), for the
   // arithmetic of every Sync entry: absl's conversions and divisions of a Duration are calls
@@ -64,6 +66,8 @@ struct InternedPolicy final : RefCounted, ResolvedPolicy {
   const int64_t lease_ttl_ns;
   // ttl in nanoseconds (0 for the token bucket), for the window's arithmetic.
   const int64_t ttl_ns;
+  // A windowed policy's slots (meaningless for the token bucket): computed once, not per Sync.
+  const WindowShape window_shape;
 };
 using PolicyRef = RefPtr<const InternedPolicy>;
 

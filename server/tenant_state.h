@@ -146,8 +146,8 @@ struct Tenant final : RefCounted {
   double credited_total ABSL_GUARDED_BY(mu) = 0;
 
   // The window's shape under the policy in force (a windowed policy only).
-  WindowShape Shape() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return WindowLedger::ShapeOf(policy->ttl_ns, policy->lease_ttl_ns, policy->capacity);
+  const WindowShape& Shape() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return policy->window_shape;
   }
 
   // What may be granted now: the bucket's level, or what the window allows.
@@ -179,7 +179,7 @@ struct Tenant final : RefCounted {
     bool final = false;
   };
   bool ApplyWindowReport(const WindowReport& r, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    const WindowShape shape = Shape();
+    const WindowShape& shape = Shape();
     window->Deposit(shape, now_ns, r.deposit);
     if (r.was_active) window->ReleaseOldest(shape, now_ns, r.credited_back);
     return r.final || window->Carry(shape, now_ns, r.holdings);
@@ -194,10 +194,7 @@ struct Tenant final : RefCounted {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!policy->windowed) {
       if (window != nullptr) {
-        bucket.Restore(std::max(0.0, static_cast<double>(window->Grantable(
-                                         WindowLedger::ShapeOf(old.ttl_ns, old.lease_ttl_ns,
-                                                               old.capacity),
-                                         now_ns))),
+        bucket.Restore(static_cast<double>(window->Grantable(old.window_shape, now_ns)),
                        policy->capacity, absl::FromUnixNanos(now_ns));
         window.reset();
       }
@@ -209,8 +206,7 @@ struct Tenant final : RefCounted {
     }
     double counted = static_cast<double>(HeldSum());
     if (window != nullptr) {
-      counted = window->LiveGrants(
-          WindowLedger::ShapeOf(old.ttl_ns, old.lease_ttl_ns, old.capacity), now_ns);
+      counted = window->LiveGrants(old.window_shape, now_ns);
     }
     window = std::make_unique<WindowLedger>();
     window->Add(Shape(), now_ns, static_cast<uint64_t>(std::ceil(std::max(0.0, counted))));
@@ -219,7 +215,7 @@ struct Tenant final : RefCounted {
   // The window's live slots, into a state (a snapshot, or the tenant's state in etcd).
   void ExportWindow(v1::TenantState& ts, int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (window == nullptr) return;
-    const WindowShape shape = Shape();
+    const WindowShape& shape = Shape();
     ts.set_window_slot_nanos(shape.slot_ns);
     window->ForEachLive(shape, now_ns, [&ts](int64_t slot, double deposits, double grants) {
       v1::WindowSlot* w = ts.add_window_slots();
@@ -238,7 +234,7 @@ struct Tenant final : RefCounted {
   void RestoreWindow(const v1::TenantState& ts, int64_t now_ns, bool same_clock,
                      uint64_t granted_since) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (window == nullptr) return;
-    const WindowShape shape = Shape();
+    const WindowShape& shape = Shape();
     const bool in_place = same_clock && ts.window_slot_nanos() == shape.slot_ns;
     double moved = 0;
     for (const v1::WindowSlot& w : ts.window_slots()) {

@@ -109,12 +109,16 @@ void WindowLedger::Unrelease(const WindowShape& shape, int64_t now_ns, int64_t s
 }
 
 uint64_t WindowLedger::ReleaseOldest(const WindowShape& shape, int64_t now_ns, uint64_t tokens) {
+  if (tokens == 0) return 0;
   const int64_t s = Advance(SlotOf(shape, now_ns));
-  uint64_t taken = 0;
-  for (int64_t j = OldestGrant(shape, s); j <= s && taken < tokens; ++j) {
-    taken += Release(shape, now_ns, j, tokens - taken);
+  double left = static_cast<double>(tokens);
+  for (int64_t j = OldestGrant(shape, s); j <= s && left > 0; ++j) {
+    Slot& at = At(j);
+    const double t = std::min(left, std::floor(std::max(0.0, at.grants)));
+    at.grants -= t;
+    left -= t;
   }
-  return taken;
+  return tokens - static_cast<uint64_t>(left);
 }
 
 double WindowLedger::LiveDeposits(const WindowShape& shape, int64_t now_ns) {
