@@ -13,9 +13,10 @@
 //     floor + deposits live at t - grants live at t - n >= 0
 // with no future deposit (floor = min_retries_per_second * ttl): Grantable(now) is the minimum
 // of the left side over the slot boundaries of that span. Tokens credited back (returned,
-// reclaimed) are taken out of the slot they were counted in (Release); a client's held tokens
-// carried into a new lease are moved to the current slot (Release + Add: a move later never
-// lowers what any time counts).
+// reclaimed) are taken out of the oldest live grant slots (ReleaseOldest; the core does it only
+// for an instance seen within the ttl, whose tokens still count in a live slot, and the oldest
+// slot expires no later than theirs); a client's held tokens carried into a new lease are moved
+// to the current slot (Carry: a move later never lowers what any time counts).
 //
 // The bound (Finagle's, Linkerd's and tower's: checked at each retry, so it holds for every
 // window ending at a retry). Claim: for every time x at which a token is spent, tokens spent in
