@@ -259,8 +259,11 @@ TEST_F(WindowPolicyTest, AFleetSpendsWithinTheWindowedBound) {
     for (size_t i = 0; i < fleet.size(); ++i) {
       Client& c = fleet[i];
       if (busy) c.requests += rng() % 8;
-      if (clock_.Now() < c.lease_ends && c.held > 0 && rng() % 8 == 0) {
-        const uint64_t n = 1 + rng() % c.held;
+      // Half the instances spend as they go; the others hoard, carrying their tokens across
+      // Syncs, and spend them all at once now and then.
+      const bool hoards = i % 2 == 1;
+      if (clock_.Now() < c.lease_ends && c.held > 0 && rng() % (hoards ? 400 : 8) == 0) {
+        const uint64_t n = hoards ? c.held : 1 + rng() % c.held;
         for (uint64_t k = 0; k < n; ++k) spends.push_back(ms);
         c.spent += n;
         c.held -= n;
