@@ -115,7 +115,12 @@ class WindowLedger {
   // Moves the ring up to now's slot (clearing the slots it reuses); a clock going back stays
   // in the newest slot. Returns the current slot.
   int64_t Advance(int64_t now_slot);
-  Slot& At(int64_t slot) { return ring_[static_cast<size_t>(((slot % kRing) + kRing) % kRing)]; }
+  static size_t Index(int64_t slot) {
+    const int64_t r = slot % kRing;
+    return static_cast<size_t>(r < 0 ? r + kRing : r);
+  }
+  static size_t Next(size_t index) { return index + 1 == kRing ? 0 : index + 1; }
+  Slot& At(int64_t slot) { return ring_[Index(slot)]; }
   // The oldest slot whose grants are live at `slot`.
   static int64_t OldestGrant(const WindowShape& shape, int64_t slot) {
     return slot - shape.deposit_slots - shape.lease_slots;
