@@ -104,15 +104,7 @@ bool TenantBudgetImpl::TryAcquireCost(uint32_t cost) {
   // word, so a take it sees always has its extra tokens counted (TenantLedger::Takes never
   // counts a take of cost c as c retries).
   slow_.extra.fetch_add(cost - 1, std::memory_order_relaxed);
-  switch (lease_.TryTake(cost)) {
-    case Lease::Take::kTaken:
-      return true;
-    case Lease::Take::kTakenLow:
-      RequestSync();
-      return true;
-    case Lease::Take::kEmpty:
-      break;
-  }
+  if (Took(lease_.TryTake(cost))) return true;
   slow_.extra.fetch_sub(cost - 1, std::memory_order_relaxed);
   return AcquireSlow(cost);
 }

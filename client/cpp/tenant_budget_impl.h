@@ -91,7 +91,12 @@ class TenantBudgetImpl final : public TenantBudget {
 
   bool TryAcquire(uint32_t cost) override {
     if (cost != 1) [[unlikely]] return TryAcquireCost(cost);
-    switch (lease_.TryTake()) {
+    return Took(lease_.TryTake()) || AcquireSlow(1);
+  }
+
+  // Whether a take from the lease succeeded; one that left the lease low wakes the refresher.
+  bool Took(Lease::Take take) {
+    switch (take) {
       case Lease::Take::kTaken:
         return true;
       case Lease::Take::kTakenLow:
@@ -100,7 +105,7 @@ class TenantBudgetImpl final : public TenantBudget {
       case Lease::Take::kEmpty:
         break;
     }
-    return AcquireSlow(1);
+    return false;
   }
 
   void Refund(uint32_t cost) override;
