@@ -16,15 +16,9 @@ import "sync/atomic"
 // The word holds leased tokens or, while the server is unreachable, tokens the refresher puts
 // in from the local fallback bucket; the ledger keeps the books of each.
 //
-// takes counts the successful takes (retries allowed with tokens, whatever their cost,
-// refunds not deducted: TenantSync.retries_allowed). It sits next to the word, on the cache
-// line the take's CAS has just made this core's own, so counting costs no second contended
-// line.
-//
 // Thread-safe: every method may be called from any goroutine at any time.
 type lease struct {
-	word  atomic.Uint64
-	takes atomic.Uint64
+	word atomic.Uint64
 }
 
 const (
@@ -63,7 +57,6 @@ func (l *lease) tryTake(cost uint64) take {
 	w := l.word.Load()
 	for w&closedBit == 0 && wordTokens(w) >= cost {
 		if l.word.CompareAndSwap(w, w-cost) {
-			l.takes.Add(1)
 			if after, mark := wordTokens(w)-cost, wordMark(w); after <= mark && wordTokens(w) > mark {
 				return takenLow
 			}
@@ -111,9 +104,6 @@ func cappedTokens(n uint64) uint64 { return minU64(n, maxLeaseTokens) }
 
 // withdrawAndClose closes the lease and takes every token out. Returns the tokens taken out.
 func (l *lease) withdrawAndClose() uint64 { return wordTokens(l.word.Swap(closedBit)) }
-
-// taken is the number of successful takes so far.
-func (l *lease) taken() uint64 { return l.takes.Load() }
 
 // held is the tokens in the word right now (spendable or not).
 func (l *lease) held() uint64 { return wordTokens(l.word.Load()) }

@@ -62,9 +62,28 @@ const (
 	sourceFallback
 )
 
+// wordSnapshot is what workers changed in the lease word besides the refresher's deposits and
+// withdrawals, as the refresher reads it for a report or Stats: refunded first, then held, then
+// extra (TenantBudget.snapshotWord), so a take or a refund racing with the read is at worst
+// left out of this reading, never counted ahead of the word.
+type wordSnapshot struct {
+	refunded uint64 // tokens RefundN put back into the word, cumulative
+	held     uint64 // tokens in the word
+	extra    uint64 // of the takes of cost c > 1, the c - 1 above one token, cumulative
+}
+
+// tenantLedger is both sources' books. put and withdrawn count every token the refresher put
+// into the word or took out of it (either source), so the takes, the retries allowed with
+// tokens whatever their cost (TenantSync.retries_allowed before its cap), are what the word
+// lost to workers less the extra tokens of the takes of cost above 1:
+//
+//	takes = put + refunded - withdrawn - held - extra
+//
+// The hot path counts nothing for a take of cost 1 (the C++ TenantLedger::Takes).
 type tenantLedger struct {
 	lease, fallback tokenAccount
 	source          tokenSource
+	put, withdrawn  uint64
 }
 
 func (l *tenantLedger) heldBy(s tokenSource, held uint64) uint64 {
@@ -76,14 +95,19 @@ func (l *tenantLedger) heldBy(s tokenSource, held uint64) uint64 {
 
 func (l *tenantLedger) received(granted, deposited uint64) {
 	l.lease.in += granted
+	l.put += deposited
 	if deposited < granted {
 		l.lease.out += granted - deposited
 	}
 }
 
-func (l *tenantLedger) fallbackDeposited(n uint64) { l.fallback.in += n }
+func (l *tenantLedger) fallbackDeposited(n uint64) {
+	l.fallback.in += n
+	l.put += n
+}
 
 func (l *tenantLedger) withdrew(withdrawn, heldAfter uint64) {
+	l.withdrawn += withdrawn
 	if l.source == sourceLease {
 		l.lease.withdrew(withdrawn, heldAfter)
 	} else {
@@ -98,6 +122,11 @@ func (l *tenantLedger) switchTo(s tokenSource) { l.source = s }
 func (l *tenantLedger) report(held uint64) {
 	l.lease.report(l.heldBy(sourceLease, held))
 	l.fallback.report(l.heldBy(sourceFallback, held))
+}
+
+// takes is the successful takes the word shows (refunds not deducted; see tenantLedger).
+func (l *tenantLedger) takes(w wordSnapshot) uint64 {
+	return subU64(subU64(l.put+w.refunded, l.withdrawn+w.held), w.extra)
 }
 
 func (l *tenantLedger) exactSpent(held uint64) uint64 {

@@ -87,8 +87,10 @@ type fallbackEpisode struct {
 
 // TenantBudget is a tenant's budget as seen from this process. Thread-safe; owned by its
 // Client. TryAcquire, Refund and RecordSuccess are the hot path: lock-free, atomics only,
-// never blocking, no I/O, no clock read. The other methods take mu; the refresher is their
-// only writer.
+// never blocking, no I/O, no clock read. A TryAcquire of cost 1 that finds its token is one
+// CAS loop on the lease word; a cost above 1 adds one atomic (extra, see tenantLedger); a
+// denial, and a shadow-mode would-be denial, a few more. The other methods take mu; the
+// refresher is their only writer.
 type TenantBudget struct {
 	name  string
 	waker func()
@@ -110,8 +112,12 @@ type TenantBudget struct {
 	shadowDenied atomic.Uint64
 	unbacked     atomic.Uint64
 	refunds      atomic.Uint64
-	syncWanted   atomic.Bool
-	costLog      *costLogger // nil: bad costs are not logged
+	// refundedTokens: the tokens RefundN put back into the word; extra: of the takes of cost
+	// c > 1, the c - 1 above one token (tenantLedger.takes derives retries_allowed from both).
+	refundedTokens atomic.Uint64
+	extra          atomic.Uint64
+	syncWanted     atomic.Bool
+	costLog        *costLogger // nil: bad costs are not logged
 	// ready is closed at the tenant's first answer (Ready); readyOnce closes it.
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -154,8 +160,18 @@ func newTenantBudget(name string, waker func(), created time.Time, fb fallbackCo
 // Tenant is the tenant's name.
 func (t *TenantBudget) Tenant() string { return t.name }
 
-// TryAcquire asks for one retry of cost 1: TryAcquireN(1).
-func (t *TenantBudget) TryAcquire() bool { return t.TryAcquireN(1) }
+// TryAcquire asks for one retry of cost 1: TryAcquireN(1). A take that finds its token is
+// one CAS loop on the lease word and nothing else.
+func (t *TenantBudget) TryAcquire() bool {
+	switch t.lease.tryTake(1) {
+	case taken:
+		return true
+	case takenLow:
+		t.requestSync()
+		return true
+	}
+	return t.acquireSlow(1)
+}
 
 // TryAcquireN asks for one retry that costs `cost` tokens. It returns true when the tokens
 // were taken (the retry may be sent), false when not (the retry must not be sent: fail the
@@ -173,13 +189,28 @@ func (t *TenantBudget) TryAcquireN(cost int) bool {
 		t.costLog.bad("TryAcquireN", t.name, cost)
 		return false
 	}
-	switch t.lease.tryTake(uint64(cost)) {
+	if cost == 1 {
+		return t.TryAcquire()
+	}
+	// Counted before the take (and taken back if it fails): the refresher reads extra after
+	// the word, so a take it sees always has its extra tokens counted (tenantLedger.takes
+	// never counts a take of cost c as c retries).
+	c := uint64(cost)
+	t.extra.Add(c - 1)
+	switch t.lease.tryTake(c) {
 	case taken:
 		return true
 	case takenLow:
 		t.requestSync()
 		return true
 	}
+	t.extra.Add(-(c - 1))
+	return t.acquireSlow(cost)
+}
+
+// acquireSlow: fewer than `cost` tokens in the word, or the word closed: counts the denial (in
+// shadow mode the would-be denial, and allows) and wakes the refresher.
+func (t *TenantBudget) acquireSlow(cost int) bool {
 	t.deniedTokens.Add(uint64(cost))
 	t.requestSync()
 	if t.shadow.Load() {
@@ -211,7 +242,19 @@ func (t *TenantBudget) RefundN(cost int) {
 		}
 	}
 	t.lease.refund(c)
+	// After the word: a snapshotWord that reads this count reads the word with the tokens.
+	t.refundedTokens.Add(c)
 	t.refunds.Add(1)
+}
+
+// snapshotWord reads the lease word and the workers' counts of it in the order tenantLedger
+// needs: refunded tokens, then the word, then the extra tokens.
+func (t *TenantBudget) snapshotWord() wordSnapshot {
+	var w wordSnapshot
+	w.refunded = t.refundedTokens.Load()
+	w.held = t.lease.held()
+	w.extra = t.extra.Load()
+	return w
 }
 
 // RecordSuccess records one successful logical call; it earns the budget success_credit.
@@ -289,11 +332,12 @@ func (t *TenantBudget) Stats() TenantStats {
 	// The refunds first: a RefundN counted after its allowed retry never makes the net count
 	// wrap.
 	refunds := t.refunds.Load()
-	held := t.lease.held()
+	word := t.snapshotWord()
+	held := word.held
 	return TenantStats{
 		Successes:                t.successes.Load(),
 		Requests:                 t.requests.Load(),
-		RetriesAllowed:           subU64(t.lease.taken(), refunds),
+		RetriesAllowed:           subU64(t.ledger.takes(word), refunds),
 		TokensSpent:              t.ledger.exactSpent(held),
 		RetriesDenied:            t.denied.Load(),
 		ShadowDenied:             t.shadowDenied.Load(),
@@ -492,10 +536,10 @@ func (t *TenantBudget) step(now time.Time, server serverState) time.Time {
 	return farFuture
 }
 
-func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
+func (t *TenantBudget) fillCountersLocked(word wordSnapshot, out *pb.TenantSync) {
 	out.Tenant = t.name
 	out.Successes = t.successes.Load()
-	t.ledger.report(held)
+	t.ledger.report(word.held)
 	out.RetriesSpent = t.ledger.reportedSpent()
 	out.RetriesRefunded = t.ledger.reportedRefunded()
 	out.RetriesDenied = t.denied.Load()
@@ -509,7 +553,7 @@ func (t *TenantBudget) fillCountersLocked(held uint64, out *pb.TenantSync) {
 	out.ShadowDenied = t.shadowDenied.Load()
 	// A take refunded before any report is in neither retries_spent nor the server's books, but
 	// was counted as allowed: retries_allowed stays at most retries_spent (both monotonic).
-	if allowed := minU64(t.lease.taken(), out.RetriesSpent); allowed > t.reportedAllowed {
+	if allowed := minU64(t.ledger.takes(word), out.RetriesSpent); allowed > t.reportedAllowed {
 		t.reportedAllowed = allowed
 	}
 	out.RetriesAllowed = t.reportedAllowed
@@ -524,8 +568,9 @@ func (t *TenantBudget) fillSync(now time.Time, p refreshPolicy) *pb.TenantSync {
 	defer t.mu.Unlock()
 	t.synced = true
 	out := &pb.TenantSync{}
-	held := t.lease.held()
-	t.fillCountersLocked(held, out)
+	word := t.snapshotWord()
+	held := word.held
+	t.fillCountersLocked(word, out)
 	// Demand is the tokens workers asked for, allowed or not: a starved tenant's denials (and
 	// a shadow tenant's would-be denials) count.
 	t.demand.observe(now, out.RetriesSpent+t.deniedTokens.Load())
@@ -644,7 +689,7 @@ func (t *TenantBudget) fillFinal(now time.Time) *pb.TenantSync {
 	t.markReadyLocked()
 	t.withdrawAllLocked(now)
 	out := &pb.TenantSync{}
-	t.fillCountersLocked(t.lease.held(), out)
+	t.fillCountersLocked(t.snapshotWord(), out)
 	out.Want = 0
 	return out
 }

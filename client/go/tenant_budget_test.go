@@ -264,3 +264,65 @@ func TestRequestsAreReportedAndFundTheFallbackBucketOnce(t *testing.T) {
 	}
 	serverRules(t, h.stub.sent())
 }
+
+// Takes of cost 1 and 3 race on one lease, with refunds and Stats readers beside them:
+// retries_allowed counts retries, not tokens (a take of cost 3 is one retry), exactly, and no
+// reading made during the race ever counts more retries than were allowed by the end.
+func TestRetriesAllowedCountsMixedCostTakesExactlyUnderConcurrency(t *testing.T) {
+	h := newHarness(t, grantAll(3000, 60000))
+	b := h.tenant(t, "a")
+	h.ref.runOnce()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	allowed, refunds, tokens := 0, 0, 0
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			a, r, n := 0, 0, 0
+			for i := 0; i < 400; i++ {
+				cost := 1 + 2*((g+i)%2)
+				if !b.TryAcquireN(cost) {
+					continue
+				}
+				a++
+				n += cost
+				if i%7 == 0 {
+					b.RefundN(cost)
+					r++
+					n -= cost
+				}
+			}
+			mu.Lock()
+			allowed, refunds, tokens = allowed+a, refunds+r, tokens+n
+			mu.Unlock()
+		}(g)
+	}
+	done := make(chan struct{})
+	var most uint64
+	go func() {
+		defer close(done)
+		for i := 0; i < 200; i++ {
+			if s := b.Stats(); s.RetriesAllowed > most {
+				most = s.RetriesAllowed
+			}
+		}
+	}()
+	wg.Wait()
+	<-done
+	s := b.Stats()
+	if want := uint64(allowed - refunds); s.RetriesAllowed != want || s.Refunds != uint64(refunds) ||
+		s.TokensSpent != uint64(tokens) || s.TokensHeld != int64(3000-tokens) {
+		t.Fatalf("%d allowed, %d refunded, %d tokens spent; stats %+v", allowed, refunds, tokens, s)
+	}
+	if most > s.RetriesAllowed+uint64(refunds) {
+		t.Fatalf("a reading during the race counted %d retries allowed; %d were allowed in all", most, allowed)
+	}
+	h.clock.Advance(200 * time.Millisecond)
+	h.ref.runOnce()
+	if e := h.stub.last(t).Tenants[0]; e.RetriesSpent != uint64(tokens) || e.RetriesAllowed > uint64(allowed) ||
+		e.RetriesAllowed < uint64(allowed-refunds) {
+		t.Fatalf("entry %v: want retries_spent %d, retries_allowed in [%d, %d]", e, tokens, allowed-refunds, allowed)
+	}
+	serverRules(t, h.stub.sent())
+}
