@@ -91,10 +91,6 @@ class WindowLedger {
   void Unrelease(const WindowShape& shape, int64_t now_ns, int64_t slot, uint64_t tokens);
   // Takes up to `tokens` out of the oldest live grant slots first; returns how many.
   uint64_t ReleaseOldest(const WindowShape& shape, int64_t now_ns, uint64_t tokens);
-  // The end of `slot`'s lease: (slot + 1) * W + lease_ttl, as the grant counts it (Unix ns).
-  static int64_t LeaseEndOf(const WindowShape& shape, int64_t slot, int64_t lease_ttl_ns) {
-    return (slot + 1) * shape.slot_ns + lease_ttl_ns;
-  }
 
   // Deposits and grants live now.
   double LiveDeposits(const WindowShape& shape, int64_t now_ns);
