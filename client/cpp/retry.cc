@@ -200,10 +200,11 @@ absl::Status RunRetryLoop(TenantBudget& budget, const RetryPolicy& policy,
           absl::FormatDuration(deadline - now), " left)", LastError(last)));
     }
     // Before the tenant's first answer every TryAcquire() is denied (no lease yet): wait for it
-    // first, for at most this retry's backoff ceiling (or the backoff, when a pushback is
-    // longer), never past the deadline, cancelled by the stop. A ready budget returns at once.
-    const absl::Time wait_until =
-        std::min(deadline, now + std::max(backoff, BackoffCeiling(policy, number)));
+    // first, for at most kFirstAnswerWait or this retry's backoff ceiling (or the backoff, when
+    // a pushback is longer), never past the deadline, cancelled by the stop. A ready budget
+    // returns at once.
+    const absl::Time wait_until = std::min(
+        deadline, now + std::max({kFirstAnswerWait, backoff, BackoffCeiling(policy, number)}));
     if (absl::Status ready = budget.WaitReady(wait_until, control.stop); !ready.ok()) {
       if (control.stop.stop_requested()) {
         return absl::CancelledError(absl::StrCat(

@@ -169,10 +169,10 @@ TEST(FirstAnswerTest, RetryWaitsForTheFirstAnswerBeforeTakingAToken) {
   const TenantStats stats = budget->Stats();
   EXPECT_EQ(stats.retries_allowed, 1u);
   EXPECT_EQ(stats.retries_denied, 0u);
-  // The wait was for the backoff ceiling (50 ms) and the answer ended it at once; the retry
-  // still waited its own backoff (25 ms).
+  // The wait was for kFirstAnswerWait (1 s, longer than the 50 ms backoff ceiling) and the
+  // answer ended it at once; the retry still waited its own backoff (25 ms).
   ASSERT_GE(clock.sleeps().size(), 2u);
-  EXPECT_EQ(clock.sleeps()[0], absl::Milliseconds(50));
+  EXPECT_EQ(clock.sleeps()[0], kFirstAnswerWait);
   EXPECT_EQ(clock.Now(), start + absl::Milliseconds(25));
 }
 
@@ -215,7 +215,7 @@ TEST(FirstAnswerTest, RetryWaitsForTheFirstAnswerNoLongerThanTheDeadline) {
       FailOnceThenSucceed(*budget, &clock, start + absl::Milliseconds(30), {}, &attempts);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_EQ(attempts, 1);
-  EXPECT_EQ(clock.Now(), start + absl::Milliseconds(30));  // not the 50 ms ceiling
+  EXPECT_EQ(clock.Now(), start + absl::Milliseconds(30));  // not kFirstAnswerWait
   EXPECT_EQ(budget->Stats().retries_denied, 0u);           // no token asked for
 }
 

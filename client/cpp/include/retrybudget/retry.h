@@ -23,9 +23,11 @@
 //    (cancelled: the same cost is Refund()ed and CANCELLED returned at once) -> next attempt.
 //  * A new client has no lease until the server's first answer (about one round trip after
 //    Tenant()), so a retry then would be denied. Before taking a token the loop waits for that
-//    answer, for at most the retry's backoff ceiling (min(max_backoff, initial_backoff *
-//    multiplier^(k-1)); 50 ms for the first retry by default) or the pushback if longer, never
-//    past the overall deadline, cancelled by the stop (CANCELLED, no token taken). The wait runs
+//    answer, for at most the longest of kFirstAnswerWait (1 s, the default sync_timeout: by
+//    then the first Sync got a lease, a refusal, or failed and the fallback applies), the
+//    retry's backoff ceiling (min(max_backoff, initial_backoff * multiplier^(k-1))) and the
+//    pushback, never past the overall deadline, cancelled by the stop (CANCELLED, no token
+//    taken). Go's Do waits the same. The wait runs
 //    inside the backoff: the retry starts at the later of its backoff and the answer. If no
 //    answer comes (the server unreachable and its fallback not decided yet), TryAcquire()
 //    decides. With a budget already answered this costs one atomic load. The wait goes through
@@ -56,6 +58,10 @@
 #include "retrybudget/clock.h"
 
 namespace retrybudget {
+
+// The longest Retry() waits for a new tenant's first answer when the retry's backoff is
+// shorter (see above); a longer backoff bounds the wait instead.
+inline constexpr absl::Duration kFirstAnswerWait = absl::Seconds(1);
 
 // Which failures are retried, how often and how far apart. A plain value: copy it freely.
 struct RetryPolicy {
