@@ -36,8 +36,8 @@ struct TestClusterOptions {
   int etcd_nodes = 3;
   // The etcd server binary.
   std::string etcd_binary = "/usr/bin/etcd";
-  // Where the cluster's temporary directory is made: empty for $TEST_TMPDIR, else $TMPDIR,
-  // else /tmp.
+  // Where the cluster's temporary directory is made: empty for $TEST_TMPDIR, else /dev/shm
+  // (tmpfs: etcd's fsyncs cost nothing), else $TMPDIR, else /tmp.
   std::string base_dir = {};
   // Longest wait for a node to start, for a leader, for a node to die.
   absl::Duration timeout = absl::Seconds(20);
