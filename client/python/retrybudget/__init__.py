@@ -22,11 +22,21 @@ from .retry import (Attempt, RetryCancelled, RetryDeadlineExceeded, RetryPolicy,
                     async_call_with_retry, aws_cost, call_with_retry, compute_backoff,
                     default_is_retryable, new_idempotency_key)
 from .tenant_budget import TenantBudget  # noqa: E402
+from .grpc_interceptor import (BUDGET_EXHAUSTED_TRAILER, DISABLE_GRPC_RETRIES,  # noqa: E402
+                               IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER,
+                               RETRY_PUSHBACK_HEADER, AioBudgetExhaustedError,
+                               AioBudgetInterceptor, AioRetryDeadlineError,
+                               BudgetExhaustedRpcError, BudgetInterceptor, RetryDeadlineRpcError,
+                               parse_retry_pushback)
 
 __all__ = [
-    "AsyncBudgetClient", "Attempt", "BudgetClient", "BudgetExhausted", "ClientClosed",
-    "ClientOptions", "DENY_FALLBACK", "ENFORCE", "FALLBACK", "InvalidOptions", "LEASE", "MODES",
-    "NO_LEASE", "RetryCancelled", "RetryDeadlineExceeded", "RetryPolicy", "SHADOW",
-    "TenantBudget", "TenantStats", "async_call_with_retry", "aws_cost", "call_with_retry",
-    "compute_backoff", "default_is_retryable", "new_idempotency_key",
+    "AioBudgetExhaustedError", "AioBudgetInterceptor", "AioRetryDeadlineError",
+    "AsyncBudgetClient", "Attempt", "BUDGET_EXHAUSTED_TRAILER", "BudgetClient",
+    "BudgetExhausted", "BudgetExhaustedRpcError", "BudgetInterceptor", "ClientClosed",
+    "ClientOptions", "DENY_FALLBACK", "DISABLE_GRPC_RETRIES", "ENFORCE", "FALLBACK",
+    "IDEMPOTENCY_KEY_HEADER", "InvalidOptions", "LEASE", "MODES", "NO_LEASE",
+    "PREVIOUS_ATTEMPTS_HEADER", "RETRY_PUSHBACK_HEADER", "RetryCancelled",
+    "RetryDeadlineExceeded", "RetryDeadlineRpcError", "RetryPolicy", "SHADOW", "TenantBudget",
+    "TenantStats", "async_call_with_retry", "aws_cost", "call_with_retry", "compute_backoff",
+    "default_is_retryable", "new_idempotency_key", "parse_retry_pushback",
 ]
