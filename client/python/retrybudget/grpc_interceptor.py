@@ -45,7 +45,7 @@ Both classes are thread-safe: nothing is kept between calls."""
 import collections
 import dataclasses
 import time
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import grpc
 import grpc.aio
@@ -378,7 +378,7 @@ class AioBudgetInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
             raise
 
 
-__all__: Sequence[str] = [
+__all__ = [
     "AioBudgetExhaustedError", "AioBudgetInterceptor", "AioRetryDeadlineError",
     "BUDGET_EXHAUSTED_TRAILER", "BudgetExhaustedRpcError", "BudgetInterceptor",
     "DISABLE_GRPC_RETRIES", "IDEMPOTENCY_KEY_HEADER", "PREVIOUS_ATTEMPTS_HEADER",
