@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <grpcpp/grpcpp.h>
 
@@ -17,16 +18,10 @@
 #include "retrybudget/client.h"
 #include "retrybudget/retry.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tests/support/server_connection.h"
-#include "tests/support/test_launcher.h"
+#include "tests/client/real_server_client_test.h"
 
 namespace retrybudget {
 namespace {
-
-using ::retrybudget::testing::ServerConnection;
-using ::retrybudget::testing::ServerUnderTest;
-
-constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
 
 // A classic bucket of `capacity` tokens that never refills nor credits: its level counts every
 // token that did not come back.
@@ -39,41 +34,15 @@ v1::BudgetPolicy FixedBucket(double capacity, v1::Mode mode = v1::MODE_ENFORCE) 
   return policy;
 }
 
-class ClientCostShadowTest : public ::testing::Test {
+class ClientCostShadowTest : public ::retrybudget::testing::RealServerClientTest {
  protected:
-  void SetUp() override {
-    auto server = ServerUnderTest::Start({.binary = kServerBinary, .flags = {"--log_level=warn"}});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    admin_ = ServerConnection::Create(server_->address(), grpc::InsecureChannelCredentials());
-    admin_.wait_for_ready = true;
-  }
-
-  void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
-    const grpc::Status status = admin_.PutPolicy(tenant, policy);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-  }
-
-  v1::BudgetStatus GetBudget(const std::string& tenant) {
-    v1::BudgetStatus budget;
-    const grpc::Status status = admin_.GetBudget(tenant, &budget);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return budget;
-  }
-
   std::unique_ptr<BudgetClient> NewClient(uint64_t lease_burst = 2,
                                           absl::Duration refresh = absl::Milliseconds(200)) {
     ClientOptions options;
-    options.target = server_->address();
     options.lease_burst = lease_burst;
     options.refresh_period = refresh;
-    absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
+    return CreateClient(std::move(options));
   }
-
-  std::unique_ptr<ServerUnderTest> server_;
-  ServerConnection admin_;
 };
 
 TEST_F(ClientCostShadowTest, ARetryOfCostFiveTakesFiveTokensFromTheServersBucket) {

@@ -18,49 +18,14 @@
 #include "retrybudget/client.h"
 #include "retrybudget/retry.h"
 #include "retrybudget/v1/budget.grpc.pb.h"
-#include "tests/support/server_connection.h"
-#include "tests/support/test_launcher.h"
+#include "tests/client/real_server_client_test.h"
 
 namespace retrybudget {
 namespace {
 
-using ::retrybudget::testing::ServerConnection;
-using ::retrybudget::testing::ServerUnderTest;
-
-constexpr char kServerBinary[] = RETRYBUDGET_SERVER_BIN;
-
-class ClientFirstCallTest : public ::testing::Test {
+class ClientFirstCallTest : public ::retrybudget::testing::RealServerClientTest {
  protected:
-  void SetUp() override {
-    auto server = ServerUnderTest::Start({.binary = kServerBinary, .flags = {"--log_level=warn"}});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    admin_ = ServerConnection::Create(server_->address(), grpc::InsecureChannelCredentials());
-    admin_.wait_for_ready = true;
-  }
-
-  void PutPolicy(const std::string& tenant, const v1::BudgetPolicy& policy) {
-    const grpc::Status status = admin_.PutPolicy(tenant, policy);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-  }
-
-  v1::BudgetStatus GetBudget(const std::string& tenant) {
-    v1::BudgetStatus budget;
-    const grpc::Status status = admin_.GetBudget(tenant, &budget);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    return budget;
-  }
-
-  std::unique_ptr<BudgetClient> NewClient() {
-    ClientOptions options;  // the defaults, as a new user has them
-    options.target = server_->address();
-    absl::StatusOr<std::unique_ptr<BudgetClient>> client = BudgetClient::Create(options);
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? *std::move(client) : nullptr;
-  }
-
-  std::unique_ptr<ServerUnderTest> server_;
-  ServerConnection admin_;
+  std::unique_ptr<BudgetClient> NewClient() { return CreateClient(); }  // the defaults
 };
 
 // The call of a program whose first action it is: the first attempt fails at once (so the
