@@ -2,12 +2,15 @@
 // (BudgetAdminService, metrics, snapshots' statuses). Sync is in budget_core.cc.
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
 #include "retrybudget/names.h"
 #include "retrybudget/owner_redirect.h"
 #include "server/budget_core.h"
@@ -133,22 +136,105 @@ absl::StatusOr<v1::ListBudgetsResponse> BudgetCore::ListBudgets(
   return response;
 }
 
+absl::Status ValidatePolicyMask(const google::protobuf::FieldMask& mask) {
+  const google::protobuf::Descriptor* d = v1::BudgetPolicy::descriptor();
+  for (const std::string& path : mask.paths()) {
+    if (d->FindFieldByName(path) != nullptr) continue;
+    std::vector<std::string> names;
+    for (int i = 0; i < d->field_count(); ++i) names.emplace_back(d->field(i)->name());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "update_mask path ", QuoteForError(path), " is not a BudgetPolicy field (fields: ",
+        absl::StrJoin(names, ", "), "); nothing changed"));
+  }
+  return absl::OkStatus();
+}
+
+v1::BudgetPolicy MergePolicy(const v1::BudgetPolicy& current, const v1::BudgetPolicy& update,
+                             const google::protobuf::FieldMask& mask) {
+  // What `update` gives: its fields the mask names, nothing else.
+  v1::BudgetPolicy picked = update;
+  v1::BudgetPolicy merged = current;
+  const google::protobuf::Descriptor* d = v1::BudgetPolicy::descriptor();
+  const google::protobuf::Reflection* r = v1::BudgetPolicy::GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const google::protobuf::FieldDescriptor* f = d->field(i);
+    const bool named = std::find(mask.paths().begin(), mask.paths().end(), f->name()) !=
+                       mask.paths().end();
+    r->ClearField(named ? &merged : &picked, f);
+  }
+  merged.MergeFrom(picked);
+  return merged;
+}
+
+v1::BudgetPolicy PolicyBase(const ResolvedPolicy& policy) {
+  v1::BudgetPolicy base = policy.ToProto();
+  // A field equal to what it resolves to when unset is left unset (derived from the others).
+  v1::BudgetPolicy without = base;
+  without.clear_initial_tokens();
+  if (absl::StatusOr<ResolvedPolicy> r = ResolvePolicy(without);
+      r.ok() && r->initial_tokens == policy.initial_tokens) {
+    base = without;
+  }
+  without = base;
+  without.clear_lease_ttl_ms();
+  if (absl::StatusOr<ResolvedPolicy> r = ResolvePolicy(without);
+      r.ok() && r->lease_ttl == policy.lease_ttl) {
+    base = without;
+  }
+  return base;
+}
+
 absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
-                                                       const v1::BudgetPolicy& policy) {
+                                                       const v1::BudgetPolicy& policy,
+                                                       const google::protobuf::FieldMask& mask) {
   if (auto s = ValidateTenantName(tenant); !s.ok()) return s;
-  auto resolved = ResolvePolicy(policy, "policy");
-  if (!resolved.ok()) return resolved.status();
+  if (mask.paths().empty()) {
+    auto resolved = ResolvePolicy(policy, "policy");
+    if (!resolved.ok()) return resolved.status();
+    if (auto s = CheckOwned(tenant); !s.ok()) return s;
+    return ApplyAdminPolicy(tenant, *resolved);
+  }
+  if (auto s = ValidatePolicyMask(mask); !s.ok()) return s;
   if (auto s = CheckOwned(tenant); !s.ok()) return s;
-  return ApplyAdminPolicy(tenant, *resolved);
+  return UpdateAdminPolicy(
+      tenant,
+      [&](absl::FunctionRef<v1::BudgetPolicy()> current) -> absl::StatusOr<ResolvedPolicy> {
+        absl::StatusOr<ResolvedPolicy> merged =
+            ResolvePolicy(MergePolicy(current(), policy, mask), "policy");
+        if (merged.ok()) return merged;
+        return absl::InvalidArgumentError(
+            absl::StrCat("the policy merged by update_mask is invalid: ",
+                         merged.status().message(), "; nothing changed"));
+      });
 }
 
 absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view tenant,
                                                               const ResolvedPolicy& policy) {
-  const ResolvedPolicy* resolved = &policy;
+  return UpdateAdminPolicy(
+      tenant, [&](absl::FunctionRef<v1::BudgetPolicy()>) -> absl::StatusOr<ResolvedPolicy> {
+        return policy;
+      });
+}
+
+v1::BudgetPolicy BudgetCore::ConfiguredPolicy(absl::string_view tenant) {
+  ReaderMutexLock lock(&policy_mu_);
+  return ConfiguredPolicyLocked(tenant);
+}
+
+v1::BudgetPolicy BudgetCore::ConfiguredPolicyLocked(absl::string_view tenant) {
+  for (const auto& t : policy_.tenants()) {
+    if (t.tenant() == tenant) return t.policy();
+  }
+  return policy_.default_policy();
+}
+
+absl::StatusOr<v1::BudgetStatus> BudgetCore::UpdateAdminPolicy(absl::string_view tenant,
+                                                               PolicyUpdate update) {
   const absl::Time now = clock_->Now();
   RefPtr<Tenant> t;
-  bool created = false;
+  std::optional<ResolvedPolicy> created;
   {
+    ReaderMutexLock policy_lock(&policy_mu_);
     MutexLock lock(&tenants_mu_);
     auto it = tenants_.find(tenant);
     if (it != tenants_.end()) {
@@ -159,27 +245,35 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::ApplyAdminPolicy(absl::string_view 
             "tenant %s cannot be created: the server holds %d tenants, its limit",
             QuoteForError(tenant), tenants_.size()));
       }
-      t = MakeRef<Tenant>(std::string(tenant), Intern(*resolved), v1::POLICY_SOURCE_ADMIN,
-                                   now);
+      // Cluster mode: an admin policy in etcd wins over the file (as for a budget a Sync
+      // creates).
+      std::optional<v1::BudgetPolicy> current;
+      if (options_.router != nullptr) current = options_.router->AdminPolicy(tenant);
+      if (!current.has_value()) current = ConfiguredPolicyLocked(tenant);
+      absl::StatusOr<ResolvedPolicy> p = update([&] { return *current; });
+      if (!p.ok()) return p.status();
+      created = *p;
+      t = MakeRef<Tenant>(std::string(tenant), Intern(*p), v1::POLICY_SOURCE_ADMIN, now);
       tenants_.insert(t);
-      created = true;
     }
   }
-  if (created) {
+  if (created.has_value()) {
     // Its first block is reserved now, as for a budget a first Sync creates, so that its first
     // grant is not cut to nothing; not waited for (this may run on the writer's own thread).
     if (options_.store != nullptr || options_.router != nullptr) {
-      ReserveAhead(t->name, ReservationBlock(resolved->capacity));
+      ReserveAhead(t->name, ReservationBlock(created->capacity));
     }
     return StatusOf(*t, now);
   }
   {
     CompactMutexLock lock(&t->mu);
+    const PolicyRef current = t->policy;
+    absl::StatusOr<ResolvedPolicy> p = update([&] { return PolicyBase(*current); });
+    if (!p.ok()) return p.status();
     t->Advance(absl::ToUnixNanos(now));  // time so far counts at the old rate
-    t->bucket.CapAt(resolved->capacity);
-    const PolicyRef old = t->policy;
-    t->policy = Intern(*resolved);
-    t->FollowPolicyShape(*old, absl::ToUnixNanos(now));
+    t->bucket.CapAt(p->capacity);
+    t->policy = Intern(*p);
+    t->FollowPolicyShape(*current, absl::ToUnixNanos(now));
     t->set_source(v1::POLICY_SOURCE_ADMIN);
   }
   return StatusOf(*t, now);

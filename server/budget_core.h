@@ -27,11 +27,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "google/protobuf/field_mask.pb.h"
 #include "retrybudget/clock.h"
 #include "retrybudget/mutex.h"
 #include "retrybudget/v1/budget.pb.h"
@@ -87,6 +89,18 @@ struct CoreOptions {
 };
 
 
+// Checks that every path of `mask` names a BudgetPolicy field (INVALID_ARGUMENT naming
+// `update_mask` and the first unknown path).
+absl::Status ValidatePolicyMask(const google::protobuf::FieldMask& mask);
+// `current` with the fields `mask` names taken from `update` (cleared where `update` leaves
+// them unset). `mask` must be valid (ValidatePolicyMask).
+v1::BudgetPolicy MergePolicy(const v1::BudgetPolicy& current, const v1::BudgetPolicy& update,
+                             const google::protobuf::FieldMask& mask);
+// A resolved policy as the message a masked put merges into: the fields of its shape and its
+// mode, except those equal to the value they would take from the others (initial_tokens =
+// capacity, lease_ttl_ms's default), which stay unset and so follow a change of the others.
+v1::BudgetPolicy PolicyBase(const ResolvedPolicy& policy);
+
 // Thread-safe. Tenants are locked one at a time (never all behind one lock); requests of the same
 // instance are serialised by that instance's lock.
 class BudgetCore {
@@ -118,8 +132,13 @@ class BudgetCore {
   absl::StatusOr<v1::ListBudgetsResponse> ListBudgets(const v1::ListBudgetsRequest& request);
   // Creates the budget or changes its policy, keeping the level (capped at the new capacity).
   // A budget created here (with a store or a router) has its first block reserved at once.
-  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
-                                             const v1::BudgetPolicy& policy);
+  // A non-empty `mask` changes only the fields it names (PutPolicyRequest.update_mask): they
+  // are merged into the tenant's current policy under the tenant's lock, so a concurrent put is
+  // never half overwritten. INVALID_ARGUMENT (nothing changed) for an unknown path or an
+  // invalid merged policy.
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(
+      absl::string_view tenant, const v1::BudgetPolicy& policy,
+      const google::protobuf::FieldMask& mask = google::protobuf::FieldMask());
   // NOT_FOUND if the tenant has no budget. Cluster mode: also deletes its state and its admin
   // policy in etcd (TenantRouter::DeleteDurably); UNAVAILABLE, with the budget gone from this
   // server, when etcd refused or failed (a next owner may bring it back).
@@ -127,6 +146,10 @@ class BudgetCore {
   // PutPolicy without the owner check (cluster mode: a policy from etcd, on the owner).
   absl::StatusOr<v1::BudgetStatus> ApplyAdminPolicy(absl::string_view tenant,
                                                     const ResolvedPolicy& policy);
+  // The policy `tenant` has from the policy file: its listed policy, else the default policy
+  // (as written there, not resolved). Cluster mode merges a masked put into it when etcd holds
+  // no admin policy for the tenant.
+  v1::BudgetPolicy ConfiguredPolicy(absl::string_view tenant);
 
   // Replaces the default policy, strict flag and explicit tenants (a policy reload). Existing
   // buckets keep their level; a tenant no longer listed falls back to the default policy.
@@ -215,6 +238,19 @@ class BudgetCore {
              uint64_t held, uint64_t spent_since, int64_t now_ns, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
+  // The admin policy a put computes from the tenant's current one (`current()` gives it as a
+  // message: PolicyBase, or the configured policy of a tenant with no budget yet), or fails
+  // (nothing changes).
+  using PolicyUpdate = absl::FunctionRef<absl::StatusOr<ResolvedPolicy>(
+      absl::FunctionRef<v1::BudgetPolicy()> current)>;
+  // Sets the tenant's admin policy to `update`'s (creating the budget if it has none): the
+  // current policy is read and replaced under the tenant's lock (under tenants_mu_ when it is
+  // created), so concurrent puts are serialised.
+  absl::StatusOr<v1::BudgetStatus> UpdateAdminPolicy(absl::string_view tenant,
+                                                     PolicyUpdate update);
+  // ConfiguredPolicy with policy_mu_ held.
+  v1::BudgetPolicy ConfiguredPolicyLocked(absl::string_view tenant)
+      ABSL_SHARED_LOCKS_REQUIRED(policy_mu_);
   // Admin calls in cluster mode: OK on the tenant's owner; FAILED_PRECONDITION naming the
   // owner's address on another server; UNAVAILABLE while the shard has no owner that can serve.
   absl::Status CheckOwned(absl::string_view tenant);

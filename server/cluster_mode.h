@@ -76,8 +76,9 @@ class ClusterMode {
                     std::function<void(const absl::Status&)> refused);
   // PutPolicy in cluster mode (ClusterRouter::PutPolicy).
   absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
-                                             const v1::BudgetPolicy& policy) {
-    return router_->PutPolicy(tenant, policy);
+                                             const v1::BudgetPolicy& policy,
+                                             const google::protobuf::FieldMask& mask) {
+    return router_->PutPolicy(tenant, policy, mask);
   }
   // Every shard and its owner as this server sees them (ListShards).
   v1::ListShardsResponse ListShards() const;

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cluster/cluster_keys.h"
+#include "retrybudget/names.h"
 
 namespace retrybudget {
 namespace {
@@ -53,33 +55,118 @@ std::optional<v1::BudgetPolicy> ClusterRouter::AdminPolicy(absl::string_view ten
   MutexLock lock(&policies_mu_);
   auto it = policies_.find(tenant);
   if (it == policies_.end()) return std::nullopt;
-  return it->second;
+  return it->second.policy;
 }
 
 absl::StatusOr<v1::BudgetStatus> ClusterRouter::PutPolicy(absl::string_view tenant,
-                                                          const v1::BudgetPolicy& policy) {
-  absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
-  if (!resolved.ok()) return resolved.status();
+                                                          const v1::BudgetPolicy& policy,
+                                                          const google::protobuf::FieldMask& mask) {
   if (tenant.empty() || tenant.size() > 256) {
     return absl::InvalidArgumentError("tenant must be 1 to 256 bytes");
   }
+  if (!mask.paths().empty()) return PutMaskedPolicy(tenant, policy, mask);
+  absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
+  if (!resolved.ok()) return resolved.status();
   absl::StatusOr<int64_t> put = etcd_->Put(PolicyKey(tenant), policy.SerializeAsString());
   if (!put.ok()) {
     etcd_errors_.fetch_add(1, std::memory_order_relaxed);
     return put.status();
   }
-  {
-    MutexLock lock(&policies_mu_);
-    policies_[tenant] = policy;
+  return PolicyStored(tenant, policy, *resolved, *put);
+}
+
+absl::StatusOr<v1::BudgetStatus> ClusterRouter::PutMaskedPolicy(
+    absl::string_view tenant, const v1::BudgetPolicy& policy,
+    const google::protobuf::FieldMask& mask) {
+  if (absl::Status s = ValidatePolicyMask(mask); !s.ok()) return s;
+  // Read, merge, and write only if the key is still as read (a compare-and-swap on its
+  // mod_revision; create_revision 0: still absent); a lost compare reads again after a short
+  // random pause (writers that keep colliding spread out).
+  constexpr int kAttempts = 8;
+  const std::string key = PolicyKey(tenant);
+  std::minstd_rand random(static_cast<uint32_t>(absl::ToUnixNanos(options_.clock->Now())));
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    if (attempt > 0) {
+      std::uniform_int_distribution<int64_t> pause_ms(
+          1, std::min<int64_t>(int64_t{1} << attempt, 50));
+      options_.clock->SleepUntil(options_.clock->Now() + absl::Milliseconds(pause_ms(random)),
+                                 std::stop_token());
+    }
+    absl::StatusOr<etcd::RangeResult> read = etcd_->Get(key);
+    if (!read.ok()) {
+      etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+      return read.status();
+    }
+    absl::StatusOr<CurrentPolicy> current = CurrentPolicyOf(tenant, *read);
+    if (!current.ok()) return current.status();
+    const v1::BudgetPolicy merged = MergePolicy(current->policy, policy, mask);
+    absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(merged, "policy");
+    if (!resolved.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the policy merged by update_mask is invalid: ",
+                       resolved.status().message(), "; nothing changed"));
+    }
+    absl::StatusOr<etcd::TxnResult> txn =
+        etcd_->Txn({current->unchanged}, {etcd::Op::Put(key, merged.SerializeAsString())});
+    if (!txn.ok()) {
+      etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+      return txn.status();
+    }
+    if (txn->succeeded) return PolicyStored(tenant, merged, *resolved, txn->revision);
   }
+  return absl::AbortedError(absl::StrFormat(
+      "PutPolicy of tenant %s: its policy in etcd changed under each of %d attempts to merge "
+      "update_mask into it; nothing changed (try again)",
+      QuoteForError(tenant), kAttempts));
+}
+
+absl::StatusOr<ClusterRouter::CurrentPolicy> ClusterRouter::CurrentPolicyOf(
+    absl::string_view tenant, const etcd::RangeResult& read) const {
+  CurrentPolicy current;
+  const std::string key = PolicyKey(tenant);
+  if (read.kvs.empty()) {
+    current.unchanged = etcd::Compare::CreateRevisionIs(key, 0);
+    // No admin policy: the policy file's (the same on every server).
+    BudgetCore* core = core_.load(std::memory_order_acquire);
+    if (core != nullptr) current.policy = core->ConfiguredPolicy(tenant);
+    return current;
+  }
+  if (!current.policy.ParseFromString(read.kvs[0].value)) {
+    return absl::DataLossError(
+        absl::StrCat("the admin policy of tenant ", QuoteForError(tenant), " in etcd (", key,
+                     ") is not a BudgetPolicy; nothing changed"));
+  }
+  current.unchanged = etcd::Compare::ModRevisionIs(key, read.kvs[0].mod_revision);
+  return current;
+}
+
+absl::StatusOr<v1::BudgetStatus> ClusterRouter::PolicyStored(absl::string_view tenant,
+                                                             const v1::BudgetPolicy& policy,
+                                                             const ResolvedPolicy& resolved,
+                                                             int64_t revision) {
   BudgetCore* core = core_.load(std::memory_order_acquire);
-  if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
-    return core->ApplyAdminPolicy(tenant, *resolved);
+  {
+    MutexLock lock(&apply_mu_);
+    const bool newest = Record(tenant, policy, revision);
+    if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+      if (newest) return core->ApplyAdminPolicy(tenant, resolved);
+      // The watch applied it already, or a newer policy: the budget as it is now.
+      if (absl::StatusOr<v1::BudgetStatus> now = core->GetBudget(tenant); now.ok()) return now;
+    }
   }
   v1::BudgetStatus status;
   status.set_tenant(std::string(tenant));
-  *status.mutable_policy() = resolved->ToProto();
+  *status.mutable_policy() = resolved.ToProto();
   return status;
+}
+
+bool ClusterRouter::Record(absl::string_view tenant, std::optional<v1::BudgetPolicy> policy,
+                           int64_t revision) {
+  MutexLock lock(&policies_mu_);
+  auto [it, inserted] = policies_.try_emplace(tenant);
+  if (!inserted && it->second.revision >= revision) return false;
+  it->second = {.policy = std::move(policy), .revision = revision};
+  return true;
 }
 
 void ClusterRouter::OnPolicies(const etcd::WatchBatch& batch) {
@@ -88,20 +175,17 @@ void ClusterRouter::OnPolicies(const etcd::WatchBatch& batch) {
   for (const etcd::WatchEvent& e : batch.events) {
     if (e.kv.key.size() <= prefix.size()) continue;
     const std::string tenant = e.kv.key.substr(prefix.size());
+    MutexLock apply_lock(&apply_mu_);
     if (e.type == etcd::WatchEvent::Type::kDelete) {
-      MutexLock lock(&policies_mu_);
-      policies_.erase(tenant);
+      Record(tenant, std::nullopt, e.kv.mod_revision);
       continue;
     }
     v1::BudgetPolicy policy;
     if (!policy.ParseFromString(e.kv.value)) continue;
     absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(policy, "policy");
     if (!resolved.ok()) continue;
-    {
-      MutexLock lock(&policies_mu_);
-      policies_[tenant] = policy;
-    }
-    if (core != nullptr && MayServe(tenant, options_.clock->Now())) {
+    if (Record(tenant, policy, e.kv.mod_revision) && core != nullptr &&
+        MayServe(tenant, options_.clock->Now())) {
       (void)core->ApplyAdminPolicy(tenant, *resolved);
     }
   }
@@ -213,8 +297,9 @@ absl::Status ClusterRouter::DeleteDurably(absl::string_view tenant,
   const std::string key = TenantKey(shard, tenant);
   written_.erase(key);
   {
+    // Forgotten, but its revision kept: a put older than the deletion cannot bring it back.
     MutexLock policies_lock(&policies_mu_);
-    policies_.erase(tenant);
+    if (auto it = policies_.find(tenant); it != policies_.end()) it->second.policy.reset();
   }
   const int64_t token = ready_[shard].load(std::memory_order_acquire);
   cluster::OwnershipManager* ownership = ownership_.load(std::memory_order_acquire);
@@ -444,19 +529,26 @@ void ClusterRouter::Load(int shard, int64_t token) {
   if (ownership->FencingToken(shard) != token) return;
   core->AdoptTenants(states, options_.clock->Now());
   // An admin policy in etcd wins over the one stored with the state.
-  std::vector<std::pair<std::string, v1::BudgetPolicy>> policies;
   {
-    MutexLock lock(&policies_mu_);
-    for (const auto& [tenant, policy] : policies_) {
-      if (map_.ShardOf(tenant) == shard) policies.emplace_back(tenant, policy);
+    // Under apply_mu_ until the shard is served: a put or watch event is either applied here
+    // or after (by its own thread, MayServe being true by then), never undone by an older copy.
+    MutexLock apply_lock(&apply_mu_);
+    std::vector<std::pair<std::string, v1::BudgetPolicy>> policies;
+    {
+      MutexLock lock(&policies_mu_);
+      for (const auto& [tenant, known] : policies_) {
+        if (known.policy.has_value() && map_.ShardOf(tenant) == shard) {
+          policies.emplace_back(tenant, *known.policy);
+        }
+      }
     }
-  }
-  for (const auto& [tenant, policy] : policies) {
-    if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(policy, "policy"); p.ok()) {
-      (void)core->ApplyAdminPolicy(tenant, *p);
+    for (const auto& [tenant, policy] : policies) {
+      if (absl::StatusOr<ResolvedPolicy> p = ResolvePolicy(policy, "policy"); p.ok()) {
+        (void)core->ApplyAdminPolicy(tenant, *p);
+      }
     }
+    ready_[shard].store(token, std::memory_order_release);
   }
-  ready_[shard].store(token, std::memory_order_release);
   if (ownership->FencingToken(shard) != token) {  // lost meanwhile: OnChange may have missed it
     Lose(shard, "lost while loading");
     return;

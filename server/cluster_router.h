@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,8 +99,14 @@ class ClusterRouter : public TenantRouter {
   // Stores `policy` as `tenant`'s admin policy in etcd (P/policies/<tenant>), where every server
   // sees it; applies it at once when this server owns the tenant. INVALID_ARGUMENT for a bad
   // policy, etcd's error when it cannot be stored.
-  absl::StatusOr<v1::BudgetStatus> PutPolicy(absl::string_view tenant,
-                                             const v1::BudgetPolicy& policy);
+  // A non-empty `mask` (PutPolicyRequest.update_mask) changes only the fields it names: the key
+  // is read, merged into (absent: the policy file's policy for the tenant) and written back in
+  // a transaction that holds only if the key did not change since the read; ABORTED naming the
+  // tenant when it changed under every one of a few attempts. INVALID_ARGUMENT for an unknown
+  // path or an invalid merged policy. Nothing changes on an error.
+  absl::StatusOr<v1::BudgetStatus> PutPolicy(
+      absl::string_view tenant, const v1::BudgetPolicy& policy,
+      const google::protobuf::FieldMask& mask = google::protobuf::FieldMask());
 
   ClusterRouterStats stats() const;
   // Observes one etcd call's duration (seconds), for the latency histogram; may be null.
@@ -113,6 +120,30 @@ class ClusterRouter : public TenantRouter {
     std::vector<DurableStore::ReservedCallback> done;
   };
 
+  // A tenant's admin policy as etcd holds it, and the compare that holds while it is unchanged.
+  struct CurrentPolicy {
+    v1::BudgetPolicy policy;
+    etcd::Compare unchanged;
+  };
+
+  // PutPolicy with a non-empty mask.
+  absl::StatusOr<v1::BudgetStatus> PutMaskedPolicy(absl::string_view tenant,
+                                                   const v1::BudgetPolicy& policy,
+                                                   const google::protobuf::FieldMask& mask);
+  // The current policy from `read` (a Get of the tenant's policy key); DATA_LOSS if unparsable.
+  absl::StatusOr<CurrentPolicy> CurrentPolicyOf(absl::string_view tenant,
+                                                const etcd::RangeResult& read) const;
+  // After `policy` was written to etcd: records it, applies it here when this server owns the
+  // tenant, and returns the tenant's status (its policy only, on another server).
+  // `revision`: etcd's revision of the write. A policy older than the one known here (a watch
+  // event or another put overtook this one) is not applied.
+  absl::StatusOr<v1::BudgetStatus> PolicyStored(absl::string_view tenant,
+                                                const v1::BudgetPolicy& policy,
+                                                const ResolvedPolicy& resolved, int64_t revision);
+  // Records `tenant`'s admin policy as of etcd `revision` (nullopt: deleted) unless a newer one
+  // is known. True when recorded.
+  bool Record(absl::string_view tenant, std::optional<v1::BudgetPolicy> policy, int64_t revision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(apply_mu_);
   void OnChange();
   void BeforeRelease(int shard, int64_t token);
   void Run(std::stop_token stop);
@@ -176,9 +207,17 @@ class ClusterRouter : public TenantRouter {
   };
   absl::flat_hash_map<std::string, Written> written_ ABSL_GUARDED_BY(write_mu_);
 
-  // The admin policies in etcd (P/policies/), kept by a watch.
+  // Serialises recording an admin policy with applying it to the core, so that policies reach
+  // the core in etcd's revision order (a put's own apply and the watch's race otherwise).
+  Mutex apply_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  // The admin policies in etcd (P/policies/), kept by a watch and by this server's puts, each
+  // with the etcd revision of its write; a deleted one stays as its revision (policy nullopt).
+  struct KnownPolicy {
+    std::optional<v1::BudgetPolicy> policy;
+    int64_t revision = 0;
+  };
   mutable Mutex policies_mu_;
-  absl::flat_hash_map<std::string, v1::BudgetPolicy> policies_ ABSL_GUARDED_BY(policies_mu_);
+  absl::flat_hash_map<std::string, KnownPolicy> policies_ ABSL_GUARDED_BY(policies_mu_);
   std::unique_ptr<etcd::Watch> policy_watch_;
   void OnPolicies(const etcd::WatchBatch& batch);
 

@@ -640,9 +640,8 @@ ServiceOptions ServiceOptionsOf(const ServerConfig& config, const ServerProcess&
   service.log = [](absl::string_view line) { spdlog::info("{}", std::string(line)); };
   if (p.cluster != nullptr) {
     service.list_shards = [c = p.cluster.get()] { return c->ListShards(); };
-    service.put_policy = [c = p.cluster.get()](absl::string_view tenant,
-                                               const v1::BudgetPolicy& policy) {
-      return c->PutPolicy(tenant, policy);
+    service.put_policy = [c = p.cluster.get()](const v1::PutPolicyRequest& request) {
+      return c->PutPolicy(request.tenant(), request.policy(), request.update_mask());
     };
   }
   return service;

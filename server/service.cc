@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "grpcpp/alarm.h"
 #include "retrybudget/names.h"
 #include "retrybudget/owner_redirect.h"
@@ -300,15 +301,22 @@ grpc::ServerUnaryReactor* BudgetAdminServiceImpl::PutPolicy(grpc::CallbackServer
       context, Rpc::kPutPolicy, request, response, TheTenant<v1::PutPolicyRequest>,
       [this](const v1::PutPolicyRequest& r, v1::PutPolicyResponse* out) {
         absl::StatusOr<v1::BudgetStatus> result =
-            options_.put_policy ? options_.put_policy(r.tenant(), r.policy())
-                                : options_.core->PutPolicy(r.tenant(), r.policy());
+            options_.put_policy
+                ? options_.put_policy(r)
+                : options_.core->PutPolicy(r.tenant(), r.policy(), r.update_mask());
         if (result.ok() && options_.log) {
           const v1::BudgetPolicy& p = result->policy();
+          const std::string mask =
+              r.update_mask().paths().empty()
+                  ? ""
+                  : absl::StrCat(" (update_mask: ", absl::StrJoin(r.update_mask().paths(), ", "),
+                                 ")");
           options_.log(absl::StrFormat(
-              "admin: tenant %s policy set: capacity %g, refill %g/s, credit %g, lease %d ms; "
-              "level %g",
-              QuoteForError(r.tenant()), p.capacity(), p.refill_per_second(), p.success_credit(),
-              p.lease_ttl_ms(), result->tokens()));
+              "admin: tenant %s policy set%s: capacity %g, refill %g/s, credit %g, lease %d ms, "
+              "mode %s; level %g",
+              QuoteForError(r.tenant()), mask, p.capacity(), p.refill_per_second(),
+              p.success_credit(), p.lease_ttl_ms(),
+              p.mode() == v1::MODE_SHADOW ? "shadow" : "enforce", result->tokens()));
         }
         if (result.ok()) *out->mutable_budget() = *std::move(result);
         return result.status();

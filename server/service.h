@@ -125,8 +125,8 @@ struct ServiceOptions {
   std::function<v1::ListShardsResponse()> list_shards = nullptr;
   // Cluster mode: PutPolicy goes here (stores the policy in etcd for every server) instead of
   // to the core. Null: the core.
-  std::function<absl::StatusOr<v1::BudgetStatus>(absl::string_view, const v1::BudgetPolicy&)>
-      put_policy = nullptr;
+  std::function<absl::StatusOr<v1::BudgetStatus>(const v1::PutPolicyRequest&)> put_policy =
+      nullptr;
 };
 
 // The absl::Status as a grpc::Status with the same code and message.

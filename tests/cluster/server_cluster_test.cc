@@ -357,6 +357,115 @@ TEST_F(ServerClusterTest, AModeSwitchThroughAnyServerReachesTheOwnersGrantsAndAn
       absl::Seconds(2)));
 }
 
+// Masked puts (update_mask) through non-owners: mode flips from one server while another puts
+// whole policies of rising capacity. Each flip is a compare-and-swap on the policy's etcd key,
+// so no flip brings back a capacity older than the last whole put done before it was sent, and
+// the owner ends with the last capacity. An unknown path changes nothing in etcd.
+TEST_F(ServerClusterTest, MaskedModeFlipsThroughNonOwnersNeverLoseAConcurrentPutsFields) {
+  const std::string tenant = "flips";
+  const int owner = OwnerIndex(tenant);
+  ASSERT_GE(owner, 0);
+  const int flipper_server = (owner + 1) % 3;
+  const int putter_server = (owner + 2) % 3;
+  auto masked_put = [&](ServerConnection& c, const v1::BudgetPolicy& policy,
+                        const std::vector<std::string>& paths, v1::BudgetStatus* out) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::PutPolicyRequest request;
+    request.set_tenant(tenant);
+    *request.mutable_policy() = policy;
+    for (const std::string& p : paths) request.mutable_update_mask()->add_paths(p);
+    v1::PutPolicyResponse response;
+    const grpc::Status status = c.admin->PutPolicy(&context, request, &response);
+    *out = response.budget();
+    return status;
+  };
+  constexpr int kPuts = 40;
+  constexpr int kFlippers = 2;
+  constexpr int kFlips = 25;
+  v1::BudgetPolicy first;
+  first.set_capacity(1);
+  first.set_refill_per_second(1);
+  ASSERT_TRUE(servers_[putter_server].rpc.PutPolicy(tenant, first).ok());
+  std::atomic<int> last_done{1};
+  std::atomic<int> stale{0};
+  std::atomic<int> aborted{0};
+  std::atomic<int> failed{0};
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    ServerConnection c = ServerConnection::Create(servers_[putter_server].address,
+                                                  grpc::InsecureChannelCredentials());
+    for (int i = 2; i <= kPuts; ++i) {
+      v1::BudgetPolicy p;
+      p.set_capacity(i);
+      p.set_refill_per_second(i);
+      if (!c.PutPolicy(tenant, p, nullptr).ok()) failed.fetch_add(1);
+      last_done.store(i);
+    }
+  });
+  for (int f = 0; f < kFlippers; ++f) {
+    threads.emplace_back([&, f] {
+      ServerConnection c = ServerConnection::Create(servers_[flipper_server].address,
+                                                    grpc::InsecureChannelCredentials());
+      for (int i = 0; i < kFlips; ++i) {
+        const int before = last_done.load();
+        v1::BudgetPolicy p;
+        p.set_mode((i + f) % 2 == 0 ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
+        v1::BudgetStatus b;
+        const grpc::Status st = masked_put(c, p, {"mode"}, &b);
+        if (st.error_code() == grpc::StatusCode::ABORTED &&
+            st.error_message().find("\"flips\"") != std::string::npos) {
+          aborted.fetch_add(1);  // lost every compare: a refusal, nothing written
+          continue;
+        }
+        if (!st.ok()) {
+          failed.fetch_add(1);
+          continue;
+        }
+        if (b.policy().capacity() < before ||
+            b.policy().capacity() != b.policy().refill_per_second() ||
+            b.policy().mode() != p.mode()) {
+          stale.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::printf("masked flips: %d of %d aborted after losing every compare\n", aborted.load(),
+              kFlippers * kFlips);
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(stale.load(), 0);
+  EXPECT_LT(aborted.load(), kFlippers * kFlips / 2);
+
+  const std::string key = absl::StrCat(cluster_->etcd_prefix(), "/policies/", tenant);
+  auto stored = etcd().Get(key);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->kvs.size(), 1u);
+  v1::BudgetPolicy in_etcd;
+  ASSERT_TRUE(in_etcd.ParseFromString(stored->kvs[0].value));
+  EXPECT_EQ(in_etcd.capacity(), kPuts);
+  EXPECT_EQ(in_etcd.refill_per_second(), kPuts);
+  v1::BudgetStatus got;
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return servers_[owner].rpc.GetBudget(tenant, &got).ok() &&
+               got.policy().capacity() == kPuts && got.policy().mode() == in_etcd.mode();
+      },
+      absl::Seconds(2)))
+      << got.DebugString() << in_etcd.DebugString();
+
+  // An unknown path: refused naming it, the key untouched.
+  v1::BudgetStatus refused;
+  const grpc::Status st =
+      masked_put(servers_[flipper_server].rpc, in_etcd, {"mode", "modee"}, &refused);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), ::testing::HasSubstr("update_mask path \"modee\""));
+  auto after = etcd().Get(key);
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->kvs.size(), 1u);
+  EXPECT_EQ(after->kvs[0].mod_revision, stored->kvs[0].mod_revision);
+}
+
 TEST_F(ServerClusterTest, KillOfTheOwnerMovesItsShardsAndNoTokenIsCreated) {
   const std::string tenant = "checkout";
   const absl::Time start = absl::Now();
