@@ -195,12 +195,33 @@ TEST_F(BudgetctlTest, GetListAndWatchShowTheNewTotals) {
   EXPECT_THAT(r.output, HasSubstr("shadow-denied +0"));
 }
 
-TEST_F(BudgetctlTest, ModeOfATenantWithoutABudgetIsRefusedAndCreatesNothing) {
+TEST_F(BudgetctlTest, ModeOfATenantWithoutABudgetCreatesItInThatModeTheRestDefault) {
   const CommandResult r = Ctl("mode nobody shadow");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("GetBudget(\"nobody\") failed: NOT_FOUND"));
-  EXPECT_THAT(r.output, HasSubstr("budgetctl put nobody --mode="));
-  EXPECT_THAT(Ctl("list").output, HasSubstr("(no budgets)"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("policy of \"nobody\" set: capacity 100, refill 1/s"));
+  EXPECT_THAT(r.output, HasSubstr("mode shadow"));
+  EXPECT_EQ(Column(Ctl("list").output, 1, "MODE"), "shadow");
+}
+
+TEST_F(BudgetctlTest, PutOnlyChangesJustTheFlagsGivenKeepingTheRest) {
+  ASSERT_EQ(Ctl("put payments --capacity=40 --refill=0 --credit=0.5 --initial=7 --mode=shadow")
+                .exit_code,
+            0);
+  CommandResult r = Ctl("put payments --only --capacity=60");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("capacity 60, refill 0/s, credit 0.5 per success, initial 7, "
+                                  "lease 5000 ms, mode shadow; tokens now 7.00"));
+  r = Ctl("put payments --only --mode=enforce --lease-ttl-ms=2000");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("capacity 60, refill 0/s, credit 0.5 per success, initial 7, "
+                                  "lease 2000 ms, mode enforce"));
+  // A merge of both shapes is refused by the server, naming the mask; nothing changes.
+  r = Ctl("put payments --only --retry-ratio=0.2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("INVALID_ARGUMENT: the policy merged by update_mask"));
+  r = Ctl("get payments");
+  EXPECT_THAT(r.output, HasSubstr("capacity 60,"));
+  EXPECT_THAT(r.output, HasSubstr("mode:              enforce"));
 }
 
 TEST_F(BudgetctlTest, AnUnknownModeNamesTheFlagAndTheValueAndSendsNothing) {
@@ -256,7 +277,8 @@ TEST_F(BudgetctlTest, BadCommandLinesExitTwoAndSendNothing) {
                            "watch a --interval=-1s", "list --timeout", "put a --mode=dry",
                            "put a --mode", "mode a", "mode a dry", "mode a shadow extra",
                            "get a --mode=shadow", "mode a shadow --capacity=1",
-                           "put a --ttl-ms=1.5"}) {
+                           "put a --ttl-ms=1.5", "put a --only", "get a --only",
+                           "put a --only=maybe --capacity=1"}) {
     const CommandResult r = Ctl(args);
     EXPECT_EQ(r.exit_code, 2) << "budgetctl " << args << "\n" << r.output;
     EXPECT_THAT(r.output, HasSubstr("Usage: budgetctl")) << args;

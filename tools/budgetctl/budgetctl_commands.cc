@@ -7,11 +7,13 @@
 #include <sstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace retrybudget::budgetctl {
@@ -308,13 +310,24 @@ int Commands::Put(const Invocation& inv) {
   if (f.min_retries_per_second) p.set_min_retries_per_second(*f.min_retries_per_second);
   if (f.ttl_ms) p.set_ttl_ms(*f.ttl_ms);
   if (f.mode) p.set_mode(*f.mode == PolicyMode::kShadow ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
-  return PutPolicy(inv, p);
+  google::protobuf::FieldMask mask;
+  if (f.only) {
+    // The fields the flags set (the mode too: MODE_ENFORCE is not the unset 0).
+    std::vector<const google::protobuf::FieldDescriptor*> set;
+    p.GetReflection()->ListFields(p, &set);
+    for (const google::protobuf::FieldDescriptor* field : set) {
+      mask.add_paths(std::string(field->name()));
+    }
+  }
+  return PutPolicy(inv, p, mask);
 }
 
-int Commands::PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy) {
+int Commands::PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy,
+                        const google::protobuf::FieldMask& mask) {
   v1::PutPolicyRequest request;
   request.set_tenant(inv.tenant);
   *request.mutable_policy() = policy;
+  *request.mutable_update_mask() = mask;
   v1::PutPolicyResponse response;
   const grpc::Status status =
       CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
@@ -333,25 +346,12 @@ int Commands::PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy) {
 }
 
 int Commands::SetMode(const Invocation& inv) {
-  // The current policy, every field of its shape set: put back with only the mode changed.
-  // (Two calls, not one transaction: a policy put by someone else in between is overwritten.)
-  v1::GetBudgetRequest request;
-  request.set_tenant(inv.tenant);
-  v1::GetBudgetResponse current;
-  const grpc::Status status =
-      CallOwner([&](admin::AdminStub& stub, grpc::ClientContext& context) {
-        return stub.GetBudget(&context, request, &current);
-      });
-  if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
-      err_ << "budgetctl: hint: `budgetctl put " << inv.tenant
-           << " --mode=...` creates a budget in that mode\n";
-    }
-    return Failed(absl::StrCat("GetBudget(\"", inv.tenant, "\")"), status);
-  }
-  v1::BudgetPolicy p = current.budget().policy();
+  // Only the mode: the server keeps every other field of the current policy, atomically.
+  v1::BudgetPolicy p;
   p.set_mode(inv.mode == PolicyMode::kShadow ? v1::MODE_SHADOW : v1::MODE_ENFORCE);
-  return PutPolicy(inv, p);
+  google::protobuf::FieldMask mask;
+  mask.add_paths("mode");
+  return PutPolicy(inv, p, mask);
 }
 
 int Commands::Delete(const Invocation& inv) {

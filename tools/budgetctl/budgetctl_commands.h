@@ -54,8 +54,9 @@ class Commands {
   int Get(const Invocation& inv);
   int Put(const Invocation& inv);
   int SetMode(const Invocation& inv);
-  // PutPolicy(inv.tenant, policy), following the owner; prints the outcome.
-  int PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy);
+  // PutPolicy(inv.tenant, policy, mask), following the owner; prints the outcome.
+  int PutPolicy(const Invocation& inv, const v1::BudgetPolicy& policy,
+                const google::protobuf::FieldMask& mask);
   int Delete(const Invocation& inv);
   int Watch(const Invocation& inv, const std::atomic<bool>& stop);
 

@@ -25,6 +25,7 @@ constexpr FlagSpec kFlags[] = {
     {"refill", true},   {"credit", true},       {"initial", true},  {"lease-ttl-ms", true},
     {"interval", true}, {"count", true},        {"help", false},    {"mode", true},
     {"retry-ratio", true}, {"min-retries-per-second", true}, {"ttl-ms", true},
+    {"only", false},
 };
 
 const FlagSpec* FindFlag(absl::string_view name) {
@@ -43,7 +44,7 @@ std::set<std::string> CommandFlags(Command c) {
       return {"json"};
     case Command::kPut:
       return {"json", "capacity", "refill", "credit", "initial", "lease-ttl-ms", "mode",
-              "retry-ratio", "min-retries-per-second", "ttl-ms"};
+              "retry-ratio", "min-retries-per-second", "ttl-ms", "only"};
     case Command::kMode:
       return {"json"};
     case Command::kDelete:
@@ -127,6 +128,11 @@ absl::StatusOr<Command> ParseCommand(absl::string_view word) {
       "\" (commands: list, get, put, mode, delete, watch, shards, help)"));
 }
 
+bool HasPolicyField(const PolicyFlags& f) {
+  return f.capacity || f.refill_per_second || f.success_credit || f.initial_tokens ||
+         f.lease_ttl_ms || f.mode || f.retry_ratio || f.min_retries_per_second || f.ttl_ms;
+}
+
 }  // namespace
 
 const char* Usage() {
@@ -138,6 +144,10 @@ Commands:
   put TENANT [POLICY FLAGS]   create a budget or change its policy (the level is kept, capped
                               at the new capacity); unset fields take the server's defaults
                               (the mode too: enforce)
+      --only                  change just the fields given, keeping the rest of the current
+                              policy (one atomic update on the server: a policy put meanwhile
+                              by someone else is never half overwritten); at least one policy
+                              flag
       --capacity=TOKENS --refill=TOKENS_PER_S --credit=TOKENS_PER_SUCCESS
       --initial=TOKENS --lease-ttl-ms=MS
                               the token bucket shape, or the windowed ratio shape (Linkerd's
@@ -147,7 +157,8 @@ Commands:
       --mode=enforce|shadow   shadow: a dry run (clients allow every retry and count the ones
                               enforcement would deny); default enforce
   mode TENANT enforce|shadow  switch only the mode, keeping the rest of the current policy
-                              (reads it, then puts it back with the new mode)
+                              (one atomic update, as put --only --mode=...); creates the
+                              budget (the rest default) if it has none
   delete TENANT               forget a budget and its explicit policy
   watch TENANT                print the level live, one line per sample, until Ctrl-C
       --interval=1s           time between samples
@@ -311,6 +322,8 @@ absl::StatusOr<Invocation> ParseInvocation(
       absl::StatusOr<PolicyMode> mode = ParseMode("--mode=", value);
       if (!mode.ok()) return mode.status();
       inv.policy.mode = *mode;
+    } else if (name == "only") {
+      inv.policy.only = value == "true";
     } else if (name == "interval") {
       absl::StatusOr<absl::Duration> d = ParsePositiveDuration(name, value);
       if (!d.ok()) return d.status();
@@ -323,6 +336,10 @@ absl::StatusOr<Invocation> ParseInvocation(
       }
       inv.count = *i;
     }
+  }
+  if (inv.policy.only && !HasPolicyField(inv.policy)) {
+    return absl::InvalidArgumentError(
+        "--only changes just the policy flags given, and none was given (e.g. --capacity=50)");
   }
   if (inv.connection.server.empty()) {
     return absl::InvalidArgumentError("--server must not be empty");

@@ -52,6 +52,9 @@ struct PolicyFlags {
   std::optional<double> retry_ratio;
   std::optional<double> min_retries_per_second;
   std::optional<int64_t> ttl_ms;
+  // --only: change just the fields set above (an update_mask naming them), keeping every other
+  // field of the tenant's current policy, in one atomic step on the server.
+  bool only = false;
 };
 
 struct Invocation {
@@ -75,7 +78,8 @@ const char* Usage();
 // --name value; `-` and `_` are the same in names. `getenv` reads RETRY_BUDGET_TOKEN and
 // RETRY_BUDGET_SERVER (null means none). INVALID_ARGUMENT naming the argument and the value for
 // anything wrong: unknown command or flag, a flag the command does not take, a missing or extra
-// argument, a malformed number, a mode other than enforce or shadow.
+// argument, a malformed number, a mode other than enforce or shadow, --only with no policy
+// flag.
 absl::StatusOr<Invocation> ParseInvocation(
     const std::vector<std::string>& args,
     const std::function<const char*(const char*)>& getenv);

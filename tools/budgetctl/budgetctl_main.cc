@@ -4,7 +4,7 @@
 //   budgetctl get TENANT [--json]
 //   budgetctl put TENANT [--capacity=N] [--refill=N] [--credit=N] [--initial=N] [--lease-ttl-ms=N]
 //                        [--retry-ratio=R] [--min-retries-per-second=F] [--ttl-ms=N]
-//                        [--mode=enforce|shadow]
+//                        [--mode=enforce|shadow] [--only]
 //   budgetctl mode TENANT enforce|shadow
 //   budgetctl delete TENANT
 //   budgetctl watch TENANT [--interval=1s] [--count=N]
