@@ -115,7 +115,8 @@ type BudgetAdminServiceClient interface {
 	// NOT_FOUND if the tenant has no budget.
 	GetBudget(ctx context.Context, in *GetBudgetRequest, opts ...grpc.CallOption) (*GetBudgetResponse, error)
 	ListBudgets(ctx context.Context, in *ListBudgetsRequest, opts ...grpc.CallOption) (*ListBudgetsResponse, error)
-	// Creates or changes a tenant's policy. The bucket level is kept (capped at the new capacity).
+	// Creates or changes a tenant's policy, whole or only the fields of update_mask (atomically).
+	// The bucket level is kept (capped at the new capacity).
 	PutPolicy(ctx context.Context, in *PutPolicyRequest, opts ...grpc.CallOption) (*PutPolicyResponse, error)
 	// Forgets a tenant's bucket and explicit policy. NOT_FOUND if it has none.
 	DeleteBudget(ctx context.Context, in *DeleteBudgetRequest, opts ...grpc.CallOption) (*DeleteBudgetResponse, error)
@@ -183,7 +184,8 @@ type BudgetAdminServiceServer interface {
 	// NOT_FOUND if the tenant has no budget.
 	GetBudget(context.Context, *GetBudgetRequest) (*GetBudgetResponse, error)
 	ListBudgets(context.Context, *ListBudgetsRequest) (*ListBudgetsResponse, error)
-	// Creates or changes a tenant's policy. The bucket level is kept (capped at the new capacity).
+	// Creates or changes a tenant's policy, whole or only the fields of update_mask (atomically).
+	// The bucket level is kept (capped at the new capacity).
 	PutPolicy(context.Context, *PutPolicyRequest) (*PutPolicyResponse, error)
 	// Forgets a tenant's bucket and explicit policy. NOT_FOUND if it has none.
 	DeleteBudget(context.Context, *DeleteBudgetRequest) (*DeleteBudgetResponse, error)
