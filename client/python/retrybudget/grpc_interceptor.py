@@ -99,6 +99,9 @@ class _Plan:
         self.clock = clock
         timeout = getattr(details, "timeout", None)
         self.deadline = None if timeout is None else clock() + timeout
+        # The deadline the last attempt was given: the call's own when per_attempt_timeout did
+        # not cut it shorter.
+        self.attempt_deadline: Optional[float] = None
         self.metadata = _pairs(getattr(details, "metadata", None))
         self.key = next((v for k, v in self.metadata if k == IDEMPOTENCY_KEY_HEADER), "")
         if isinstance(self.key, bytes):
@@ -108,8 +111,12 @@ class _Plan:
             policy, is_retryable=lambda error: is_retryable(error) and not self._out_of_time(error))
 
     def _out_of_time(self, error: BaseException) -> bool:
+        # gRPC's timer may end an attempt a little before this clock reaches the deadline: an
+        # attempt that had all the call's time left ran out of the call's time.
         return (self.deadline is not None and _code(error) == grpc.StatusCode.DEADLINE_EXCEEDED
-                and self.clock() >= self.deadline)
+                and (self.clock() >= self.deadline
+                     or (self.attempt_deadline is not None
+                         and self.attempt_deadline >= self.deadline)))
 
     def attempt_metadata(self, attempt: Attempt) -> List[Tuple[str, str]]:
         own = (IDEMPOTENCY_KEY_HEADER, PREVIOUS_ATTEMPTS_HEADER)
@@ -120,6 +127,7 @@ class _Plan:
         return pairs
 
     def blocking_details(self, attempt: Attempt):
+        self.attempt_deadline = attempt.attempt_deadline
         timeout, metadata = attempt.timeout(self.clock), self.attempt_metadata(attempt)
         d = _replaced(self.details, timeout, metadata)
         return d if d is not None else _CallDetails(
@@ -128,6 +136,7 @@ class _Plan:
             getattr(self.details, "compression", None))
 
     def aio_details(self, attempt: Attempt):
+        self.attempt_deadline = attempt.attempt_deadline
         timeout = attempt.timeout(self.clock)
         metadata = grpc.aio.Metadata(*self.attempt_metadata(attempt))
         d = _replaced(self.details, timeout, metadata)
