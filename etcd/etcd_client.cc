@@ -455,6 +455,7 @@ class EtcdClientImpl : public EtcdClient {
       : options_(std::move(options)), addresses_(std::move(addresses)), ring_(std::move(ring)) {}
 
   const std::vector<std::string>& endpoints() const override { return addresses_; }
+  size_t endpoint_in_use() const override { return ring_->current(); }
 
   absl::StatusOr<RangeResult> Get(absl::string_view key) override {
     etcdserverpb::RangeRequest request;

@@ -183,6 +183,8 @@ class EtcdClient {
 
   // The endpoints, in the order given.
   virtual const std::vector<std::string>& endpoints() const = 0;
+  // The index in endpoints() of the endpoint in use (the one the next call goes to first).
+  virtual size_t endpoint_in_use() const = 0;
 
   // The key (RangeResult::kvs holds it, or nothing when it does not exist).
   virtual absl::StatusOr<RangeResult> Get(absl::string_view key) = 0;
