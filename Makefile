@@ -15,9 +15,11 @@
 BUILD_DIR ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
-# Tests at once: twice the cores, since most tests wait on real processes (servers, etcd,
-# workers) rather than compute; the fleet runs that measure utilisation run alone (RUN_SERIAL).
-CTEST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
+# Tests at once (the fleet runs that measure utilisation run alone: RUN_SERIAL). Most tests wait
+# on real processes (servers, etcd, workers), so more than the cores fits a quiet machine
+# (CTEST_JOBS=4 on 2 cores: 470 s instead of 550 s here); CI keeps one per core, since it builds
+# the sanitizer tree beside the tests.
+CTEST_JOBS ?= $(JOBS)
 LISTEN ?= 127.0.0.1:50051
 DATA_DIR ?= $(CURDIR)/data
 CMAKE_FLAGS ?=
