@@ -299,12 +299,9 @@ class AioRetryDeadlineError(RetryDeadlineExceeded, grpc.aio.AioRpcError):
     __repr__ = grpc.aio.AioRpcError.__repr__
 
 
-class BudgetInterceptor(grpc.UnaryUnaryClientInterceptor):
-    """For grpc.intercept_channel(channel, BudgetInterceptor(budget)): every unary-unary call
-    of the channel retried as described at the top of this module. `budget`: a TenantBudget
-    (or anything with its methods); `policy`: a RetryPolicy (InvalidOptions here when it is
-    bad; a cost function returning a bad cost raises InvalidOptions from the call); `random`
-    and `clock` as call_with_retry's."""
+class _BudgetedCalls:
+    """What both interceptors hold: the budget, the validated policy, and call_with_retry's
+    `random` and `clock`."""
 
     def __init__(self, budget, policy: Optional[RetryPolicy] = None, *,
                  random: Optional[Callable[[], float]] = None,
@@ -314,6 +311,14 @@ class BudgetInterceptor(grpc.UnaryUnaryClientInterceptor):
         self._policy.validate()
         self._random = random
         self._clock = clock
+
+
+class BudgetInterceptor(_BudgetedCalls, grpc.UnaryUnaryClientInterceptor):
+    """For grpc.intercept_channel(channel, BudgetInterceptor(budget)): every unary-unary call
+    of the channel retried as described at the top of this module. `budget`: a TenantBudget
+    (or anything with its methods); `policy`: a RetryPolicy (InvalidOptions here when it is
+    bad; a cost function returning a bad cost raises InvalidOptions from the call); `random`
+    and `clock` as call_with_retry's."""
 
     def intercept_unary_unary(self, continuation, client_call_details, request):
         plan = _Plan(self._policy, client_call_details, self._clock)
@@ -343,20 +348,11 @@ class BudgetInterceptor(grpc.UnaryUnaryClientInterceptor):
             raise
 
 
-class AioBudgetInterceptor(grpc.aio.UnaryUnaryClientInterceptor):
+class AioBudgetInterceptor(_BudgetedCalls, grpc.aio.UnaryUnaryClientInterceptor):
     """For grpc.aio channels (interceptors=[AioBudgetInterceptor(budget)]): as
     BudgetInterceptor, with async_call_with_retry; a call that ends in error raises
     grpc.aio.AioRpcError (AioBudgetExhaustedError, AioRetryDeadlineError, or the last
     attempt's own)."""
-
-    def __init__(self, budget, policy: Optional[RetryPolicy] = None, *,
-                 random: Optional[Callable[[], float]] = None,
-                 clock: Callable[[], float] = time.monotonic):
-        self._budget = budget
-        self._policy = policy if policy is not None else RetryPolicy()
-        self._policy.validate()
-        self._random = random
-        self._clock = clock
 
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         plan = _Plan(self._policy, client_call_details, self._clock)
