@@ -58,6 +58,10 @@ absl::Status BudgetCore::ReplacePolicy(const v1::PolicyConfig& config) {
 
 v1::BudgetStatus BudgetCore::StatusOf(Tenant& tenant, absl::Time now) {
   CompactMutexLock lock(&tenant.mu);
+  return StatusOfLocked(tenant, now);
+}
+
+v1::BudgetStatus BudgetCore::StatusOfLocked(Tenant& tenant, absl::Time now) {
   tenant.Advance(absl::ToUnixNanos(now));
   v1::BudgetStatus s;
   s.set_tenant(tenant.name);
@@ -275,8 +279,9 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::UpdateAdminPolicy(absl::string_view
     t->policy = Intern(*p);
     t->FollowPolicyShape(*current, absl::ToUnixNanos(now));
     t->set_source(v1::POLICY_SOURCE_ADMIN);
+    // Under the same lock: the answer shows this put's policy, not a later put's.
+    return StatusOfLocked(*t, now);
   }
-  return StatusOf(*t, now);
 }
 
 absl::Status BudgetCore::DeleteBudget(absl::string_view tenant) {

@@ -238,6 +238,9 @@ class BudgetCore {
              uint64_t held, uint64_t spent_since, int64_t now_ns, GrantRecord& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   v1::BudgetStatus StatusOf(Tenant& tenant, absl::Time now);
+  // The same with the tenant's lock held: the state an admin put just produced, not a later one.
+  v1::BudgetStatus StatusOfLocked(Tenant& tenant, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(tenant.mu);
   // The admin policy a put computes from the tenant's current one (`current()` gives it as a
   // message: PolicyBase, or the configured policy of a tenant with no budget yet), or fails
   // (nothing changes).
