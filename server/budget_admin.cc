@@ -170,6 +170,14 @@ v1::BudgetPolicy MergePolicy(const v1::BudgetPolicy& current, const v1::BudgetPo
   return merged;
 }
 
+absl::StatusOr<ResolvedPolicy> ResolveMergedPolicy(const v1::BudgetPolicy& merged) {
+  absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(merged, "policy");
+  if (resolved.ok()) return resolved;
+  return absl::InvalidArgumentError(absl::StrCat("the policy merged by update_mask is invalid: ",
+                                                 resolved.status().message(),
+                                                 "; nothing changed"));
+}
+
 v1::BudgetPolicy PolicyBase(const ResolvedPolicy& policy) {
   v1::BudgetPolicy base = policy.ToProto();
   // A field equal to what it resolves to when unset is left unset (derived from the others).
@@ -203,12 +211,7 @@ absl::StatusOr<v1::BudgetStatus> BudgetCore::PutPolicy(absl::string_view tenant,
   return UpdateAdminPolicy(
       tenant,
       [&](absl::FunctionRef<v1::BudgetPolicy()> current) -> absl::StatusOr<ResolvedPolicy> {
-        absl::StatusOr<ResolvedPolicy> merged =
-            ResolvePolicy(MergePolicy(current(), policy, mask), "policy");
-        if (merged.ok()) return merged;
-        return absl::InvalidArgumentError(
-            absl::StrCat("the policy merged by update_mask is invalid: ",
-                         merged.status().message(), "; nothing changed"));
+        return ResolveMergedPolicy(MergePolicy(current(), policy, mask));
       });
 }
 

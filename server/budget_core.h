@@ -96,6 +96,9 @@ absl::Status ValidatePolicyMask(const google::protobuf::FieldMask& mask);
 // them unset). `mask` must be valid (ValidatePolicyMask).
 v1::BudgetPolicy MergePolicy(const v1::BudgetPolicy& current, const v1::BudgetPolicy& update,
                              const google::protobuf::FieldMask& mask);
+// ResolvePolicy of a policy MergePolicy made: INVALID_ARGUMENT saying the merge is invalid, and
+// why, when it is.
+absl::StatusOr<ResolvedPolicy> ResolveMergedPolicy(const v1::BudgetPolicy& merged);
 // A resolved policy as the message a masked put merges into: the fields of its shape and its
 // mode, except those equal to the value they would take from the others (initial_tokens =
 // capacity, lease_ttl_ms's default), which stay unset and so follow a change of the others.

@@ -100,12 +100,8 @@ absl::StatusOr<v1::BudgetStatus> ClusterRouter::PutMaskedPolicy(
     absl::StatusOr<CurrentPolicy> current = CurrentPolicyOf(tenant, *read);
     if (!current.ok()) return current.status();
     const v1::BudgetPolicy merged = MergePolicy(current->policy, policy, mask);
-    absl::StatusOr<ResolvedPolicy> resolved = ResolvePolicy(merged, "policy");
-    if (!resolved.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the policy merged by update_mask is invalid: ",
-                       resolved.status().message(), "; nothing changed"));
-    }
+    absl::StatusOr<ResolvedPolicy> resolved = ResolveMergedPolicy(merged);
+    if (!resolved.ok()) return resolved.status();
     absl::StatusOr<etcd::TxnResult> txn =
         etcd_->Txn({current->unchanged}, {etcd::Op::Put(key, merged.SerializeAsString())});
     if (!txn.ok()) {
